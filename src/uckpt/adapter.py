@@ -1,0 +1,85 @@
+"""The contract between the core and the framework adapters.
+
+An adapter turns one kind of framework object into a *state tree* and back. It
+never opens a file and never knows about ranks: the core does all I/O.
+
+A state tree is made of
+  * containers: ``dict`` (keys ``str`` or ``int``), ``list``, ``tuple``;
+  * array leaves: ``numpy.ndarray`` (any dtype named in :mod:`uckpt.dtypes`);
+  * value leaves: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``.
+
+Call order, on every rank that holds the object:
+
+save
+    ``handles(obj)`` then ``extract(obj)``. Array leaves may be views of the
+    object's live memory: the core copies or writes them before ``save``
+    returns (sync) or before the snapshot is released (async).
+
+load
+    ``handles(obj)``, then ``prepare(obj, spec)`` with the checkpoint's subtree
+    in which every array is replaced by an :class:`ArraySpec` (nothing has been
+    read yet: this is where an adapter validates keys, shapes and dtypes and
+    refuses a mismatch before anything changes). ``prepare`` returns a tree of
+    the same shape whose array positions hold a writable, C-contiguous
+    ``ndarray`` that the core reads into in place, or ``None`` for a fresh
+    array; missing branches mean fresh arrays. Then the core reads and verifies
+    the bytes, and calls ``restore(obj, tree)`` with the loaded tree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Tuple
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What the checkpoint holds for one array leaf, before it is read."""
+
+    dtype: str  # neutral dtype name, see uckpt.dtypes
+    shape: Tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        from .dtypes import itemsize
+
+        n = itemsize(self.dtype)
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class Adapter:
+    """Base class for adapters; see the module docstring for the call order."""
+
+    #: short name recorded in the manifest next to the subtree, e.g. ``"torch.module"``
+    name: str = ""
+
+    def handles(self, obj: Any) -> bool:
+        raise NotImplementedError
+
+    def extract(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def prepare(self, obj: Any, spec: Any) -> Any:
+        """Validate ``spec`` against ``obj``; return in-place read targets (or None)."""
+        return None
+
+    def restore(self, obj: Any, tree: Any) -> None:
+        raise NotImplementedError
+
+
+class RNGProvider:
+    """Global random state of one framework, captured by :class:`uckpt.RandomState`.
+
+    Registered through the ``uckpt.rng`` entry-point group under the name of the
+    framework's top-level module; consulted only when that module is already
+    imported.
+    """
+
+    name: str = ""
+
+    def get(self) -> Any:
+        raise NotImplementedError
+
+    def set(self, tree: Any) -> None:
+        raise NotImplementedError

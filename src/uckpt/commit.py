@@ -1,0 +1,143 @@
+"""Write a flattened state as a checkpoint directory and commit it atomically.
+
+Order of operations (single writer; the distributed protocol adds a gather of
+chunk records between steps 3 and 4):
+
+1. refuse early if ``directory`` holds a committed checkpoint (unless
+   ``overwrite``) or anything that is not a checkpoint;
+2. create ``.<name>.uckpt-tmp-<random>`` beside ``directory``;
+3. write and fsync every data file (space is preallocated, so a full disk fails
+   before data is written);
+4. write and fsync ``manifest.json``, fsync the temporary directory;
+5. rename it to ``directory`` (or swap it with the old checkpoint atomically
+   when overwriting), fsync the parent.
+
+Until step 5 readers see nothing new; the previous checkpoint is never touched.
+Any failure removes the temporary directory and raises.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from ._version import __version__ as _version
+from . import fsutil
+from .errors import CheckpointExistsError, ManifestError, SaveError, StorageFullError
+from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest
+from .plan import ArrayMeta, SavePlan, plan_save
+from .tree import Flat
+from .writer import write_data_file
+from . import dtypes
+
+TMP_MARK = ".uckpt-tmp-"
+OLD_MARK = ".uckpt-old-"
+
+
+def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) for k in metadata):
+        raise ManifestError("metadata must be a dict with str keys of JSON values")
+    try:
+        json.dumps(metadata, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ManifestError(f"metadata is not JSON-serialisable: {e}",
+                            hint="use str, int, float (finite), bool, None, lists and dicts") from None
+    return metadata
+
+
+def metas(flat: Flat) -> Dict[str, ArrayMeta]:
+    return {p: ArrayMeta(dtypes.name_of(a.dtype), tuple(a.shape)) for p, a in flat.arrays.items()}
+
+
+def check_target(directory: Path, overwrite: bool) -> None:
+    """Refuse to replace what must not be replaced (see module docstring, step 1)."""
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise CheckpointExistsError(f"{str(directory)!r} exists and is a file; refusing to "
+                                    "replace it with a checkpoint", path=str(directory))
+    if (directory / MANIFEST_NAME).exists():
+        if not overwrite:
+            raise CheckpointExistsError(
+                f"{str(directory)!r} already holds a committed checkpoint", path=str(directory),
+                hint="pass overwrite=True to replace it, or save to another directory")
+        return
+    if not fsutil.dir_is_empty(directory):
+        raise CheckpointExistsError(
+            f"{str(directory)!r} exists, is not empty and is not a uckpt checkpoint; "
+            "refusing to write into it", path=str(directory),
+            hint="choose an empty or new directory")
+
+
+def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
+                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
+                     plan: Optional[SavePlan] = None) -> Path:
+    """Write ``flat`` to ``directory`` and commit it; returns the directory."""
+    directory = Path(directory).absolute()
+    metadata = check_metadata(metadata)
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    check_target(directory, overwrite)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    plan = plan or plan_save(metas(flat))
+    tmp = directory.parent / f".{directory.name}{TMP_MARK}{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        chunks = {}
+        for rank, (file, size) in enumerate(plan.file_sizes):
+            chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays))
+        manifest = build_manifest(flat, plan, chunks, step, metadata)
+        fsutil.write_file_durably(tmp / MANIFEST_NAME, manifest.to_bytes())
+        fsutil.fsync_dir(tmp)
+        publish(tmp, directory, overwrite)
+    except BaseException as e:
+        fsutil.remove_tree(tmp)
+        if fsutil.is_enospc(e):
+            raise StorageFullError(
+                f"no space left on the device while writing checkpoint {str(directory)!r} "
+                f"({flat.nbytes} bytes of arrays)", path=str(directory),
+                hint="free space or choose another location; earlier checkpoints are intact") from e
+        if isinstance(e, OSError) and not isinstance(e, CheckpointExistsError):
+            raise SaveError(f"writing checkpoint {str(directory)!r} failed: {e}",
+                            path=str(directory)) from e
+        raise
+    return directory
+
+
+def build_manifest(flat: Flat, plan: SavePlan, chunks, step, metadata) -> Manifest:
+    by_path: Dict[str, list] = {p: [] for p in flat.arrays}
+    for item in plan.items:
+        by_path[item.path].append(chunks[item])
+    arrays = {}
+    for p, a in flat.arrays.items():
+        arrays[p] = ArrayEntry(p, dtypes.name_of(a.dtype), tuple(a.shape), tuple(by_path[p]))
+    files = {f: FileEntry(f, r, size) for r, (f, size) in enumerate(plan.file_sizes)}
+    created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return Manifest(world_size=plan.world_size, tree=flat.skeleton, arrays=arrays, files=files,
+                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
+
+
+def publish(tmp: Path, directory: Path, overwrite: bool) -> None:
+    """Make ``tmp`` visible as ``directory`` (step 5)."""
+    if directory.exists() and (directory / MANIFEST_NAME).exists():
+        if not overwrite:  # appeared since check_target: never clobber
+            raise CheckpointExistsError(f"{str(directory)!r} was committed by someone else "
+                                        "during this save", path=str(directory))
+        if not fsutil.exchange(tmp, directory):
+            old = directory.parent / f".{directory.name}{OLD_MARK}{secrets.token_hex(4)}"
+            os.rename(directory, old)
+            os.rename(tmp, directory)
+            tmp = old
+        fsutil.fsync_dir(directory.parent)
+        fsutil.remove_tree(tmp)  # now holds the replaced checkpoint
+        return
+    try:
+        os.rename(tmp, directory)  # replaces an empty directory atomically
+    except OSError as e:
+        raise SaveError(f"could not commit {str(directory)!r}: {e}", path=str(directory)) from e
+    fsutil.fsync_dir(directory.parent)

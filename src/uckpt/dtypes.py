@@ -1,0 +1,69 @@
+"""Neutral dtype names, the only way dtypes appear in the format.
+
+Arrays are stored little-endian, C order. ``bfloat16`` (and the float8 types)
+are represented in NumPy with the ``ml_dtypes`` package, imported only when such
+an array is met.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import UnsupportedDtypeError
+
+# name -> (numpy type string or ml_dtypes attribute, item size)
+_NUMPY = {
+    "bool": "?",
+    "int8": "i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
+    "uint8": "u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
+    "float16": "<f2", "float32": "<f4", "float64": "<f8",
+    "complex64": "<c8", "complex128": "<c16",
+}
+_ML = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+NAMES = tuple(_NUMPY) + _ML
+
+
+def _ml_dtypes():
+    import ml_dtypes  # small, NumPy-only; imported only for these dtypes
+
+    return ml_dtypes
+
+
+def to_numpy(name: str) -> np.dtype:
+    """The NumPy dtype (little-endian) for a neutral dtype name."""
+    if name in _NUMPY:
+        return np.dtype(_NUMPY[name])
+    if name in _ML:
+        return np.dtype(getattr(_ml_dtypes(), name))
+    raise UnsupportedDtypeError(
+        f"unknown dtype {name!r}", hint=f"the uckpt format knows: {', '.join(NAMES)}")
+
+
+def name_of(dtype) -> str:
+    """The neutral name of a NumPy dtype; raises for dtypes the format cannot hold."""
+    dt = np.dtype(dtype)
+    if dt.kind in "biufc" and dt.names is None and dt.subdtype is None:
+        name = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}[dt.kind]
+        if dt.kind != "b":
+            name += str(dt.itemsize * 8)
+        if name in _NUMPY:
+            return name
+    elif dt.kind == "V" and dt.names is None and dt.subdtype is None:
+        # ml_dtypes types report kind 'V'; recognise them by name
+        if dt.name in _ML:
+            return dt.name
+    raise UnsupportedDtypeError(
+        f"dtype {dt!r} cannot be stored",
+        hint=f"the uckpt format holds: {', '.join(NAMES)}; convert object, string and "
+             "structured arrays to one of these first")
+
+
+def itemsize(name: str) -> int:
+    return to_numpy(name).itemsize
+
+
+def as_little_endian(arr: np.ndarray) -> np.ndarray:
+    """A little-endian view or copy of ``arr`` (a no-op on little-endian arrays)."""
+    if arr.dtype.byteorder == ">":
+        return arr.astype(arr.dtype.newbyteorder("<"))
+    return arr

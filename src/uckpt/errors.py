@@ -1,0 +1,149 @@
+"""One hierarchy of errors for everything uckpt refuses.
+
+Every error derives from :class:`UckptError` *and* from the built-in exception
+a caller would naturally catch (a missing checkpoint is a ``FileNotFoundError``,
+a malformed manifest a ``ValueError``, an unsupported object a ``TypeError``).
+Messages say what went wrong, where (file, leaf, byte offset) and, when there is
+one, how to fix it.
+"""
+from __future__ import annotations
+
+import errno as _errno
+from typing import Iterable, Optional
+
+
+class UckptError(Exception):
+    """Base class of every error raised by uckpt."""
+
+    def __init__(self, message: str, *, hint: Optional[str] = None, **where):
+        self.hint = hint
+        self.where = {k: v for k, v in where.items() if v is not None}
+        for k, v in where.items():
+            setattr(self, k, v)
+        text = message
+        if hint:
+            text += f"\n  hint: {hint}"
+        super().__init__(text)
+
+
+class _OSFlavoured(UckptError, OSError):
+    """Mixin that keeps ``OSError``'s attributes meaningful."""
+
+    def __init__(self, message: str, *, errno: Optional[int] = None, hint=None, **where):
+        UckptError.__init__(self, message, hint=hint, **where)
+        self.errno = errno
+        self.strerror = str(self.args[0]) if self.args else message
+        self.filename = where.get("path")
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+# --- finding checkpoints -------------------------------------------------------------
+class CheckpointNotFoundError(_OSFlavoured, FileNotFoundError):
+    """The checkpoint (or a file it needs) does not exist."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.ENOENT)
+        super().__init__(message, **kw)
+
+
+class NotACheckpointError(UckptError, ValueError):
+    """The directory exists but is not a committed uckpt checkpoint."""
+
+
+class CheckpointExistsError(_OSFlavoured, FileExistsError):
+    """A save would replace an existing committed checkpoint."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.EEXIST)
+        super().__init__(message, **kw)
+
+
+# --- reading the manifest ------------------------------------------------------------
+class ManifestError(UckptError, ValueError):
+    """The manifest is malformed: a field is missing, of the wrong type or inconsistent."""
+
+
+class FormatVersionError(ManifestError):
+    """The manifest declares a format version this uckpt cannot read."""
+
+
+class UnsafePathError(ManifestError):
+    """A file name in the manifest escapes the checkpoint directory."""
+
+
+# --- reading data -----------------------------------------------------------------------
+class CorruptCheckpointError(UckptError, ValueError):
+    """Stored bytes do not match what the manifest promises."""
+
+
+class ChecksumMismatchError(CorruptCheckpointError):
+    """A chunk's checksum does not match its bytes."""
+
+
+class TruncatedDataError(CorruptCheckpointError):
+    """A data file is shorter than the chunks it should hold."""
+
+
+# --- objects and state ------------------------------------------------------------------
+class UnsupportedObjectError(UckptError, TypeError):
+    """No adapter knows how to extract or restore this object."""
+
+
+class UnsupportedDtypeError(UckptError, TypeError):
+    """The dtype has no neutral name in the uckpt format."""
+
+
+class StateMismatchError(UckptError, ValueError):
+    """The checkpoint does not fit the object it is restored into."""
+
+
+class KeyMismatchError(StateMismatchError):
+    """Keys are missing from the checkpoint or unexpected in it."""
+
+    def __init__(self, what: str, *, missing: Iterable[str] = (), unexpected: Iterable[str] = (),
+                 mismatched: Iterable[str] = (), hint=None, **where):
+        self.missing = sorted(map(str, missing))
+        self.unexpected = sorted(map(str, unexpected))
+        self.mismatched = list(mismatched)
+        lines = [f"{what} does not match the checkpoint"]
+        if self.missing:
+            lines.append(f"  missing from the checkpoint ({len(self.missing)}): " + _short(self.missing))
+        if self.unexpected:
+            lines.append(f"  unexpected in the checkpoint ({len(self.unexpected)}): " + _short(self.unexpected))
+        for m in self.mismatched:
+            lines.append(f"  mismatched: {m}")
+        super().__init__("\n".join(lines), hint=hint, **where)
+
+
+class ShapeMismatchError(StateMismatchError):
+    """A stored array has a different shape than its destination."""
+
+
+class DtypeMismatchError(StateMismatchError):
+    """A stored array has a different dtype than its destination."""
+
+
+# --- writing ----------------------------------------------------------------------------------
+class StorageFullError(_OSFlavoured):
+    """No space was left on the device while writing a checkpoint."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.ENOSPC)
+        super().__init__(message, **kw)
+
+
+class SaveError(UckptError, RuntimeError):
+    """A save failed for a reason that is not one of the more specific errors."""
+
+
+def _short(items, limit: int = 20) -> str:
+    items = list(items)
+    text = ", ".join(items[:limit])
+    if len(items) > limit:
+        text += f", ... ({len(items) - limit} more)"
+    return text
+
+
+__all__ = [n for n in dir() if n.endswith("Error")]

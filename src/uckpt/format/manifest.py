@@ -1,0 +1,320 @@
+"""The manifest: the JSON document that describes one checkpoint (docs/format.md).
+
+``Manifest.to_bytes`` writes it; ``Manifest.parse`` reads it back and validates
+every field strictly: unknown fields, wrong types, chunks outside their file or
+outside their array, and file names that leave the checkpoint directory are all
+errors naming the field.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import dtypes
+from ..checksum import parse_checksum
+from ..errors import FormatVersionError, ManifestError, UnsafePathError
+
+FORMAT_NAME = "uckpt"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+CODECS = ("raw",)
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_TOP_FIELDS = ("format", "format_version", "generator", "created", "world_size", "step",
+               "metadata", "files", "tree", "arrays")
+_CHUNK_FIELDS = ("file", "offset", "length", "start", "shape", "codec", "checksum")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A box of an array (``start`` and ``shape`` in the global index space) stored in ``file``."""
+
+    file: str
+    offset: int
+    length: int
+    start: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    codec: str
+    checksum: str
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"file": self.file, "offset": self.offset, "length": self.length,
+                "start": list(self.start), "shape": list(self.shape),
+                "codec": self.codec, "checksum": self.checksum}
+
+
+@dataclass(frozen=True)
+class ArrayEntry:
+    path: str
+    dtype: str
+    shape: Tuple[int, ...]
+    chunks: Tuple[Chunk, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = dtypes.itemsize(self.dtype)
+        for s in self.shape:
+            n *= s
+        return n
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape),
+                "chunks": [c.to_json() for c in self.chunks]}
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    rank: int
+    size: int
+
+
+@dataclass
+class Manifest:
+    world_size: int
+    tree: Dict[str, Any]
+    arrays: Dict[str, ArrayEntry]
+    files: Dict[str, FileEntry]
+    step: Optional[int] = None
+    metadata: Dict[str, Any] = field(default_factory=dict)
+    generator: str = ""
+    created: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def to_json(self) -> Dict[str, Any]:
+        return {
+            "format": FORMAT_NAME,
+            "format_version": self.format_version,
+            "generator": self.generator,
+            "created": self.created,
+            "world_size": self.world_size,
+            "step": self.step,
+            "metadata": self.metadata,
+            "files": {f.name: {"rank": f.rank, "size": f.size} for f in self.files.values()},
+            "tree": self.tree,
+            "arrays": {p: a.to_json() for p, a in self.arrays.items()},
+        }
+
+    def to_bytes(self) -> bytes:
+        try:
+            text = json.dumps(self.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
+        except ValueError as e:  # NaN/inf in user metadata
+            raise ManifestError(f"metadata cannot be written as JSON: {e}",
+                                hint="metadata must be JSON: no NaN or infinity") from None
+        return (text + "\n").encode("utf-8")
+
+    @classmethod
+    def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}", path=where) from None
+        return _Parser(where).manifest(doc)
+
+
+class _Parser:
+    """Strict validation; every error names the field as a JSON path."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def fail(self, loc: str, msg: str, cls=ManifestError):
+        raise cls(f"{self.where}: {loc}: {msg}", path=self.where, field=loc)
+
+    def need(self, obj, loc: str, typ, what: str):
+        ok = isinstance(obj, typ) and not (typ in (int, (int,)) and isinstance(obj, bool))
+        if not ok:
+            self.fail(loc, f"expected {what}, got {json.dumps(obj)[:80]}")
+        return obj
+
+    def nat(self, obj, loc: str) -> int:
+        if not isinstance(obj, int) or isinstance(obj, bool) or obj < 0:
+            self.fail(loc, f"expected a non-negative integer, got {json.dumps(obj)[:80]}")
+        return obj
+
+    def fields(self, obj: dict, loc: str, required, optional=()) -> None:
+        missing = [k for k in required if k not in obj]
+        if missing:
+            self.fail(loc, f"missing field(s) {', '.join(missing)}")
+        unknown = [k for k in obj if k not in required and k not in optional]
+        if unknown:
+            self.fail(loc, f"unknown field(s) {', '.join(map(str, unknown))}")
+
+    def manifest(self, doc) -> Manifest:
+        self.need(doc, "<top>", dict, "a JSON object")
+        if doc.get("format") != FORMAT_NAME:
+            self.fail("format", f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}")
+        version = doc.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            self.fail("format_version", f"expected an integer, got {version!r}")
+        if version != FORMAT_VERSION:
+            newer = version > FORMAT_VERSION
+            raise FormatVersionError(
+                f"{self.where}: format_version {version} is not supported (this uckpt reads "
+                f"version {FORMAT_VERSION})", path=self.where,
+                hint="upgrade uckpt to read it" if newer else "this version was never released")
+        self.fields(doc, "<top>", _TOP_FIELDS)
+        self.need(doc["generator"], "generator", str, "a string")
+        self.need(doc["created"], "created", str, "a string")
+        world = self.nat(doc["world_size"], "world_size")
+        if world < 1:
+            self.fail("world_size", "must be at least 1")
+        step = doc["step"]
+        if step is not None:
+            self.nat(step, "step")
+        self.need(doc["metadata"], "metadata", dict, "a JSON object")
+        files = self.files(doc["files"], world)
+        arrays = self.arrays(doc["arrays"], files)
+        tree = doc["tree"]
+        self.need(tree, "tree", dict, "a node object")
+        if tree.get("type") != "dict":
+            self.fail("tree", "the root node must be of type 'dict'")
+        self.node(tree, "tree", arrays, 0)
+        return Manifest(world_size=world, tree=tree, arrays=arrays, files=files, step=step,
+                        metadata=doc["metadata"], generator=doc["generator"],
+                        created=doc["created"], format_version=version)
+
+    def files(self, obj, world: int) -> Dict[str, FileEntry]:
+        self.need(obj, "files", dict, "an object of file name -> {rank, size}")
+        out = {}
+        for name, entry in obj.items():
+            loc = f"files[{name!r}]"
+            if not _SAFE_NAME.match(name) or ".." in name:
+                self.fail(loc, f"file name {name!r} is not a plain file name inside the "
+                               "checkpoint directory", UnsafePathError)
+            self.need(entry, loc, dict, "an object")
+            self.fields(entry, loc, ("rank", "size"))
+            rank = self.nat(entry["rank"], loc + ".rank")
+            if rank >= world:
+                self.fail(loc + ".rank", f"rank {rank} is not below world_size {world}")
+            out[name] = FileEntry(name, rank, self.nat(entry["size"], loc + ".size"))
+        return out
+
+    def arrays(self, obj, files: Dict[str, FileEntry]) -> Dict[str, ArrayEntry]:
+        self.need(obj, "arrays", dict, "an object of path -> array entry")
+        out = {}
+        for path, entry in obj.items():
+            loc = f"arrays[{path!r}]"
+            self.need(entry, loc, dict, "an object")
+            self.fields(entry, loc, ("dtype", "shape", "chunks"))
+            dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
+            if dtype not in dtypes.NAMES:
+                self.fail(loc + ".dtype", f"unknown dtype {dtype!r} (known: {', '.join(dtypes.NAMES)})")
+            shape = self.shape(entry["shape"], loc + ".shape")
+            chunks = tuple(self.chunk(c, f"{loc}.chunks[{i}]", dtype, shape, files)
+                           for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
+                                                           "a list of chunks")))
+            self.coverage(chunks, shape, loc)
+            out[path] = ArrayEntry(path, dtype, shape, chunks)
+        return out
+
+    def shape(self, obj, loc: str) -> Tuple[int, ...]:
+        self.need(obj, loc, list, "a list of non-negative integers")
+        return tuple(self.nat(s, f"{loc}[{i}]") for i, s in enumerate(obj))
+
+    def chunk(self, obj, loc, dtype, shape, files) -> Chunk:
+        self.need(obj, loc, dict, "an object")
+        self.fields(obj, loc, _CHUNK_FIELDS)
+        name = self.need(obj["file"], loc + ".file", str, "a file name")
+        if name not in files:
+            if not _SAFE_NAME.match(name) or ".." in name:
+                self.fail(loc + ".file", f"file name {name!r} leaves the checkpoint directory",
+                          UnsafePathError)
+            self.fail(loc + ".file", f"file {name!r} is not listed in 'files'")
+        offset = self.nat(obj["offset"], loc + ".offset")
+        length = self.nat(obj["length"], loc + ".length")
+        if offset + length > files[name].size:
+            self.fail(loc, f"bytes {offset}..{offset + length} lie outside {name!r} "
+                           f"({files[name].size} bytes)")
+        start = self.shape(obj["start"], loc + ".start")
+        cshape = self.shape(obj["shape"], loc + ".shape")
+        if len(start) != len(shape) or len(cshape) != len(shape):
+            self.fail(loc, f"start/shape must have {len(shape)} dimensions like the array")
+        for d, (s, n, full) in enumerate(zip(start, cshape, shape)):
+            if s + n > full:
+                self.fail(loc, f"dimension {d}: {s}+{n} exceeds the array's extent {full}")
+        codec = obj["codec"]
+        if codec not in CODECS:
+            self.fail(loc + ".codec", f"unknown codec {codec!r} (known: {', '.join(CODECS)})")
+        expected = dtypes.itemsize(dtype)
+        for n in cshape:
+            expected *= n
+        if length != expected:
+            self.fail(loc + ".length", f"{length} bytes, but a raw {dtype} chunk of shape "
+                                       f"{list(cshape)} holds {expected}")
+        checksum = self.need(obj["checksum"], loc + ".checksum", str, "a checksum string")
+        try:
+            parse_checksum(checksum)
+        except ValueError as e:
+            self.fail(loc + ".checksum", str(e))
+        return Chunk(name, offset, length, start, cshape, codec, checksum)
+
+    def coverage(self, chunks, shape, loc) -> None:
+        total = 1
+        for s in shape:
+            total *= s
+        covered = 0
+        for c in chunks:
+            n = 1
+            for s in c.shape:
+                n *= s
+            covered += n
+        if covered != total:
+            self.fail(loc + ".chunks", f"chunks cover {covered} elements, the array has {total}")
+        if len(chunks) <= 512:  # pairwise overlap check; equal volume + disjoint = exact tiling
+            boxes = [c for c in chunks if all(c.shape)]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    if all(sa < sb + nb and sb < sa + na for sa, na, sb, nb in
+                           zip(a.start, a.shape, b.start, b.shape)):
+                        self.fail(loc + ".chunks", f"chunks at {list(a.start)} and "
+                                                   f"{list(b.start)} overlap")
+
+    def node(self, node, loc: str, arrays, depth: int) -> None:
+        if depth > 200:
+            self.fail(loc, "tree nests deeper than 200 levels")
+        self.need(node, loc, dict, "a node object")
+        kind = node.get("type")
+        if kind == "value":
+            self.fields(node, loc, ("type", "value"))
+            v = node["value"]
+            if not (v is None or isinstance(v, (bool, int, float, str))):
+                self.fail(loc + ".value", "a value node holds null, a boolean, a number or a string")
+        elif kind == "float":
+            self.fields(node, loc, ("type", "value"))
+            if node["value"] not in ("nan", "inf", "-inf"):
+                self.fail(loc + ".value", "expected 'nan', 'inf' or '-inf'")
+        elif kind in ("array", "bytes"):
+            self.fields(node, loc, ("type", "path"), ("numpy_scalar",))
+            path = self.need(node["path"], loc + ".path", str, "an array path")
+            if path not in arrays:
+                self.fail(loc + ".path", f"array {path!r} is not listed in 'arrays'")
+            if "numpy_scalar" in node:
+                self.need(node["numpy_scalar"], loc + ".numpy_scalar", bool, "a boolean")
+            if kind == "bytes" and (arrays[path].dtype != "uint8" or len(arrays[path].shape) != 1):
+                self.fail(loc, "a bytes node must refer to a 1-d uint8 array")
+        elif kind == "dict":
+            self.fields(node, loc, ("type", "items"), ("key_type",))
+            items = self.need(node["items"], loc + ".items", dict, "an object")
+            if node.get("key_type", "str") not in ("str", "int"):
+                self.fail(loc + ".key_type", "expected 'str' or 'int'")
+            for k, v in items.items():
+                if node.get("key_type") == "int" and not re.fullmatch(r"-?[0-9]+", k):
+                    self.fail(loc + ".items", f"key {k!r} is not an integer")
+                self.node(v, f"{loc}.items[{k!r}]", arrays, depth + 1)
+        elif kind in ("list", "tuple"):
+            self.fields(node, loc, ("type", "items"))
+            for i, v in enumerate(self.need(node["items"], loc + ".items", list, "a list")):
+                self.node(v, f"{loc}.items[{i}]", arrays, depth + 1)
+        elif kind == "object":
+            self.fields(node, loc, ("type", "adapter", "class", "state"))
+            self.need(node["adapter"], loc + ".adapter", str, "an adapter name")
+            self.need(node["class"], loc + ".class", str, "a class name")
+            self.node(node["state"], loc + ".state", arrays, depth + 1)
+        else:
+            self.fail(loc + ".type", f"unknown node type {kind!r}")

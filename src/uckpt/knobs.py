@@ -1,0 +1,23 @@
+"""Tuning knobs, in one place (tests flip them to exercise edge cases).
+
+Each can be overridden by an environment variable of the same name, upper-cased
+and prefixed with ``UCKPT_`` (e.g. ``UCKPT_CHUNK_BYTES``).
+"""
+from __future__ import annotations
+
+import os
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get("UCKPT_" + name.upper())
+    return int(value) if value else default
+
+
+#: arrays larger than twice this are split into chunks of about this size along their first axis
+chunk_bytes: int = _env_int("chunk_bytes", 64 << 20)
+#: every chunk starts at a multiple of this many bytes in its data file
+alignment: int = _env_int("alignment", 64)
+#: threads that checksum and write (or read and verify) chunks in parallel
+io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
+#: block size used when streaming a file to verify or copy it
+stream_block_bytes: int = _env_int("stream_block_bytes", 8 << 20)

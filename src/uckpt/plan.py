@@ -1,0 +1,106 @@
+"""Who writes which piece of which array, as plain data.
+
+``plan_save`` is a pure function: the same array layouts give the same plan on
+every rank. Arrays larger than twice ``knobs.chunk_bytes`` are split along
+their first axis; pieces are given to ranks largest first, each to the rank with
+the fewest bytes so far (ties to the lowest rank), so replicated state is
+written once in total and evenly across ranks. Within a rank's data file,
+pieces follow the arrays' order and start at multiples of ``knobs.alignment``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+from . import dtypes, knobs
+from .format import data_file_name
+
+Box = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, shape)
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    dtype: str
+    shape: Tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = dtypes.itemsize(self.dtype)
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class WriteItem:
+    """One chunk: the box ``start``/``shape`` of array ``path``, at ``offset`` in ``file``."""
+
+    path: str
+    start: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    rank: int
+    file: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    world_size: int
+    items: Tuple[WriteItem, ...]
+    file_sizes: Tuple[Tuple[str, int], ...]  # (file, size) per writing rank
+
+    def for_rank(self, rank: int) -> List[WriteItem]:
+        return [it for it in self.items if it.rank == rank]
+
+    def bytes_per_rank(self) -> Dict[int, int]:
+        out = {r: 0 for r in range(self.world_size)}
+        for it in self.items:
+            out[it.rank] += it.length
+        return out
+
+
+def split_rows(meta: ArrayMeta, chunk_bytes: int) -> List[Box]:
+    """Boxes covering the array: whole, or slabs of rows of about ``chunk_bytes``."""
+    shape = meta.shape
+    if meta.nbytes == 0:
+        return []
+    if not shape or meta.nbytes < 2 * chunk_bytes or shape[0] < 2:
+        return [((0,) * len(shape), shape)]
+    row_bytes = meta.nbytes // shape[0]
+    rows = max(1, chunk_bytes // max(1, row_bytes))
+    n = -(-shape[0] // rows)
+    rows = -(-shape[0] // n)  # even out the slabs
+    return [((r,) + (0,) * (len(shape) - 1), (min(rows, shape[0] - r),) + shape[1:])
+            for r in range(0, shape[0], rows)]
+
+
+def _length(meta: ArrayMeta, box_shape: Sequence[int]) -> int:
+    n = dtypes.itemsize(meta.dtype)
+    for s in box_shape:
+        n *= s
+    return n
+
+
+def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
+              chunk_bytes: int = 0, alignment: int = 0) -> SavePlan:
+    chunk_bytes = chunk_bytes or knobs.chunk_bytes
+    alignment = alignment or knobs.alignment
+    order = {p: i for i, p in enumerate(arrays)}
+    pieces = [(p, start, shape) for p, m in arrays.items() for start, shape in split_rows(m, chunk_bytes)]
+    load = [0] * world_size
+    owner: Dict[Tuple[str, Tuple[int, ...]], int] = {}
+    for p, start, shape in sorted(pieces, key=lambda x: (-_length(arrays[x[0]], x[2]), order[x[0]], x[1])):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[(p, start)] = rank
+        load[rank] += _length(arrays[p], shape)
+    items: List[WriteItem] = []
+    ends = [0] * world_size
+    for p, start, shape in pieces:
+        rank = owner[(p, start)]
+        offset = -(-ends[rank] // alignment) * alignment
+        length = _length(arrays[p], shape)
+        items.append(WriteItem(p, start, shape, rank, data_file_name(rank), offset, length))
+        ends[rank] = offset + length
+    sizes = tuple((data_file_name(r), ends[r]) for r in range(world_size))
+    return SavePlan(world_size, tuple(items), sizes)

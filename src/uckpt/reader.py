@@ -1,0 +1,177 @@
+"""Open a committed checkpoint, read arrays (verifying every chunk), verify files.
+
+Every byte read is checked against its chunk's CRC-32C; a mismatch raises
+:class:`~uckpt.errors.ChecksumMismatchError` naming the file, the leaf and the
+byte offset.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import dtypes, knobs
+from .checksum import crc32c, format_checksum
+from .errors import (ChecksumMismatchError, CheckpointNotFoundError, ManifestError,
+                     NotACheckpointError, TruncatedDataError)
+from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
+from .fsutil import pread_into
+
+MAX_MANIFEST_BYTES = 1 << 30
+
+
+def read_manifest(directory) -> Manifest:
+    """Read and validate ``directory/manifest.json`` (raises if absent or malformed)."""
+    directory = Path(directory)
+    if not directory.exists():
+        raise CheckpointNotFoundError(f"checkpoint {str(directory)!r} does not exist",
+                                      path=str(directory))
+    if not directory.is_dir():
+        raise NotACheckpointError(f"{str(directory)!r} is a file, not a checkpoint directory",
+                                  path=str(directory))
+    mpath = directory / MANIFEST_NAME
+    try:
+        size = mpath.stat().st_size
+    except FileNotFoundError:
+        raise NotACheckpointError(
+            f"{str(directory)!r} is not a committed uckpt checkpoint: it has no {MANIFEST_NAME}",
+            path=str(directory),
+            hint="a save that was interrupted leaves no manifest; use an earlier checkpoint "
+                 "(CheckpointManager.restore() picks the newest committed one)") from None
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{mpath}: {size} bytes is too large for a manifest", path=str(mpath))
+    return Manifest.parse(mpath.read_bytes(), where=str(mpath))
+
+
+class CheckpointReader:
+    """Reads arrays of one committed checkpoint. Use as a context manager."""
+
+    def __init__(self, directory) -> None:
+        self.directory = Path(directory)
+        self.manifest = read_manifest(self.directory)
+        self._fds: Dict[str, int] = {}
+
+    def __enter__(self) -> "CheckpointReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def _fd(self, name: str) -> int:
+        if name not in self._fds:
+            path = self.directory / name
+            expected = self.manifest.files[name].size
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise CheckpointNotFoundError(
+                    f"data file {str(path)!r} listed in the manifest is missing",
+                    path=str(path)) from None
+            actual = os.fstat(fd).st_size
+            if actual < expected:
+                os.close(fd)
+                raise TruncatedDataError(
+                    f"data file {str(path)!r} is truncated: {actual} bytes, the manifest "
+                    f"records {expected}", path=str(path), offset=actual)
+            self._fds[name] = fd
+        return self._fds[name]
+
+    # -- reading -------------------------------------------------------------------------------
+    def read_arrays(self, wanted: Mapping[str, Optional[np.ndarray]]) -> Dict[str, np.ndarray]:
+        """Read the arrays named in ``wanted`` (path -> in-place target or None)."""
+        out: Dict[str, np.ndarray] = {}
+        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray]] = []
+        for path, target in wanted.items():
+            entry = self.manifest.arrays[path]
+            dest = target if target is not None else \
+                np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
+            out[path] = dest
+            jobs.extend((entry, chunk, dest) for chunk in entry.chunks)
+        for name in {c.file for _, c, _ in jobs}:
+            self._fd(name)  # open (and size-check) files before threads start
+        if len(jobs) > 1 and knobs.io_threads > 1:
+            with ThreadPoolExecutor(min(knobs.io_threads, len(jobs)),
+                                    thread_name_prefix="uckpt-read") as pool:
+                list(pool.map(lambda j: self._read_chunk(*j), jobs))
+        else:
+            for j in jobs:
+                self._read_chunk(*j)
+        return out
+
+    def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray) -> None:
+        region, direct = _region(dest, entry.shape, chunk)
+        buf = region if direct else np.empty(chunk.length, dtype=np.uint8)
+        raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
+        n = pread_into(self._fd(chunk.file), raw, chunk.offset)
+        if n != chunk.length:
+            raise TruncatedDataError(
+                f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes "
+                f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at "
+                f"{chunk.offset + n}", path=str(self.directory / chunk.file), leaf=entry.path,
+                offset=chunk.offset + n)
+        self._check(entry, chunk, raw)
+        if not direct:
+            region[...] = raw.view(dest.dtype).reshape(chunk.shape)
+
+    def _check(self, entry: ArrayEntry, chunk: Chunk, raw) -> None:
+        got = format_checksum(crc32c(raw))
+        if got != chunk.checksum:
+            raise ChecksumMismatchError(
+                f"{self.directory / chunk.file}: checksum mismatch in leaf {entry.path!r}, "
+                f"chunk at byte offset {chunk.offset} (length {chunk.length}): stored "
+                f"{chunk.checksum}, computed {got}", path=str(self.directory / chunk.file),
+                leaf=entry.path, offset=chunk.offset,
+                hint="the file is corrupted; restore an earlier checkpoint")
+
+    # -- verification --------------------------------------------------------------------------
+    def verify(self, progress=None) -> int:
+        """Re-check every chunk's checksum, streaming; returns the bytes verified."""
+        total = 0
+        block = knobs.stream_block_bytes
+        buf = np.empty(block, dtype=np.uint8)
+        for entry in self.manifest.arrays.values():
+            for chunk in entry.chunks:
+                fd = self._fd(chunk.file)
+                value, done = 0, 0
+                while done < chunk.length:
+                    want = min(block, chunk.length - done)
+                    n = pread_into(fd, buf[:want], chunk.offset + done)
+                    if n != want:
+                        raise TruncatedDataError(
+                            f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes up "
+                            f"to {chunk.offset + chunk.length}, the file ends at "
+                            f"{chunk.offset + done + n}", path=str(self.directory / chunk.file),
+                            leaf=entry.path, offset=chunk.offset + done + n)
+                    value = crc32c(buf[:n], value)
+                    done += n
+                got = format_checksum(value)
+                if got != chunk.checksum:
+                    raise ChecksumMismatchError(
+                        f"{self.directory / chunk.file}: checksum mismatch in leaf "
+                        f"{entry.path!r}, chunk at byte offset {chunk.offset} (length "
+                        f"{chunk.length}): stored {chunk.checksum}, computed {got}",
+                        path=str(self.directory / chunk.file), leaf=entry.path,
+                        offset=chunk.offset)
+                total += chunk.length
+                if progress:
+                    progress(total)
+        for name in self.manifest.files:
+            self._fd(name)  # files without chunks must still exist at their size
+        return total
+
+
+def _region(dest: np.ndarray, shape, chunk: Chunk):
+    """The part of ``dest`` a chunk fills, and whether bytes can be read straight into it."""
+    if tuple(chunk.shape) == tuple(shape):
+        return dest, dest.flags.c_contiguous
+    box = tuple(slice(s, s + n) for s, n in zip(chunk.start, chunk.shape))
+    region = dest[box]
+    return region, region.flags.c_contiguous and dest.flags.c_contiguous

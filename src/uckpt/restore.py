@@ -1,0 +1,194 @@
+"""Restore a checkpoint into live objects.
+
+Three phases, so that a mismatch changes nothing:
+
+1. *match*: walk the state mapping against the manifest's tree. Keys, shapes and
+   dtypes are checked, and each framework object's adapter ``prepare``s (and
+   validates) with array specs only. All problems are collected and raised as
+   one error before anything is read.
+2. *read*: read every needed array, into the objects' own memory where an
+   adapter or a NumPy destination allows it, verifying every chunk.
+3. *apply*: adapters ``restore`` their objects; NumPy destinations that could
+   not be read into directly are copied into.
+
+A corrupted chunk found in phase 2 can leave objects partly overwritten; restore
+them again from a valid checkpoint (``CheckpointManager.restore`` does this).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import dtypes
+from .adapter import Adapter, ArraySpec
+from .errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
+                     StateMismatchError, UnsupportedObjectError)
+from .format import Manifest
+from .reader import CheckpointReader
+from .registry import find_adapter
+from .tree import array_leaf_value, decode, escape, join
+
+
+def spec_leaf(manifest: Manifest):
+    def leaf(node):
+        entry = manifest.arrays[node["path"]]
+        if node["type"] == "bytes" or node.get("numpy_scalar"):
+            return ArraySpec(entry.dtype, entry.shape)
+        return ArraySpec(entry.dtype, entry.shape)
+    return leaf
+
+
+class _Matcher:
+    def __init__(self, manifest: Manifest) -> None:
+        self.m = manifest
+        self.targets: Dict[str, np.ndarray] = {}
+        self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
+        self.actions: List[Tuple[Adapter, Any, Dict[str, Any]]] = []
+        self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
+
+    def match(self, obj: Any, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
+        where = join(parts) or "<root>"
+        if obj is None:
+            self.needed.append(node)
+            return
+        if isinstance(obj, np.ndarray):
+            self.array(obj, node, where)
+            return
+        if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
+            if node["type"] != "dict":
+                raise StateMismatchError(f"{where!r}: the state has a mapping, the checkpoint "
+                                         f"a {node['type']}", leaf=where)
+            self.mapping(obj, node, parts, strict)
+            return
+        if obj is None or isinstance(obj, (bool, int, float, str, bytes, list, tuple, np.generic)):
+            self.needed.append(node)  # plain values are returned, not restored in place
+            return
+        adapter = find_adapter(obj)
+        if adapter is None:
+            from .tree import _unsupported
+
+            raise _unsupported(obj, parts)
+        sub = node
+        if node["type"] == "object":
+            if node["adapter"] != adapter.name:
+                cls = type(obj)
+                raise StateMismatchError(
+                    f"{where!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
+                    f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=where)
+            sub = node["state"]
+        spec = decode(sub, spec_leaf(self.m))
+        targets = adapter.prepare(obj, spec)
+        self.collect_targets(sub, targets)
+        self.needed.append(sub)
+        self.actions.append((adapter, obj, sub))
+
+    def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
+        items = node["items"]
+        keys = {str(k): k for k in obj}
+        missing = [k for k in keys if k not in items]
+        unexpected = [k for k in items if k not in keys]
+        if missing or (strict and unexpected):
+            raise KeyMismatchError(f"state {join(parts) or '<root>'!r}", missing=missing,
+                                   unexpected=unexpected if strict else (),
+                                   hint="pass strict=False to restore only the keys you give"
+                                   if unexpected and not missing else None)
+        for name, key in keys.items():
+            self.match(obj[key], items[name], parts + [escape(name)], strict)
+
+    def array(self, obj: np.ndarray, node: Dict[str, Any], where: str) -> None:
+        if node["type"] == "object":
+            node = node["state"]
+        if node["type"] != "array":
+            raise StateMismatchError(f"{where!r}: the state has an array, the checkpoint a "
+                                     f"{node['type']}", leaf=where)
+        entry = self.m.arrays[node["path"]]
+        check_spec(obj, ArraySpec(entry.dtype, entry.shape), where)
+        if _writable(obj) and node["path"] not in self.targets:
+            self.targets[node["path"]] = obj
+        else:
+            self.copies.append((obj, node["path"]))
+        self.needed.append(node)
+
+    def collect_targets(self, node: Dict[str, Any], targets: Any) -> None:
+        if targets is None:
+            return
+        kind = node["type"]
+        if kind == "array" and isinstance(targets, np.ndarray):
+            entry = self.m.arrays[node["path"]]
+            if node["path"] not in self.targets and _writable(targets) and \
+                    targets.shape == entry.shape and targets.dtype == dtypes.to_numpy(entry.dtype):
+                self.targets[node["path"]] = targets
+        elif kind == "dict" and isinstance(targets, Mapping):
+            for k, v in node["items"].items():
+                t = targets.get(int(k) if node.get("key_type") == "int" else k)
+                self.collect_targets(v, t)
+        elif kind in ("list", "tuple") and isinstance(targets, (list, tuple)):
+            for v, t in zip(node["items"], targets):
+                self.collect_targets(v, t)
+        elif kind == "object":
+            self.collect_targets(node["state"], targets)
+
+
+def check_spec(arr: np.ndarray, spec: ArraySpec, where: str) -> None:
+    if tuple(arr.shape) != tuple(spec.shape):
+        raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(spec.shape)}, "
+                                 f"the destination has {list(arr.shape)}", leaf=where)
+    try:
+        have = dtypes.name_of(arr.dtype)
+    except Exception:
+        have = str(arr.dtype)
+    if have != spec.dtype:
+        raise DtypeMismatchError(f"{where!r}: the checkpoint holds {spec.dtype}, the destination "
+                                 f"is {have}", leaf=where)
+
+
+def _writable(arr: np.ndarray) -> bool:
+    return arr.flags.writeable and arr.flags.c_contiguous and arr.dtype.byteorder in "=<|"
+
+
+def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
+    out = set() if out is None else out
+    kind = node["type"]
+    if kind in ("array", "bytes"):
+        out.add(node["path"])
+    elif kind == "dict":
+        for v in node["items"].values():
+            paths_in(v, out)
+    elif kind in ("list", "tuple"):
+        for v in node["items"]:
+            paths_in(v, out)
+    elif kind == "object":
+        paths_in(node["state"], out)
+    return out
+
+
+def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True) -> Dict[str, Any]:
+    """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys."""
+    if not isinstance(state, Mapping):
+        raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
+    m = reader.manifest
+    matcher = _Matcher(m)
+    matcher.mapping(state, m.tree, [], strict)  # phase 1: raises before anything is read
+    wanted: set = set()
+    for node in matcher.needed:
+        paths_in(node, wanted)
+    arrays = reader.read_arrays({p: matcher.targets.get(p) for p in m.arrays if p in wanted})
+
+    def leaf(node):
+        return array_leaf_value(node, arrays[node["path"]])
+
+    for dest, path in matcher.copies:  # phase 3
+        np.copyto(dest, arrays[path])
+    for adapter, obj, sub in matcher.actions:
+        adapter.restore(obj, decode(sub, leaf))
+    items = m.tree["items"]
+    return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
+
+
+def load_tree(reader: CheckpointReader) -> Dict[str, Any]:
+    """The whole checkpoint as NumPy arrays and plain values."""
+    m = reader.manifest
+    arrays = reader.read_arrays({p: None for p in m.arrays})
+    return decode(m.tree, lambda node: array_leaf_value(node, arrays[node["path"]]))

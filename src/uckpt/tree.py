@@ -1,0 +1,189 @@
+"""State trees <-> the manifest's skeleton plus a table of array leaves.
+
+``flatten`` walks a state mapping, asks adapters to turn framework objects into
+trees, and returns a JSON-able *skeleton* (see docs/format.md, "tree") and the
+array leaves by path. ``decode`` goes back from a skeleton to a Python tree,
+with a caller-supplied function producing each array leaf (the loaded array, or
+an :class:`~uckpt.adapter.ArraySpec` when only the layout is wanted).
+
+Paths join the components from the root with ``/``; a ``/`` or ``~`` inside a
+key is escaped as ``~1`` / ``~0`` (as in JSON Pointer, RFC 6901).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+from . import dtypes
+from .errors import UnsupportedDtypeError, UnsupportedObjectError
+
+MAX_DEPTH = 200
+
+
+def escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def join(parts: List[str]) -> str:
+    return "/".join(parts)
+
+
+def _where(parts: List[str]) -> str:
+    return join(parts) or "<root>"
+
+
+@dataclass
+class Flat:
+    skeleton: Dict[str, Any]
+    arrays: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+
+def flatten(state: Mapping) -> Flat:
+    """Flatten a state mapping; arrays that share memory and layout are stored once."""
+    if not isinstance(state, Mapping):
+        raise UnsupportedObjectError(
+            f"state must be a mapping of names to objects, got {type(state).__name__}",
+            hint='pass e.g. {"model": model, "optimizer": optimizer, "epoch": 3}')
+    return _Flattener().run(state)
+
+
+class _Flattener:
+    def __init__(self) -> None:
+        self.arrays: Dict[str, np.ndarray] = {}
+        self.seen: Dict[tuple, str] = {}  # (address, shape, strides, dtype) -> path
+
+    def run(self, state: Mapping) -> Flat:
+        return Flat(self.node(state, [], 0), self.arrays)
+
+    def node(self, obj: Any, parts: List[str], depth: int) -> Dict[str, Any]:
+        if depth > MAX_DEPTH:
+            raise UnsupportedObjectError(
+                f"state nests deeper than {MAX_DEPTH} levels at {_where(parts)!r}",
+                hint="an adapter may be returning the object itself", leaf=join(parts))
+        if obj is None or isinstance(obj, (bool, str)):
+            return {"type": "value", "value": obj}
+        if isinstance(obj, int):
+            return {"type": "value", "value": int(obj)}
+        if isinstance(obj, float):
+            if math.isfinite(obj):
+                return {"type": "value", "value": float(obj)}
+            return {"type": "float", "value": "nan" if math.isnan(obj) else
+                    ("inf" if obj > 0 else "-inf")}
+        if isinstance(obj, np.ndarray):
+            return self.array(obj, parts)
+        if isinstance(obj, np.generic):
+            return dict(self.array(np.asarray(obj), parts), numpy_scalar=True)
+        if isinstance(obj, (bytes, bytearray)):
+            node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), parts)
+            return dict(node, type="bytes")
+        if isinstance(obj, Mapping):
+            return self.mapping(obj, parts, depth)
+        if isinstance(obj, (list, tuple)):
+            items = [self.node(v, parts + [str(i)], depth + 1) for i, v in enumerate(obj)]
+            return {"type": "tuple" if isinstance(obj, tuple) else "list", "items": items}
+        from .registry import find_adapter
+
+        adapter = find_adapter(obj)
+        if adapter is not None:
+            cls = type(obj)
+            return {"type": "object", "adapter": adapter.name,
+                    "class": f"{cls.__module__}.{cls.__qualname__}",
+                    "state": self.node(adapter.extract(obj), parts, depth + 1)}
+        if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__"):
+            try:
+                arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
+            except (TypeError, BufferError, RuntimeError):
+                arr = None
+            if arr is not None:
+                return self.array(arr, parts)
+        raise _unsupported(obj, parts)
+
+    def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
+        keys = list(obj.keys())
+        if all(isinstance(k, str) for k in keys):
+            key_type = "str"
+        elif all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
+            key_type = "int"
+        else:
+            bad = next(k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool))
+            raise UnsupportedObjectError(
+                f"dict at {_where(parts)!r} has key {bad!r} of type {type(bad).__name__}",
+                hint="keys must be all str or all int", leaf=join(parts))
+        items = {}
+        for k in keys:
+            name = str(k)
+            items[name] = self.node(obj[k], parts + [escape(name)], depth + 1)
+        node: Dict[str, Any] = {"type": "dict", "items": items}
+        if key_type == "int":
+            node["key_type"] = "int"
+        return node
+
+    def array(self, arr: np.ndarray, parts: List[str]) -> Dict[str, Any]:
+        path = join(parts)
+        try:
+            dtypes.name_of(arr.dtype)
+        except UnsupportedDtypeError as e:
+            raise UnsupportedDtypeError(f"leaf {path!r}: {e.args[0]}", leaf=path) from None
+        if arr.nbytes:
+            key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
+            if key in self.seen:  # tied / shared: store once, refer twice
+                return {"type": "array", "path": self.seen[key]}
+            self.seen[key] = path
+        if path in self.arrays:
+            raise UnsupportedObjectError(f"two leaves map to the same path {path!r}", leaf=path)
+        self.arrays[path] = arr
+        return {"type": "array", "path": path}
+
+
+def _unsupported(obj: Any, parts: List[str]) -> UnsupportedObjectError:
+    from .registry import INSTALL_HINTS, module_roots
+
+    cls = type(obj)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    hint = ("pass arrays, plain values, containers of them, or an object of a supported "
+            "framework; give your own classes state_dict()/load_state_dict(), or register "
+            "an adapter with uckpt.register_adapter()")
+    for root in module_roots(obj):
+        if root in INSTALL_HINTS:
+            hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
+            break
+    return UnsupportedObjectError(f"no adapter knows how to save {name} at {_where(parts)!r}",
+                                  hint=hint, leaf=join(parts))
+
+
+def decode(node: Dict[str, Any], leaf: Callable[[Dict[str, Any]], Any]) -> Any:
+    """Turn a skeleton node back into a Python tree; ``leaf(node)`` makes array leaves."""
+    kind = node["type"]
+    if kind == "value":
+        return node["value"]
+    if kind == "float":
+        return float(node["value"])
+    if kind in ("array", "bytes"):
+        return leaf(node)
+    if kind == "dict":
+        conv = int if node.get("key_type") == "int" else str
+        return {conv(k): decode(v, leaf) for k, v in node["items"].items()}
+    if kind == "list":
+        return [decode(v, leaf) for v in node["items"]]
+    if kind == "tuple":
+        return tuple(decode(v, leaf) for v in node["items"])
+    if kind == "object":
+        return decode(node["state"], leaf)
+    raise ValueError(f"unknown node type {kind!r}")  # manifest validation prevents this
+
+
+def array_leaf_value(node: Dict[str, Any], arr: Any) -> Any:
+    """Apply a leaf node's flags (bytes, NumPy scalar) to a loaded array."""
+    if node["type"] == "bytes":
+        return np.asarray(arr).tobytes()
+    if node.get("numpy_scalar"):
+        return np.asarray(arr)[()]
+    return arr
