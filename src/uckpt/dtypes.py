@@ -42,18 +42,16 @@ def to_numpy(name: str) -> np.dtype:
 def name_of(dtype) -> str:
     """The neutral name of a NumPy dtype; raises for dtypes the format cannot hold."""
     dt = np.dtype(dtype)
+    if dt.name in _ML and dt.names is None:  # ml_dtypes types report kind 'V' or 'f'
+        return dt.name
     if dt.kind in "biufc" and dt.names is None and dt.subdtype is None:
         name = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}[dt.kind]
         if dt.kind != "b":
             name += str(dt.itemsize * 8)
         if name in _NUMPY:
             return name
-    elif dt.kind == "V" and dt.names is None and dt.subdtype is None:
-        # ml_dtypes types report kind 'V'; recognise them by name
-        if dt.name in _ML:
-            return dt.name
     raise UnsupportedDtypeError(
-        f"dtype {dt!r} cannot be stored",
+        f"dtype {dt} cannot be stored",
         hint=f"the uckpt format holds: {', '.join(NAMES)}; convert object, string and "
              "structured arrays to one of these first")
 

@@ -133,7 +133,7 @@ class _Flattener:
         except UnsupportedDtypeError as e:
             raise UnsupportedDtypeError(f"leaf {path!r}: {e.args[0]}", leaf=path) from None
         if arr.nbytes:
-            key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
+            key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype)
             if key in self.seen:  # tied / shared: store once, refer twice
                 return {"type": "array", "path": self.seen[key]}
             self.seen[key] = path

@@ -1,0 +1,1 @@
+"""The ``uckpt`` command-line tool (entry point: :func:`uckpt.cli.main.main`)."""

@@ -1,0 +1,135 @@
+"""``uckpt inspect CKPT``: what a checkpoint holds, from its manifest alone (no data is read)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+from ..format import FORMAT_NAME, Manifest
+from ..reader import read_manifest
+from ..tree import escape
+from .common import bytes_text, human_bytes, human_time, print_json, shape_str, table
+
+HELP = "show a checkpoint's header, metadata, values and leaves"
+DESCRIPTION = """\
+Show what the checkpoint CKPT holds: its header (format version, world size,
+step, creation time, writer, size, files), user metadata, the framework
+objects and plain values of its state tree, and a table of its array leaves.
+Only the manifest is read, so this is fast on checkpoints of any size; run
+"uckpt verify" to check the data."""
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("inspect", help=HELP, description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory")
+    p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
+    p.set_defaults(run=run)
+    return p
+
+
+def walk(node: Dict[str, Any], parts: List[str], out: Dict[str, list]) -> None:
+    """Collect, in tree order, objects, plain values and array references with their paths."""
+    path = "/".join(parts)
+    kind = node["type"]
+    if kind == "object":
+        out["objects"].append({"path": path, "adapter": node["adapter"], "class": node["class"]})
+        walk(node["state"], parts, out)
+    elif kind == "dict":
+        if not node["items"] and parts:
+            out["values"].append({"path": path, "type": "dict", "value": {}})
+        for k, v in node["items"].items():
+            walk(v, parts + [escape(k)], out)
+    elif kind in ("list", "tuple"):
+        if not node["items"]:
+            out["values"].append({"path": path, "type": kind, "value": []})
+        for i, v in enumerate(node["items"]):
+            walk(v, parts + [str(i)], out)
+    elif kind in ("value", "float"):  # "float" holds "nan", "inf" or "-inf" as a string
+        out["values"].append({"path": path, "type": kind, "value": node["value"]})
+    elif kind in ("array", "bytes"):
+        ref = {"path": path, "array": node["path"], "type": kind}
+        if node.get("numpy_scalar"):
+            ref["numpy_scalar"] = True
+        out["refs"].append(ref)
+
+
+def describe(directory, manifest: Manifest) -> Dict[str, Any]:
+    """The JSON document of ``uckpt inspect --json``."""
+    found: Dict[str, list] = {"objects": [], "values": [], "refs": []}
+    walk(manifest.tree, [], found)
+    kinds = {r["array"]: r["type"] for r in found["refs"] if r["path"] == r["array"]}
+    return {
+        "path": str(Path(directory).absolute()),
+        "format": FORMAT_NAME,
+        "format_version": manifest.format_version,
+        "generator": manifest.generator,
+        "created": manifest.created,
+        "step": manifest.step,
+        "world_size": manifest.world_size,
+        "nbytes": manifest.nbytes,
+        "files": [{"name": f.name, "rank": f.rank, "size": f.size}
+                  for f in manifest.files.values()],
+        "metadata": manifest.metadata,
+        "objects": found["objects"],
+        "values": found["values"],
+        "leaves": [{"path": a.path, "dtype": a.dtype, "shape": list(a.shape), "nbytes": a.nbytes,
+                    "chunks": len(a.chunks), "kind": kinds.get(a.path, "array")}
+                   for a in manifest.arrays.values()],
+        # array references stored once under another path (tied / shared arrays)
+        "shared": [{"path": r["path"], "array": r["array"]}
+                   for r in found["refs"] if r["path"] != r["array"]],
+    }
+
+
+def _value_text(v: Dict[str, Any]) -> str:
+    if v["type"] == "float":
+        return v["value"]
+    return json.dumps(v["value"], ensure_ascii=False)
+
+
+def render(doc: Dict[str, Any]) -> str:
+    files = doc["files"]
+    lines = [
+        f"checkpoint   {doc['path']}",
+        f"format       {doc['format']} v{doc['format_version']}",
+        f"step         {'-' if doc['step'] is None else doc['step']}",
+        f"created      {human_time(doc['created'])}",
+        f"generator    {doc['generator'] or '-'}",
+        f"world size   {doc['world_size']}",
+        f"total        {bytes_text(doc['nbytes'])} in "
+        f"{len(doc['leaves'])} leaves",
+        f"files        {len(files)}: " + (", ".join(
+            f"{f['name']} (rank {f['rank']}, {human_bytes(f['size'])})" for f in files[:4])
+            + (f", ... ({len(files) - 4} more)" if len(files) > 4 else "")),
+    ]
+    if doc["metadata"]:
+        lines += ["", "metadata:"]
+        lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}" for k, v in doc["metadata"].items()]
+    if doc["objects"]:
+        lines += ["", "objects:"]
+        lines += [f"  {o['path'] or '<root>'}: {o['adapter']} ({o['class']})"
+                  for o in doc["objects"]]
+    if doc["values"] or doc["shared"]:
+        lines += ["", "values:"]
+        lines += [f"  {v['path']} = {_value_text(v)}" for v in doc["values"]]
+        lines += [f"  {s['path']} -> {s['array']} (shared array)" for s in doc["shared"]]
+    if doc["leaves"]:
+        lines += ["", "leaves:"]
+        rows = [[a["path"] + (" (bytes)" if a["kind"] == "bytes" else ""), a["dtype"],
+                 shape_str(a["shape"]), human_bytes(a["nbytes"]), a["chunks"]]
+                for a in doc["leaves"]]
+        body = table(["PATH", "DTYPE", "SHAPE", "SIZE", "CHUNKS"], rows, right=[3, 4])
+        lines += ["  " + line for line in body.splitlines()]
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    manifest = read_manifest(args.checkpoint)
+    doc = describe(args.checkpoint, manifest)
+    if args.json:
+        print_json(doc)
+    else:
+        print(render(doc))
+    return 0

@@ -1,0 +1,29 @@
+"""Shared test helpers. Tests use real files under pytest's tmp_path, never fixed paths."""
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Make arrays split into many chunks so chunking paths run on tiny data."""
+    import uckpt.knobs as knobs
+
+    monkeypatch.setattr(knobs, "chunk_bytes", 256)
+    return knobs
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """Corrupt one byte of a file in place."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
