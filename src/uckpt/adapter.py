@@ -23,7 +23,9 @@ load
     the same shape whose array positions hold a writable, C-contiguous
     ``ndarray`` that the core reads into in place, or ``None`` for a fresh
     array; missing branches mean fresh arrays. Then the core reads and verifies
-    the bytes, and calls ``restore(obj, tree)`` with the loaded tree.
+    the bytes, and calls ``restore(obj, tree)`` with the loaded tree. The
+    arrays in that tree belong to the adapter from then on: it may keep them
+    without copying (arrays it named as targets are its object's own memory).
 """
 from __future__ import annotations
 

@@ -78,11 +78,20 @@ class CheckpointReader:
             actual = os.fstat(fd).st_size
             if actual < expected:
                 os.close(fd)
+                cut = self._first_chunk_beyond(name, actual)
+                at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
                 raise TruncatedDataError(
                     f"data file {str(path)!r} is truncated: {actual} bytes, the manifest "
-                    f"records {expected}", path=str(path), offset=actual)
+                    f"records {expected}{at}", path=str(path), offset=actual,
+                    leaf=cut[0] if cut else None,
+                    hint="the file was damaged after commit; restore an earlier checkpoint")
             self._fds[name] = fd
         return self._fds[name]
+
+    def _first_chunk_beyond(self, name: str, size: int):
+        cut = [(c.offset, e.path) for e in self.manifest.arrays.values() for c in e.chunks
+               if c.file == name and c.offset + c.length > size]
+        return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
     def read_arrays(self, wanted: Mapping[str, Optional[np.ndarray]]) -> Dict[str, np.ndarray]:
@@ -122,7 +131,10 @@ class CheckpointReader:
             region[...] = raw.view(dest.dtype).reshape(chunk.shape)
 
     def _check(self, entry: ArrayEntry, chunk: Chunk, raw) -> None:
-        got = format_checksum(crc32c(raw))
+        """Raise if ``raw`` does not match the chunk's checksum."""
+        self._mismatch(entry, chunk, format_checksum(crc32c(raw)))
+
+    def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
         if got != chunk.checksum:
             raise ChecksumMismatchError(
                 f"{self.directory / chunk.file}: checksum mismatch in leaf {entry.path!r}, "
@@ -152,14 +164,7 @@ class CheckpointReader:
                             leaf=entry.path, offset=chunk.offset + done + n)
                     value = crc32c(buf[:n], value)
                     done += n
-                got = format_checksum(value)
-                if got != chunk.checksum:
-                    raise ChecksumMismatchError(
-                        f"{self.directory / chunk.file}: checksum mismatch in leaf "
-                        f"{entry.path!r}, chunk at byte offset {chunk.offset} (length "
-                        f"{chunk.length}): stored {chunk.checksum}, computed {got}",
-                        path=str(self.directory / chunk.file), leaf=entry.path,
-                        offset=chunk.offset)
+                self._mismatch(entry, chunk, format_checksum(value))
                 total += chunk.length
                 if progress:
                     progress(total)

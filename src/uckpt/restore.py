@@ -34,8 +34,6 @@ from .tree import array_leaf_value, decode, escape, join
 def spec_leaf(manifest: Manifest):
     def leaf(node):
         entry = manifest.arrays[node["path"]]
-        if node["type"] == "bytes" or node.get("numpy_scalar"):
-            return ArraySpec(entry.dtype, entry.shape)
         return ArraySpec(entry.dtype, entry.shape)
     return leaf
 
@@ -62,7 +60,7 @@ class _Matcher:
                                          f"a {node['type']}", leaf=where)
             self.mapping(obj, node, parts, strict)
             return
-        if obj is None or isinstance(obj, (bool, int, float, str, bytes, list, tuple, np.generic)):
+        if isinstance(obj, (bool, int, float, str, bytes, list, tuple, np.generic)):
             self.needed.append(node)  # plain values are returned, not restored in place
             return
         adapter = find_adapter(obj)

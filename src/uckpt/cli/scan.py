@@ -121,7 +121,7 @@ def examine(path: Path) -> Found:
 
 
 def dir_size(path) -> int:
-    """Total size of the regular files below ``path`` (tolerates files vanishing meanwhile)."""
+    """Total size of the regular files below ``path`` (skips what vanishes or cannot be read)."""
     total = 0
     try:
         with os.scandir(path) as it:
@@ -131,9 +131,9 @@ def dir_size(path) -> int:
                         total += dir_size(e.path)
                     elif e.is_file(follow_symlinks=False):
                         total += e.stat(follow_symlinks=False).st_size
-                except FileNotFoundError:
+                except OSError:  # vanished, or unreadable: count what can be seen
                     continue
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:
         pass
     return total
 

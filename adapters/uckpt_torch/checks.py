@@ -1,0 +1,73 @@
+"""Checks shared by the adapters' ``prepare`` and ``restore``: they only read.
+
+``array_problem`` compares one checkpoint leaf (an :class:`~uckpt.adapter.ArraySpec`
+in ``prepare``, the loaded ``ndarray`` in ``restore``) with its destination
+tensor and ``raise_problems`` turns every problem found into one error;
+``check_class`` compares the class recorded by ``extract`` with the
+object's own.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Type
+
+import numpy as np
+import torch
+
+from uckpt.adapter import ArraySpec
+from uckpt.dtypes import name_of
+from uckpt.errors import DtypeMismatchError, ShapeMismatchError, StateMismatchError
+
+from .convert import dtype_name
+
+
+def class_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def check_class(obj: Any, tree: Any, what: str) -> None:
+    """StateMismatchError unless ``tree["class"]`` names the class of ``obj``."""
+    saved = tree.get("class") if isinstance(tree, dict) else None
+    if saved != class_name(obj):
+        held = f"the state of a {saved}" if saved else f"no {what} state (no 'class' entry)"
+        raise StateMismatchError(
+            f"the checkpoint holds {held} but the {what} to restore is a {class_name(obj)}",
+            hint=f"create the same {what} class that was saved before loading")
+
+
+def _signature(leaf: Any):
+    """(neutral dtype name, shape) of an ArraySpec or ndarray; None for any other leaf."""
+    if isinstance(leaf, ArraySpec):
+        return leaf.dtype, tuple(leaf.shape)
+    if isinstance(leaf, np.ndarray):
+        return name_of(leaf.dtype), leaf.shape
+    return None
+
+
+Problem = Tuple[Type[StateMismatchError], str]
+
+
+def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
+    """Why ``leaf`` cannot go into ``t`` (error class, sentence), or None if it can."""
+    sig = _signature(leaf)
+    if sig is None:
+        return StateMismatchError, \
+            f"{key}: the checkpoint holds a {type(leaf).__name__}, not an array"
+    dtype, shape = sig
+    if shape != tuple(t.shape):
+        return ShapeMismatchError, \
+            f"{key}: shape {list(shape)} in the checkpoint, {list(t.shape)} in the object"
+    if dtype != dtype_name(t.dtype):
+        return DtypeMismatchError, \
+            f"{key}: dtype {dtype} in the checkpoint, {dtype_name(t.dtype)} in the object"
+    return None
+
+
+def raise_problems(what: str, problems: "list[Problem]") -> None:
+    """Raise one error listing every problem; its class is theirs when they share one."""
+    if not problems:
+        return
+    classes = {cls for cls, _ in problems}
+    cls = classes.pop() if len(classes) == 1 else StateMismatchError
+    raise cls("\n".join([f"{what} does not match the checkpoint"]
+                        + [f"  {msg}" for _, msg in problems]))

@@ -1,0 +1,87 @@
+"""``torch.nn.Module``: every entry of ``state_dict()`` (parameters and persistent buffers).
+
+save: ``extract`` returns ``{name: array}`` viewing the live tensors. Tied
+parameters appear under each of their names as the *same* array object, so the
+core stores them once.
+load: ``prepare`` compares names, shapes and dtypes with the module, collects
+every difference and raises one error before anything changes; it returns the
+tensors' own memory as read targets where it can (CPU, contiguous), so the core
+reads straight into the parameters. ``restore`` then calls
+``module.load_state_dict`` (hooks and ``_extra_state`` included), handing it the
+live tensor itself wherever the core already read into it, so only the other
+entries are copied and tied parameters stay tied.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from uckpt.adapter import Adapter
+from uckpt.errors import KeyMismatchError, StateMismatchError
+
+from .checks import array_problem, raise_problems
+from .convert import from_numpy, same_memory, to_numpy, tree_from_numpy, tree_to_numpy, \
+    writable_view
+
+_EXTRA = "_extra_state"
+
+
+def _is_array(key: str, value) -> bool:
+    """An entry whose memory the adapter may read into: a tensor that is neither a
+    module's extra state nor a lazy module's uninitialized parameter."""
+    return (isinstance(value, torch.Tensor)
+            and not isinstance(value, nn.parameter.UninitializedTensorMixin)
+            and key != _EXTRA and not key.endswith("." + _EXTRA))
+
+
+class ModuleAdapter(Adapter):
+    name = "torch.module"
+
+    def handles(self, obj):
+        return isinstance(obj, nn.Module)
+
+    def extract(self, obj):
+        seen = {}  # id(tensor) -> array, so tied entries share one array
+        out = {}
+        for key, value in obj.state_dict(keep_vars=True).items():
+            if isinstance(value, torch.Tensor):
+                if id(value) not in seen:
+                    seen[id(value)] = to_numpy(value)
+                out[key] = seen[id(value)]
+            else:
+                out[key] = tree_to_numpy(value)
+        return out
+
+    def prepare(self, obj, spec):
+        live = obj.state_dict(keep_vars=True)
+        self._check(obj, live, spec)
+        return {key: writable_view(t) if _is_array(key, t) else None for key, t in live.items()}
+
+    def restore(self, obj, tree):
+        live = obj.state_dict(keep_vars=True)
+        self._check(obj, live, tree)
+        sd = {}
+        for key, value in tree.items():
+            if isinstance(value, np.ndarray) and _is_array(key, live[key]):
+                sd[key] = live[key] if same_memory(value, live[key]) else from_numpy(value)
+            else:
+                sd[key] = tree_from_numpy(value)
+        obj.load_state_dict(sd, strict=True)
+
+    @staticmethod
+    def _check(obj, live, tree):
+        what = f"the {type(obj).__name__} module"
+        if not isinstance(tree, dict):
+            raise StateMismatchError(f"the checkpoint holds a {type(tree).__name__} where "
+                                     f"{what} expects a state_dict")
+        problems = [array_problem(key, t, tree[key]) for key, t in live.items()
+                    if key in tree and _is_array(key, t)]
+        problems = [p for p in problems if p]
+        missing = live.keys() - tree.keys()
+        unexpected = tree.keys() - live.keys()
+        if missing or unexpected:
+            raise KeyMismatchError(what, missing=missing, unexpected=unexpected,
+                                   mismatched=[msg for _, msg in problems],
+                                   hint="build the same architecture that was saved")
+        raise_problems(what, problems)

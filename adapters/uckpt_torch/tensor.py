@@ -1,0 +1,40 @@
+"""``torch.Tensor`` (and ``nn.Parameter``) as a single array leaf.
+
+save: ``extract`` returns a view of the tensor (a copy for a non-CPU tensor).
+load: ``prepare`` refuses a different shape or dtype and returns the tensor's
+own memory as the read target when it can; ``restore`` copies the loaded array
+in, unless the core already read it there.
+"""
+from __future__ import annotations
+
+import torch
+
+from uckpt.adapter import Adapter
+
+from .checks import array_problem, raise_problems
+from .convert import from_numpy, same_memory, to_numpy, writable_view
+
+
+class TensorAdapter(Adapter):
+    name = "torch.tensor"
+
+    def handles(self, obj):
+        return isinstance(obj, torch.Tensor)
+
+    def extract(self, obj):
+        return to_numpy(obj)
+
+    def prepare(self, obj, spec):
+        self._check(obj, spec)
+        return writable_view(obj)
+
+    def restore(self, obj, tree):
+        self._check(obj, tree)
+        if not same_memory(tree, obj):
+            with torch.no_grad():
+                obj.copy_(from_numpy(tree, like=obj))
+
+    @staticmethod
+    def _check(obj, leaf):
+        problem = array_problem("tensor", obj, leaf)
+        raise_problems("the tensor", [problem] if problem else [])
