@@ -5,6 +5,8 @@ CRC-32C of the chunk's stored bytes (the same value as RFC 3720 / iSCSI).
 """
 from __future__ import annotations
 
+import re
+
 import crc32c as _crc32c
 
 ALGORITHM = "crc32c"
@@ -18,11 +20,13 @@ def format_checksum(value: int) -> str:
     return f"{ALGORITHM}:{value:08x}"
 
 
+_FORM = re.compile(ALGORITHM + r":[0-9a-f]{8}")
+
+
 def parse_checksum(text: str) -> int:
-    algo, _, digits = text.partition(":")
-    if algo != ALGORITHM or len(digits) != 8:
-        raise ValueError(f"checksum {text!r} is not of the form 'crc32c:' + 8 hex digits")
-    return int(digits, 16)
+    if not _FORM.fullmatch(text):
+        raise ValueError(f"checksum {text!r} is not of the form 'crc32c:' + 8 lowercase hex digits")
+    return int(text[len(ALGORITHM) + 1:], 16)
 
 
 def of(data) -> str:

@@ -68,6 +68,8 @@ class _Flattener:
             raise UnsupportedObjectError(
                 f"state nests deeper than {MAX_DEPTH} levels at {_where(parts)!r}",
                 hint="an adapter may be returning the object itself", leaf=join(parts))
+        if isinstance(obj, np.generic):  # before float: np.float64 subclasses float
+            return dict(self.array(np.asarray(obj), parts), numpy_scalar=True)
         if obj is None or isinstance(obj, (bool, str)):
             return {"type": "value", "value": obj}
         if isinstance(obj, int):
@@ -79,8 +81,6 @@ class _Flattener:
                     ("inf" if obj > 0 else "-inf")}
         if isinstance(obj, np.ndarray):
             return self.array(obj, parts)
-        if isinstance(obj, np.generic):
-            return dict(self.array(np.asarray(obj), parts), numpy_scalar=True)
         if isinstance(obj, (bytes, bytearray)):
             node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), parts)
             return dict(node, type="bytes")

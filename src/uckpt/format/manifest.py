@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -20,7 +22,9 @@ FORMAT_NAME = "uckpt"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw",)
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # used with fullmatch
+_CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
+_INT_KEY = re.compile(r"-?(0|[1-9][0-9]*)")
 _TOP_FIELDS = ("format", "format_version", "generator", "created", "world_size", "step",
                "metadata", "files", "tree", "arrays")
 _CHUNK_FIELDS = ("file", "offset", "length", "start", "shape", "codec", "checksum")
@@ -103,18 +107,39 @@ class Manifest:
     def to_bytes(self) -> bytes:
         try:
             text = json.dumps(self.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
-        except ValueError as e:  # NaN/inf in user metadata
-            raise ManifestError(f"metadata cannot be written as JSON: {e}",
-                                hint="metadata must be JSON: no NaN or infinity") from None
-        return (text + "\n").encode("utf-8")
+            return (text + "\n").encode("utf-8")
+        except ValueError as e:  # NaN/inf in metadata, or a lone surrogate in a string
+            raise ManifestError(f"the manifest cannot be written as UTF-8 JSON: {e}",
+                                hint="metadata must be JSON (no NaN or infinity) and strings "
+                                     "valid Unicode") from None
 
     @classmethod
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
         try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}", path=where) from None
+            doc = strict_json_loads(data)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            reason = "nests too deeply" if isinstance(e, RecursionError) else str(e)
+            raise ManifestError(f"{where} is not valid UTF-8 JSON: {reason}", path=where) from None
         return _Parser(where).manifest(doc)
+
+
+def _no_constants(token: str):
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def strict_json_loads(data: bytes):
+    """Standard JSON only: no NaN/Infinity tokens, no duplicate keys."""
+    return json.loads(data.decode("utf-8"), parse_constant=_no_constants,
+                      object_pairs_hook=_no_duplicates)
 
 
 class _Parser:
@@ -160,7 +185,9 @@ class _Parser:
                 hint="upgrade uckpt to read it" if newer else "this version was never released")
         self.fields(doc, "<top>", _TOP_FIELDS)
         self.need(doc["generator"], "generator", str, "a string")
-        self.need(doc["created"], "created", str, "a string")
+        if not isinstance(doc["created"], str) or not _CREATED.fullmatch(doc["created"]):
+            self.fail("created", f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got "
+                                 f"{json.dumps(doc['created'])[:80]}")
         world = self.nat(doc["world_size"], "world_size")
         if world < 1:
             self.fail("world_size", "must be at least 1")
@@ -184,7 +211,7 @@ class _Parser:
         out = {}
         for name, entry in obj.items():
             loc = f"files[{name!r}]"
-            if not _SAFE_NAME.match(name) or ".." in name:
+            if not _SAFE_NAME.fullmatch(name) or ".." in name:
                 self.fail(loc, f"file name {name!r} is not a plain file name inside the "
                                "checkpoint directory", UnsafePathError)
             self.need(entry, loc, dict, "an object")
@@ -192,6 +219,8 @@ class _Parser:
             rank = self.nat(entry["rank"], loc + ".rank")
             if rank >= world:
                 self.fail(loc + ".rank", f"rank {rank} is not below world_size {world}")
+            if any(f.rank == rank for f in out.values()):
+                self.fail(loc + ".rank", f"rank {rank} already has a data file")
             out[name] = FileEntry(name, rank, self.nat(entry["size"], loc + ".size"))
         return out
 
@@ -222,7 +251,7 @@ class _Parser:
         self.fields(obj, loc, _CHUNK_FIELDS)
         name = self.need(obj["file"], loc + ".file", str, "a file name")
         if name not in files:
-            if not _SAFE_NAME.match(name) or ".." in name:
+            if not _SAFE_NAME.fullmatch(name) or ".." in name:
                 self.fail(loc + ".file", f"file name {name!r} leaves the checkpoint directory",
                           UnsafePathError)
             self.fail(loc + ".file", f"file {name!r} is not listed in 'files'")
@@ -255,25 +284,27 @@ class _Parser:
         return Chunk(name, offset, length, start, cshape, codec, checksum)
 
     def coverage(self, chunks, shape, loc) -> None:
+        """Chunks must tile the array exactly: equal volume and pairwise disjoint."""
         total = 1
         for s in shape:
             total *= s
-        covered = 0
-        for c in chunks:
-            n = 1
-            for s in c.shape:
-                n *= s
-            covered += n
+        covered = sum(int(np.prod(c.shape, dtype=np.int64)) for c in chunks)
         if covered != total:
             self.fail(loc + ".chunks", f"chunks cover {covered} elements, the array has {total}")
-        if len(chunks) <= 512:  # pairwise overlap check; equal volume + disjoint = exact tiling
-            boxes = [c for c in chunks if all(c.shape)]
-            for i, a in enumerate(boxes):
-                for b in boxes[i + 1:]:
-                    if all(sa < sb + nb and sb < sa + na for sa, na, sb, nb in
-                           zip(a.start, a.shape, b.start, b.shape)):
-                        self.fail(loc + ".chunks", f"chunks at {list(a.start)} and "
-                                                   f"{list(b.start)} overlap")
+        boxes = [c for c in chunks if all(c.shape)]
+        if len(boxes) < 2:
+            return
+        starts = np.array([c.start for c in boxes], dtype=np.int64).reshape(len(boxes), -1)
+        ends = starts + np.array([c.shape for c in boxes], dtype=np.int64).reshape(len(boxes), -1)
+        for i0 in range(0, len(boxes), 256):  # blocks keep the pairwise test's memory small
+            s, e = starts[i0:i0 + 256, None, :], ends[i0:i0 + 256, None, :]
+            hit = np.all((s < ends[None]) & (starts[None] < e), axis=2)
+            for k in range(hit.shape[0]):
+                hit[k, :i0 + k + 1] = False  # a box with itself, and pairs already seen
+            if hit.any():
+                i, j = np.argwhere(hit)[0]
+                self.fail(loc + ".chunks", f"chunks at {list(boxes[i0 + i].start)} and "
+                                           f"{list(boxes[j].start)} overlap")
 
     def node(self, node, loc: str, arrays, depth: int) -> None:
         if depth > 200:
@@ -296,6 +327,8 @@ class _Parser:
                 self.fail(loc + ".path", f"array {path!r} is not listed in 'arrays'")
             if "numpy_scalar" in node:
                 self.need(node["numpy_scalar"], loc + ".numpy_scalar", bool, "a boolean")
+                if node["numpy_scalar"] and arrays[path].shape != ():
+                    self.fail(loc + ".numpy_scalar", "a NumPy scalar must refer to a 0-d array")
             if kind == "bytes" and (arrays[path].dtype != "uint8" or len(arrays[path].shape) != 1):
                 self.fail(loc, "a bytes node must refer to a 1-d uint8 array")
         elif kind == "dict":
@@ -304,8 +337,8 @@ class _Parser:
             if node.get("key_type", "str") not in ("str", "int"):
                 self.fail(loc + ".key_type", "expected 'str' or 'int'")
             for k, v in items.items():
-                if node.get("key_type") == "int" and not re.fullmatch(r"-?[0-9]+", k):
-                    self.fail(loc + ".items", f"key {k!r} is not an integer")
+                if node.get("key_type") == "int" and (not _INT_KEY.fullmatch(k) or k == "-0"):
+                    self.fail(loc + ".items", f"key {k!r} is not an integer in canonical form")
                 self.node(v, f"{loc}.items[{k!r}]", arrays, depth + 1)
         elif kind in ("list", "tuple"):
             self.fields(node, loc, ("type", "items"))

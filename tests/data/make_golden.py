@@ -1,0 +1,228 @@
+"""Make the golden checkpoints of format version 1 in tests/data/golden_v1/.
+
+    .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
+    .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
+
+Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
+the same state and requires byte-identical data files. Never regenerate them to
+make a failing test pass; a change in the bytes is a format change, which needs
+a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
+(docs/format.md quotes golden_v1/example/manifest.json verbatim, ``created``
+included; the tests hold the two equal.)
+
+Three checkpoints are made:
+
+``all_types``  written by ``uckpt.save`` from :func:`golden_state` with the
+               knobs in :data:`KNOBS`: every node type, every dtype, and an
+               array split into several chunks.
+``example``    the worked example of docs/format.md (:func:`example_state`).
+``sharded``    written by hand (NumPy, json and crc32c only, no uckpt writer):
+               two files as if from two ranks, one array cut into 2-D boxes,
+               chunks packed at offsets that are not multiples of 64 and listed
+               out of file order. uckpt cannot write such a checkpoint yet but
+               must read it; so must any reader following the spec.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+GOLDEN = HERE / "golden_v1"
+
+#: knob values the golden checkpoints are written with (re-saves in tests use the same)
+KNOBS = {"chunk_bytes": 256, "alignment": 64}
+EXAMPLE_KNOBS = {"chunk_bytes": 8, "alignment": 64}
+STEP = 42
+METADATA = {"purpose": "golden checkpoint of uckpt format version 1",
+            "nested": {"list": [1, 2.5, None, True, "x"]}}
+
+
+class Counter:
+    """A stateful object (``state_dict``/``load_state_dict``): saved as an "object" node."""
+
+    def __init__(self) -> None:
+        self.count = 3
+        self.history = np.array([5, 8, 13], dtype=np.int64)
+
+    def state_dict(self):
+        return {"count": self.count, "history": self.history}
+
+    def load_state_dict(self, sd) -> None:
+        self.count = sd["count"]
+        self.history = np.array(sd["history"])
+
+
+# a stable class name in the manifest, however this file is imported
+Counter.__module__ = "golden"
+Counter.__qualname__ = "Counter"
+
+
+def _bits(values, dtype, bits):
+    """An array of ``dtype`` from raw bit patterns (keeps NaN payloads exact)."""
+    return np.array(values, dtype=bits).view(dtype)
+
+
+def golden_state():
+    """The state saved as golden_v1/all_types (a fresh, equal object on every call)."""
+    bf16 = ml_dtypes.bfloat16
+    shared = np.array([1.5, -2.25, 3.0], dtype=np.float64)
+    return {
+        "dtypes": {
+            "bool": np.array([[True, False, True], [False, False, True]]),
+            "int8": np.array([-128, -1, 0, 127], dtype=np.int8),
+            "int16": np.array([-32768, -2, 2, 32767], dtype=np.int16),
+            "int32": np.array([-2 ** 31, -3, 3, 2 ** 31 - 1], dtype=np.int32),
+            "int64": np.array([-2 ** 63, -1, 0, 2 ** 63 - 1], dtype=np.int64),
+            "uint8": np.arange(0, 256, 37, dtype=np.uint8),
+            "uint16": np.array([0, 1, 0xBEEF, 0xFFFF], dtype=np.uint16),
+            "uint32": np.array([0, 1, 0xDEADBEEF, 0xFFFFFFFF], dtype=np.uint32),
+            "uint64": np.array([0, 1, 0x0123456789ABCDEF, 2 ** 64 - 1], dtype=np.uint64),
+            "float16": np.array([1.0, -2.0, 65504.0, 2.0 ** -24, np.inf, np.nan], dtype=np.float16),
+            # 0, -0, 1, -1.5, max, smallest subnormal, quiet NaN, a NaN with a payload, -inf
+            "float32": _bits([0x00000000, 0x80000000, 0x3F800000, 0xBFC00000, 0x7F7FFFFF,
+                              0x00000001, 0x7FC00000, 0x7FA00001, 0xFF800000],
+                             np.float32, np.uint32),
+            "float64": np.array([[math.pi, -math.e], [1e-300, -0.0]], dtype=np.float64),
+            "complex64": np.array([1 + 2j, -0.5 - 0.25j], dtype=np.complex64),
+            "complex128": np.array([[1e100 - 1j]], dtype=np.complex128),
+            "bfloat16": np.array([1.0, -3.140625, 2.0 ** -133, np.inf], dtype=bf16),
+            "float8_e4m3fn": np.array([1.0, -0.5, 448.0, np.nan], dtype=ml_dtypes.float8_e4m3fn),
+            "float8_e5m2": np.array([1.0, -0.5, 57344.0, -np.inf], dtype=ml_dtypes.float8_e5m2),
+        },
+        "zero_d": np.array(-7, dtype=np.int32),
+        "empty": np.zeros((0, 3), dtype=np.float32),
+        "scalars": {"f32": np.float32(2.5), "i16": np.int16(-3), "b": np.bool_(True)},
+        "blob": b"\x00uckpt\xff",
+        "empty_blob": b"",
+        "floats": {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "pi": 3.14159,
+                   "neg_zero": -0.0, "tiny": 5e-324},
+        "values": {"int": 42, "negative": -7, "big": 2 ** 70, "str": "h\u00e9llo \u2713",
+                   "none": None, "true": True, "false": False},
+        "by_epoch": {0: "start", 10: np.array([0.1, 0.01], dtype=np.float32), -1: "last"},
+        "pair": (1, ("two", np.arange(3, dtype=np.int8))),
+        "history": [1.0, [2, {"deep": {"deeper": {"deepest": np.ones(2, dtype=np.uint8)}}}], []],
+        "empty_dict": {},
+        "weird/key~name": {"a/b": np.array([1, 2], dtype=np.int64), "~0": 5, "": "empty key"},
+        "shared": shared,
+        "tied": {"again": shared},  # the same array twice: stored once, referred to twice
+        "big": np.arange(160, dtype=np.float32).reshape(40, 4) * 0.5,  # 640 bytes: 3 chunks
+        "counter": Counter(),
+    }
+
+
+def expected_loaded(state):
+    """What ``uckpt.load`` returns for ``state``: objects become their extracted state."""
+    if isinstance(state, Counter):
+        return expected_loaded(state.state_dict())
+    if isinstance(state, dict):
+        return {k: expected_loaded(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [expected_loaded(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(expected_loaded(v) for v in state)
+    return state
+
+
+def example_state():
+    """The worked example of docs/format.md (saved with EXAMPLE_KNOBS, step=7)."""
+    return {
+        "model": {"w": np.array([[1.0, -2.0], [0.5, 0.25]], dtype=np.float32),
+                  "b": np.array([1.0, -1.5], dtype=ml_dtypes.bfloat16)},
+        "epoch": 3,
+        "lr": math.inf,
+        "tag": b"hi",
+    }
+
+
+def sharded_expected():
+    """The arrays of golden_v1/sharded, as NumPy arrays."""
+    return {"layer/weight": np.arange(24, dtype=np.float32).reshape(4, 6) - 11.5,
+            "layer/bias": np.array([1, -1, 2, -2, 3, -3], dtype=np.int16)}
+
+
+def write_sharded(directory: Path) -> None:
+    """A checkpoint as two ranks of a tensor-parallel job could write it (by hand)."""
+    import crc32c
+
+    arrays = sharded_expected()
+    w, b = arrays["layer/weight"], arrays["layer/bias"]
+    # (file, offset, array, start, shape): weight cut into four 2x3 boxes, rank 0 owns the
+    # left column of boxes, rank 1 the right one; bias whole on rank 1. Chunks are packed
+    # (offsets are multiples of 8, not 64) and listed out of file order on purpose.
+    pieces = [
+        ("data-00001.bin", 24, "layer/weight", (0, 3), (2, 3)),
+        ("data-00000.bin", 0, "layer/weight", (0, 0), (2, 3)),
+        ("data-00000.bin", 24, "layer/weight", (2, 0), (2, 3)),
+        ("data-00001.bin", 48, "layer/weight", (2, 3), (2, 3)),
+        ("data-00001.bin", 0, "layer/bias", (0,), (6,)),
+    ]
+    files = {"data-00000.bin": bytearray(48), "data-00001.bin": bytearray(72)}
+    entries = {p: {"dtype": {"layer/weight": "float32", "layer/bias": "int16"}[p],
+                   "shape": list(a.shape), "chunks": []} for p, a in arrays.items()}
+    for file, offset, path, start, shape in pieces:
+        box = tuple(slice(s, s + n) for s, n in zip(start, shape))
+        raw = np.ascontiguousarray(arrays[path][box]).astype(arrays[path].dtype.newbyteorder("<"))
+        data = raw.tobytes(order="C")
+        files[file][offset:offset + len(data)] = data
+        entries[path]["chunks"].append({
+            "file": file, "offset": offset, "length": len(data), "start": list(start),
+            "shape": list(shape), "codec": "raw", "checksum": f"crc32c:{crc32c.crc32c(data):08x}"})
+    leaf = {"type": "array"}
+    manifest = {
+        "format": "uckpt", "format_version": 1, "generator": "hand-written (make_golden.py)",
+        "created": "2025-01-01T00:00:00.000000Z", "world_size": 2, "step": 1000,
+        "metadata": {"parallelism": "2-way tensor parallel"},
+        "files": {name: {"rank": int(name[5:10]), "size": len(data)} for name, data in files.items()},
+        "tree": {"type": "dict", "items": {"layer": {"type": "dict", "items": {
+            "weight": dict(leaf, path="layer/weight"), "bias": dict(leaf, path="layer/bias")}}}},
+        "arrays": entries,
+    }
+    directory.mkdir(parents=True)
+    for name, data in files.items():
+        (directory / name).write_bytes(bytes(data))
+    text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    (directory / "manifest.json").write_bytes(text.encode("utf-8"))
+
+
+def save_with_knobs(directory, state, knob_values, **kw):
+    """``uckpt.save`` with knobs set for the call (and restored after)."""
+    import uckpt
+    import uckpt.knobs as knobs
+
+    old = {k: getattr(knobs, k) for k in knob_values}
+    try:
+        for k, v in knob_values.items():
+            setattr(knobs, k, v)
+        return uckpt.save(directory, state, **kw)
+    finally:
+        for k, v in old.items():
+            setattr(knobs, k, v)
+
+
+def main(argv) -> int:
+    force = "--force" in argv
+    if GOLDEN.exists():
+        if not force:
+            print(f"{GOLDEN} exists; golden files are never regenerated for a released "
+                  "format version (pass --force if you really mean it)", file=sys.stderr)
+            return 1
+        shutil.rmtree(GOLDEN)
+    GOLDEN.mkdir(parents=True)
+    save_with_knobs(GOLDEN / "all_types", golden_state(), KNOBS, step=STEP, metadata=METADATA)
+    save_with_knobs(GOLDEN / "example", example_state(), EXAMPLE_KNOBS, step=7)
+    write_sharded(GOLDEN / "sharded")
+    for p in sorted(GOLDEN.rglob("*")):
+        if p.is_file():
+            print(f"{p.stat().st_size:6d}  {p.relative_to(HERE)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
