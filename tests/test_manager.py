@@ -96,3 +96,24 @@ def test_bad_arguments(tmp_path):
         mgr.save(-3, state_for(0))
     with pytest.raises(errors.CheckpointNotFoundError):
         mgr.restore({"w": None, "step": None}, step=77)
+
+
+def test_half_finished_overwrite_is_rolled_back(tmp_path):
+    """Killed between moving the old checkpoint aside and moving the new one in."""
+    mgr = uckpt.CheckpointManager(tmp_path)
+    mgr.save(5, state_for(5))
+    aside = tmp_path / ".step_00000005.uckpt-old-0badf00d"
+    mgr.path(5).rename(aside)
+    new = tmp_path / ".step_00000005.uckpt-tmp-0badf00d"
+    new.mkdir()
+    assert uckpt.CheckpointManager(tmp_path).steps() == [5]
+    assert uckpt.load(mgr.path(5))["step"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
+
+
+def test_half_finished_deletion_is_finished(tmp_path):
+    mgr = uckpt.CheckpointManager(tmp_path)
+    mgr.save(1, state_for(1))
+    mgr.path(1).rename(tmp_path / ".step_00000001.uckpt-del-0badf00d")
+    assert uckpt.CheckpointManager(tmp_path).steps() == []
+    assert list(tmp_path.iterdir()) == []

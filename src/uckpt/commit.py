@@ -33,8 +33,9 @@ from .tree import Flat
 from .writer import write_data_file
 from . import dtypes
 
-TMP_MARK = ".uckpt-tmp-"
-OLD_MARK = ".uckpt-old-"
+TMP_MARK = ".uckpt-tmp-"  # a save in progress (or killed): never visible
+OLD_MARK = ".uckpt-old-"  # a committed checkpoint being replaced by overwrite=True
+DEL_MARK = ".uckpt-del-"  # a checkpoint being deleted by retention
 
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:

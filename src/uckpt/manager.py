@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from . import fsutil
 from .api import load
-from .commit import OLD_MARK, TMP_MARK, write_checkpoint
+from .commit import DEL_MARK, OLD_MARK, TMP_MARK, write_checkpoint
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, ManifestError,
                      NotACheckpointError)
 from .format import MANIFEST_NAME
@@ -134,15 +134,26 @@ class CheckpointManager:
     def _delete(self, step: int) -> None:
         """Hide first (rename), then delete: a crash never leaves a half-deleted checkpoint."""
         path = self.path(step)
-        hidden = self.root / f".{path.name}{OLD_MARK}{secrets.token_hex(4)}"
+        hidden = self.root / f".{path.name}{DEL_MARK}{secrets.token_hex(4)}"
         os.rename(path, hidden)
         fsutil.remove_tree(hidden)
 
     def _remove_debris(self) -> None:
+        """Remove what killed saves and deletions left; put back a half-replaced checkpoint.
+
+        An overwrite without atomic exchange renames the old checkpoint aside
+        before moving the new one in; if the process died in between, the old
+        one is renamed back.
+        """
         with os.scandir(self.root) as it:
-            for e in it:
-                if e.name.startswith(".step_") and (TMP_MARK in e.name or OLD_MARK in e.name):
-                    fsutil.remove_tree(e.path)
+            entries = [e for e in it if e.name.startswith(".step_")]
+        for e in entries:
+            name = e.name[1:].split(".uckpt-")[0]
+            if OLD_MARK in e.name and not (self.root / name).exists() and \
+                    os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
+                os.rename(e.path, self.root / name)
+            elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
+                fsutil.remove_tree(e.path)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -12,7 +12,7 @@ A child directory of the root is
   * ``incomplete``: the temporary directory of a save that is in progress or
     was interrupted (``.step_00000042.uckpt-tmp-1a2b3c4d``);
   * ``stale``: a checkpoint being deleted or replaced, left by an interrupted
-    retention or overwrite (``.step_00000042.uckpt-old-1a2b3c4d``).
+    retention (``.uckpt-del-``) or overwrite (``.uckpt-old-``).
 Other entries are ignored.
 """
 from __future__ import annotations
@@ -23,15 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from ..commit import OLD_MARK, TMP_MARK
+from ..commit import DEL_MARK, OLD_MARK, TMP_MARK
 from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..reader import read_manifest
 
 COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
 _STEP = re.compile(r"^step_(\d+)$")
-_HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s)[0-9A-Za-z]+$"
-                     % (re.escape(TMP_MARK), re.escape(OLD_MARK)))
+_HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
+                     % (re.escape(TMP_MARK), re.escape(OLD_MARK), re.escape(DEL_MARK)))
 
 
 @dataclass
