@@ -9,14 +9,15 @@ Three phases, so that a mismatch changes nothing:
 2. *read*: read every needed array, into the objects' own memory where an
    adapter or a NumPy destination allows it, verifying every chunk.
 3. *apply*: adapters ``restore`` their objects; NumPy destinations that could
-   not be read into directly are copied into.
+   not be read into directly are copied into; plain values (numbers, strings,
+   lists, tuples, None placeholders) are written back into their mapping.
 
 A corrupted chunk found in phase 2 can leave objects partly overwritten; restore
 them again from a valid checkpoint (``CheckpointManager.restore`` does this).
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -38,6 +39,10 @@ def spec_leaf(manifest: Manifest):
     return leaf
 
 
+# values that cannot be restored in place: they are written back into their mapping
+_PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
+
+
 class _Matcher:
     def __init__(self, manifest: Manifest) -> None:
         self.m = manifest
@@ -45,12 +50,10 @@ class _Matcher:
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any]]] = []
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
+        self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
 
     def match(self, obj: Any, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
         where = join(parts) or "<root>"
-        if obj is None:
-            self.needed.append(node)
-            return
         if isinstance(obj, np.ndarray):
             self.array(obj, node, where)
             return
@@ -60,7 +63,7 @@ class _Matcher:
                                          f"a {node['type']}", leaf=where)
             self.mapping(obj, node, parts, strict)
             return
-        if isinstance(obj, (bool, int, float, str, bytes, list, tuple, np.generic)):
+        if isinstance(obj, _PLAIN):
             self.needed.append(node)  # plain values are returned, not restored in place
             return
         adapter = find_adapter(obj)
@@ -93,7 +96,10 @@ class _Matcher:
                                    hint="pass strict=False to restore only the keys you give"
                                    if unexpected and not missing else None)
         for name, key in keys.items():
-            self.match(obj[key], items[name], parts + [escape(name)], strict)
+            value = obj[key]
+            if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
+                self.assign.append((obj, key, items[name]))
+            self.match(value, items[name], parts + [escape(name)], strict)
 
     def array(self, obj: np.ndarray, node: Dict[str, Any], where: str) -> None:
         if node["type"] == "object":
@@ -181,6 +187,8 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True) 
         np.copyto(dest, arrays[path])
     for adapter, obj, sub in matcher.actions:
         adapter.restore(obj, decode(sub, leaf))
+    for mapping, key, node in matcher.assign:
+        mapping[key] = decode(node, leaf)
     items = m.tree["items"]
     return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
 
