@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Create or update the development environment in .venv. Safe to run again:
+# it reuses .venv and lets pip bring it in line with pyproject.toml.
+#
+#   bash scripts/setup.sh                        # from any directory
+#   PYTHON=/path/to/python3.11 bash scripts/setup.sh
+#
+# Installs uckpt in editable mode with the extras below, pinned by
+# constraints.txt. torch must stay exactly torch==2.13.0 (pinned there): the
+# CPU wheel comes from pip's configured find-links; any other spec downloads
+# the multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Extras of uckpt to install (see [project.optional-dependencies] in
+# pyproject.toml). A new framework is one more line here, e.g. `tensorflow`,
+# `chainer` or `mpi`.
+EXTRAS=(
+    torch
+    test
+    bench
+    convert
+)
+# Packages that are not an extra of uckpt but the environment needs
+# (e.g. `mpich`, the MPI library that mpi4py runs on).
+PACKAGES=(
+)
+
+VENV=.venv
+
+run() { echo "+ $*"; "$@"; }
+
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument: $1" >&2; exit 2 ;;
+esac
+
+# 1. The virtual environment.
+if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
+    echo "setup: using existing $VENV ($("$VENV/bin/python" --version 2>&1))"
+else
+    if [[ -z "${PYTHON:-}" ]]; then
+        if command -v python3.11 >/dev/null 2>&1; then PYTHON=python3.11; else PYTHON=python3; fi
+    fi
+    version=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if [[ "$version" != "3.11" ]]; then
+        echo "setup: warning: $PYTHON is Python $version; the pinned torch==2.13.0 CPU wheel is" \
+             "built for Python 3.11 (set PYTHON=/path/to/python3.11)" >&2
+    fi
+    echo "setup: creating $VENV with $PYTHON (Python $version)"
+    run "$PYTHON" -m venv --clear "$VENV"
+fi
+
+# 2. The packages. pip skips what is already installed at the right version; the
+# editable install of uckpt itself is redone every time (a few seconds), so new
+# packages or entry points in pyproject.toml are always picked up.
+spec=".[$(IFS=,; echo "${EXTRAS[*]}")]"
+echo "setup: installing uckpt (editable) with extras ${spec#.}, pinned by constraints.txt" \
+     "(the first time this downloads packages and takes a few minutes)"
+run "$VENV/bin/python" -m pip install --quiet --upgrade pip
+run "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e "$spec" \
+    ${PACKAGES[@]+"${PACKAGES[@]}"}
+echo "setup: done ($VENV/bin/python)"
