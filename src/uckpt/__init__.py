@@ -6,10 +6,17 @@ framework object is handed to :func:`save` or :func:`load`.
 from . import errors
 from ._version import __version__
 from .adapter import Adapter, ArraySpec, RNGProvider
+from . import policies
 from .api import load, manifest, save, verify
+from .engine import SaveHandle
 from .manager import CheckpointManager
+from .policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery, KeepLast,
+                       OnSignal)
 from .registry import register_adapter
 from .rng import RandomState
+from .tiers import Tier
 
-__all__ = ["Adapter", "ArraySpec", "CheckpointManager", "RNGProvider", "RandomState",
-           "__version__", "errors", "load", "manifest", "register_adapter", "save", "verify"]
+__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "EveryNSteps",
+           "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "RNGProvider",
+           "RandomState", "SaveHandle", "Tier", "__version__", "errors", "load", "manifest",
+           "policies", "register_adapter", "save", "verify"]

@@ -30,7 +30,9 @@ load
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Tuple
+from typing import Any, Callable, Hashable, Optional, Tuple
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,35 @@ class ArraySpec:
         for s in self.shape:
             n *= s
         return n
+
+
+class DeviceArray:
+    """An array leaf that lives off the host (e.g. a CUDA tensor), copied on snapshot.
+
+    An adapter returns one in place of an ``ndarray`` when the data is not in
+    host memory. The core calls ``copy_to(out)`` with a C-contiguous host array
+    of ``shape`` and ``dtype`` (from pinned memory made by ``allocator`` when
+    given); it may start an asynchronous copy and return an object whose
+    ``synchronize()`` the core calls, on a background thread, before reading
+    ``out``. ``key`` identifies the memory, so two leaves with the same key are
+    stored once (tied parameters).
+    """
+
+    def __init__(self, shape, dtype, copy_to: Callable[[np.ndarray], Any], key: Hashable,
+                 allocator: Optional[Callable[[int], Tuple[np.ndarray, Any]]] = None) -> None:
+        self.shape = tuple(shape)
+        self.dtype = np.dtype(dtype)
+        self.copy_to = copy_to
+        self.key = key
+        #: ``allocator(nbytes) -> (uint8 ndarray, keepalive)`` for pinned host memory
+        self.allocator = allocator
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, key={self.key!r})"
 
 
 class Adapter:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Union
 
-from .commit import write_checkpoint
+from .commit import check_metadata, check_target, write_checkpoint
+from .engine import SaveHandle, default_saver
+from .staging import snapshot
 from .format import Manifest
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
@@ -12,16 +14,32 @@ from .tree import flatten
 
 
 def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
-         metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False) -> Path:
-    """Save ``state`` to ``directory`` and commit it atomically; returns the directory.
+         metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
+         blocking: bool = True) -> Union[Path, SaveHandle]:
+    """Save ``state`` to ``directory`` and commit it atomically.
 
     ``state`` maps names to framework objects (models, optimizers, schedulers,
     RNGs, ...), arrays and plain values. Refuses to replace an existing
     committed checkpoint unless ``overwrite=True``; the previous checkpoint is
     never damaged by a failed save.
+
+    Returns the directory. With ``blocking=False``, returns a
+    :class:`~uckpt.engine.SaveHandle` as soon as the state is copied to host
+    memory (a snapshot: later in-place changes do not reach the checkpoint);
+    the write continues in the background. ``handle.wait()`` returns the
+    directory or raises the error the write failed with.
     """
-    return write_checkpoint(directory, flatten(state), step=step, metadata=metadata,
-                            overwrite=overwrite)
+    flat = flatten(state)
+    if blocking:
+        snap = snapshot(flat, None)  # device arrays only; host arrays are written in place
+        return write_checkpoint(directory, snap.ready(), step=step, metadata=metadata,
+                                overwrite=overwrite)
+    check_metadata(metadata)
+    check_target(Path(directory).absolute(), overwrite)  # input errors raise now, not later
+    return default_saver().submit(
+        flat, lambda staged: write_checkpoint(directory, staged, step=step, metadata=metadata,
+                                              overwrite=overwrite),
+        f"save to {str(directory)!r}")
 
 
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True) -> Dict[str, Any]:

@@ -21,3 +21,7 @@ alignment: int = _env_int("alignment", 64)
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
 #: block size used when streaming a file to verify or copy it
 stream_block_bytes: int = _env_int("stream_block_bytes", 8 << 20)
+#: threads that copy arrays into staging memory during a snapshot
+copy_threads: int = _env_int("copy_threads", max(1, min(4, (os.cpu_count() or 1))))
+#: arrays at least this large are copied on the snapshot threads
+parallel_copy_bytes: int = _env_int("parallel_copy_bytes", 4 << 20)

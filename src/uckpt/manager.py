@@ -1,57 +1,129 @@
-"""CheckpointManager: numbered checkpoints under one root, retention, robust restore.
+"""CheckpointManager: numbered checkpoints on one or more storage tiers.
 
-Layout: ``root/step_00000042/`` per committed checkpoint (see docs/format.md).
-Only directories holding a valid-looking manifest count as checkpoints;
-temporary directories of interrupted saves (``.step_*.uckpt-tmp-*``) are
-invisible and removed when a manager opens the root.
+Layout: every tier root holds ``step_00000042/`` per committed checkpoint (see
+docs/format.md). Saves commit to the first tier; checkpoints are then copied,
+in the background, to the other tiers (durable storage), verified there, and
+only then count as durable there. Each tier has its own retention policy.
 
-Call order: ``save`` / ``restore`` / ``steps`` in any order from one process,
-then ``close`` (or use ``with``). ``wait`` returns once every save so far is
-committed (saves are synchronous in this version, so it returns at once).
+Call order, from one process: ``should_save`` / ``save`` / ``restore`` /
+``steps`` in any order, then ``close`` (or use ``with``). With
+``async_save=True``, ``save`` returns once the state is snapshotted to host
+memory; ``wait`` blocks until every save and copy so far is done. An error from
+background work is raised by the next ``save``, ``wait`` or ``close``.
 """
 from __future__ import annotations
 
+import atexit
+import datetime as _dt
 import os
 import re
 import secrets
+import sys
+import threading
+import time
 import warnings
+import weakref
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import fsutil
 from .api import load
-from .commit import DEL_MARK, OLD_MARK, TMP_MARK, write_checkpoint
+from .commit import DEL_MARK, OLD_MARK, TMP_MARK, check_metadata, check_target, write_checkpoint
+from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, ManifestError,
-                     NotACheckpointError)
+                     NotACheckpointError, UckptError)
 from .format import MANIFEST_NAME
+from .policies import CheckpointInfo, Never, SavePolicy, as_retention
+from .reader import read_manifest
+from .staging import snapshot
+from .tiers import Tier, as_tier, copy_checkpoint
 from .tree import flatten
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-# what makes restore() fall back to an older checkpoint; state mismatches do not
+# what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
 _DAMAGE = (CorruptCheckpointError, ManifestError, CheckpointNotFoundError, NotACheckpointError)
+_open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
 
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-class CheckpointManager:
-    """Saves numbered checkpoints under ``root`` and restores the newest valid one.
+def committed_steps(root: Path) -> List[int]:
+    """Steps of the committed checkpoints directly under ``root``, oldest first."""
+    out = []
+    try:
+        with os.scandir(root) as it:
+            for e in it:
+                m = _STEP_DIR.match(e.name)
+                if m and e.is_dir() and os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
+                    out.append(int(m.group(1)))
+    except FileNotFoundError:
+        return []
+    return sorted(out)
 
-    ``keep_last``: after each save, keep only this many newest checkpoints
-    (None keeps all). The newest committed checkpoint is never deleted.
+
+class CheckpointManager:
+    """Saves numbered checkpoints and restores the newest one that reads back intact.
+
+    root / tiers
+        ``root`` is one directory; or give ``tiers=[fast, durable, ...]`` (paths
+        or :class:`uckpt.Tier`) instead: saves commit to ``tiers[0]`` and are
+        copied to the others in the background.
+    keep_last / keep
+        default retention of every tier without its own (``Tier(keep=...)``):
+        ``keep_last=n`` keeps the newest n; ``keep`` takes a policy, a list of
+        them, or an int (see :mod:`uckpt.policies`). Default: keep all. The
+        newest checkpoint of a tier, and one still being copied, are never
+        deleted.
+    durable_every
+        copy only every k-th saved checkpoint to the durable tiers.
+    save_policy
+        when :meth:`should_save` says yes (e.g. ``EveryNSteps(100) |
+        OnSignal()``). After the save that follows a preemption signal, ``save``
+        waits for it to be committed and copied, closes the manager and raises
+        ``SystemExit(0)``.
+    async_save, max_inflight
+        snapshot and return; at most ``max_inflight`` snapshots held in host
+        memory (a further ``save`` waits for the oldest to be written).
     """
 
-    def __init__(self, root, *, keep_last: Optional[int] = None) -> None:
+    def __init__(self, root=None, *, tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
+                 keep_last: Optional[int] = None, keep: Any = None,
+                 save_policy: Optional[SavePolicy] = None, async_save: bool = False,
+                 max_inflight: int = 1, durable_every: int = 1) -> None:
+        if (root is None) == (tiers is None):
+            raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
+        if keep_last is not None and keep is not None:
+            raise ValueError("give keep_last or keep, not both")
         if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
-        self.root = Path(root).absolute()
+        if not isinstance(durable_every, int) or durable_every < 1:
+            raise ValueError(f"durable_every must be a positive int, got {durable_every!r}")
+        self.tiers: List[Tier] = [as_tier(t) for t in (tiers if tiers is not None else [root])]
+        if not self.tiers:
+            raise ValueError("tiers must name at least one directory")
+        default = keep if keep is not None else keep_last
+        self._retention = [as_retention(t.keep if t.keep is not None else default)
+                           for t in self.tiers]
+        self.root = self.tiers[0].path
         self.keep_last = keep_last
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.durable_every = durable_every
+        self.save_policy: SavePolicy = save_policy if save_policy is not None else Never()
+        self._saver = AsyncSaver(max_inflight, "uckpt-save") if async_save else None
+        self._flusher = Chain("uckpt-flush")
+        self._pending: List[SaveHandle] = []
+        self._pins: Dict[int, int] = {}  # steps on tier 0 still to be copied -> count
+        self._info_cache: Dict[tuple, CheckpointInfo] = {}
+        self._lock = threading.RLock()
+        self._saves = 0
         self._closed = False
-        self._remove_debris()
+        for tier in self.tiers:
+            tier.path.mkdir(parents=True, exist_ok=True)
+            _remove_debris(tier.path)
+        _open_managers.add(self)
 
-    # -- context manager -------------------------------------------------------------------
+    # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> "CheckpointManager":
         return self
 
@@ -59,105 +131,245 @@ class CheckpointManager:
         self.close()
 
     def close(self) -> None:
-        self.wait()
-        self._closed = True
+        """Finish every save and copy; raise the first background error, if any."""
+        if self._closed:
+            return
+        try:
+            self.wait()
+        finally:
+            self._closed = True
+            self.save_policy.close()
+            _open_managers.discard(self)
 
     def wait(self) -> None:
-        """Block until every save so far is committed (immediate: saves are synchronous)."""
+        """Block until every save and copy so far is done; raise a background error."""
+        if self._saver is not None:
+            self._saver.join()
+        self._flusher.join()
+        self._raise_background_errors()
 
-    # -- queries ---------------------------------------------------------------------------
-    def path(self, step: int) -> Path:
-        return self.root / step_dir_name(step)
+    # -- queries -----------------------------------------------------------------------------
+    def path(self, step: int, tier: int = 0) -> Path:
+        return self.tiers[tier].path / step_dir_name(step)
 
     def steps(self) -> List[int]:
-        """Steps of committed checkpoints, oldest first."""
-        out = []
-        with os.scandir(self.root) as it:
-            for e in it:
-                m = _STEP_DIR.match(e.name)
-                if m and e.is_dir() and os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
-                    out.append(int(m.group(1)))
-        return sorted(out)
+        """Steps committed on any tier, oldest first."""
+        return sorted({s for t in self.tiers for s in committed_steps(t.path)})
 
     def latest_step(self) -> Optional[int]:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    # -- save / restore --------------------------------------------------------------------
+    def tiers_of(self, step: int) -> List[str]:
+        """Names of the tiers holding a committed copy of ``step``."""
+        return [t.name for t in self.tiers if (t.path / step_dir_name(step) / MANIFEST_NAME).exists()]
+
+    def should_save(self, step: int) -> bool:
+        """Whether the save policy asks for a checkpoint at ``step``."""
+        return self.save_policy.should_save(step, time.monotonic())
+
+    # -- save --------------------------------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any], *, metadata: Optional[Dict[str, Any]] = None,
-             overwrite: bool = False) -> Path:
-        """Save ``state`` as checkpoint ``step``; refuses an existing step unless ``overwrite``."""
+             metrics: Optional[Dict[str, float]] = None, overwrite: bool = False
+             ) -> Union[Path, SaveHandle]:
+        """Save ``state`` as checkpoint ``step``; refuses an existing step unless ``overwrite``.
+
+        ``metrics`` (numbers, e.g. ``{"val_loss": 0.31}``) are stored in the
+        metadata under ``"metrics"`` and used by ``KeepBest``. Returns the path,
+        or a :class:`~uckpt.engine.SaveHandle` with ``async_save``.
+        """
         self._check_open()
+        self._raise_background_errors()
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
-        path = write_checkpoint(self.path(step), flatten(state), step=step, metadata=metadata,
-                                overwrite=overwrite)
-        self._retain()
-        return path
+        meta = dict(metadata or {})
+        if metrics is not None:
+            bad = {k: v for k, v in dict(metrics).items()
+                   if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))}
+            if bad:
+                raise ValueError(f"metrics must map names to numbers, got {bad!r}")
+            meta["metrics"] = {k: float(v) for k, v in metrics.items()}
+        check_metadata(meta)
+        check_target(self.path(step), overwrite)
+        flat = flatten(state)  # unsupported objects raise here, before anything is written
+        self._saves += 1
+        copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
+        if copy:
+            self._pin(step)
 
+        def commit(staged):
+            try:
+                path = write_checkpoint(self.path(step), staged, step=step, metadata=meta,
+                                        overwrite=overwrite)
+            except BaseException:
+                if copy:
+                    self._unpin(step)
+                raise
+            if copy:
+                self._schedule_copy(step)
+            self._retain(0)
+            return path
+
+        exiting = self.save_policy.pending_exit
+        if self._saver is not None and not exiting:
+            result: Union[Path, SaveHandle] = self._track(
+                self._saver.submit(flat, commit, f"save of step {step}"))
+        else:
+            result = commit(snapshot(flat, None).ready())
+        self.save_policy.saved(step, time.monotonic())
+        if exiting:
+            self.close()  # the final checkpoint is committed and copied before we leave
+            print(f"uckpt: saved step {step} after a preemption signal; exiting",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(0)
+        return result
+
+    # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
                 strict: bool = True) -> Optional[int]:
         """Restore ``state`` in place; returns the step restored, or None if there is none.
 
-        With ``step=None`` the newest checkpoint that reads back intact is used;
-        damaged ones are skipped with a warning naming them and why.
+        With ``step=None`` the newest checkpoint that reads back intact is
+        used, the first tier's copy first; damaged copies are skipped with a
+        warning naming them and why. State mismatches are raised, not skipped.
         """
         self._check_open()
-        if step is not None:
-            load(self.path(step), state, strict=strict)
-            return step
+        self.wait()
+        candidates = [step] if step is not None else list(reversed(self.steps()))
         failures = []
-        for s in reversed(self.steps()):
-            try:
-                load(self.path(s), state, strict=strict)
-            except _DAMAGE as e:
-                warnings.warn(f"uckpt: skipping checkpoint step {s} ({self.path(s)}): {e}",
-                              RuntimeWarning, stacklevel=2)
-                failures.append((s, e))
-                continue
-            return s
+        for s in candidates:
+            for i, tier in enumerate(self.tiers):
+                if not (self.path(s, i) / MANIFEST_NAME).exists():
+                    continue
+                try:
+                    load(self.path(s, i), state, strict=strict)
+                except _DAMAGE as e:
+                    warnings.warn(f"uckpt: skipping checkpoint step {s} on tier {tier.name!r} "
+                                  f"({self.path(s, i)}): {e}", RuntimeWarning, stacklevel=2)
+                    failures.append((s, tier.name, e))
+                    continue
+                return s
+        if step is not None and not failures:
+            raise CheckpointNotFoundError(
+                f"no tier holds a committed checkpoint of step {step} "
+                f"(tiers: {', '.join(str(t.path) for t in self.tiers)})", path=str(self.path(step)))
         if failures:
             raise CorruptCheckpointError(
-                f"no checkpoint under {str(self.root)!r} reads back intact: " +
-                "; ".join(f"step {s}: {type(e).__name__}" for s, e in failures),
-                path=str(self.root)) from failures[0][1]
+                f"no checkpoint under {', '.join(str(t.path) for t in self.tiers)} reads back "
+                "intact: " + "; ".join(f"step {s} on {t}: {type(e).__name__}" for s, t, e in failures),
+                path=str(self.root)) from failures[0][2]
         return None
 
-    # -- housekeeping ------------------------------------------------------------------------
-    def _retain(self) -> None:
-        if self.keep_last is None:
-            return
-        steps = self.steps()
-        for s in steps[:-self.keep_last]:
-            self._delete(s)
+    # -- background work ---------------------------------------------------------------------
+    def _track(self, handle: SaveHandle) -> SaveHandle:
+        with self._lock:
+            self._pending.append(handle)
+        return handle
 
-    def _delete(self, step: int) -> None:
+    def _raise_background_errors(self) -> None:
+        with self._lock:
+            failed = [h for h in self._pending if h.done() and h.exception() is not None]
+            self._pending = [h for h in self._pending if not h.done()]
+        if failed:
+            for other in failed[1:]:
+                warnings.warn(f"uckpt: another background failure: {other!r}: "
+                              f"{other.exception()}", RuntimeWarning, stacklevel=3)
+            raise failed[0].exception()
+
+    def _schedule_copy(self, step: int) -> None:
+        def job():
+            try:
+                for i in range(1, len(self.tiers)):
+                    copy_checkpoint(self.path(step), self.path(step, i))
+                    self._retain(i)
+            finally:
+                self._unpin(step)
+                self._retain(0)
+            return self.path(step, len(self.tiers) - 1)
+
+        self._track(self._flusher.run(SaveHandle(f"copy of step {step} to the durable tier"), job))
+
+    def _pin(self, step: int) -> None:
+        with self._lock:
+            self._pins[step] = self._pins.get(step, 0) + 1
+
+    def _unpin(self, step: int) -> None:
+        with self._lock:
+            self._pins[step] -= 1
+            if not self._pins[step]:
+                del self._pins[step]
+
+    # -- retention ---------------------------------------------------------------------------
+    def _info(self, tier: int, step: int) -> CheckpointInfo:
+        key = (tier, step)
+        if key not in self._info_cache:
+            metrics: Dict[str, Any] = {}
+            created = 0.0
+            try:
+                m = read_manifest(self.path(step, tier))
+                if isinstance(m.metadata.get("metrics"), dict):
+                    metrics = m.metadata["metrics"]
+                created = _dt.datetime.strptime(m.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
+                    tzinfo=_dt.timezone.utc).timestamp()
+            except UckptError:
+                pass  # a damaged checkpoint has no metrics; retention may still drop it
+            self._info_cache[key] = CheckpointInfo(step=step, metrics=metrics, created=created)
+        return self._info_cache[key]
+
+    def _retain(self, tier: int) -> None:
+        with self._lock:
+            steps = committed_steps(self.tiers[tier].path)
+            if not steps:
+                return
+            keep = self._retention[tier].keep([self._info(tier, s) for s in steps])
+            keep |= {steps[-1]}  # never the newest
+            if tier == 0:
+                keep |= set(self._pins)  # never one still to be copied
+            for s in steps:
+                if s not in keep:
+                    self._delete(tier, s)
+
+    def _delete(self, tier: int, step: int) -> None:
         """Hide first (rename), then delete: a crash never leaves a half-deleted checkpoint."""
-        path = self.path(step)
-        hidden = self.root / f".{path.name}{DEL_MARK}{secrets.token_hex(4)}"
+        path = self.path(step, tier)
+        hidden = path.parent / f".{path.name}{DEL_MARK}{secrets.token_hex(4)}"
         os.rename(path, hidden)
+        self._info_cache.pop((tier, step), None)
         fsutil.remove_tree(hidden)
-
-    def _remove_debris(self) -> None:
-        """Remove what killed saves and deletions left; put back a half-replaced checkpoint.
-
-        An overwrite without atomic exchange renames the old checkpoint aside
-        before moving the new one in; if the process died in between, the old
-        one is renamed back.
-        """
-        with os.scandir(self.root) as it:
-            entries = [e for e in it if e.name.startswith(".step_")]
-        for e in entries:
-            name = e.name[1:].split(".uckpt-")[0]
-            if OLD_MARK in e.name and not (self.root / name).exists() and \
-                    os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
-                os.rename(e.path, self.root / name)
-            elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
-                fsutil.remove_tree(e.path)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this CheckpointManager is closed")
 
     def __repr__(self) -> str:
-        return f"CheckpointManager({str(self.root)!r}, keep_last={self.keep_last})"
+        tiers = ", ".join(f"{t.name}={str(t.path)!r}" for t in self.tiers)
+        return f"CheckpointManager({tiers}, async_save={self._saver is not None})"
+
+
+def _remove_debris(root: Path) -> None:
+    """Remove what killed saves and deletions left; put back a half-replaced checkpoint.
+
+    An overwrite without atomic exchange renames the old checkpoint aside
+    before moving the new one in; if the process died in between, the old one
+    is renamed back.
+    """
+    with os.scandir(root) as it:
+        entries = [e for e in it if e.name.startswith(".step_")]
+    for e in entries:
+        name = e.name[1:].split(".uckpt-")[0]
+        if OLD_MARK in e.name and not (root / name).exists() and \
+                os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
+            os.rename(e.path, root / name)
+        elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
+            fsutil.remove_tree(e.path)
+
+
+@atexit.register
+def _report_unclosed() -> None:
+    """At exit, background work has finished (its threads are joined); say what failed."""
+    for manager in list(_open_managers):
+        try:
+            manager.wait()
+        except BaseException as e:  # noqa: B902 - nobody is left to raise it to
+            print(f"uckpt: a background save failed and was never reported: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr)

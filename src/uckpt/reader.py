@@ -7,7 +7,6 @@ byte offset.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -19,6 +18,7 @@ from .errors import (ChecksumMismatchError, CheckpointNotFoundError, ManifestErr
                      NotACheckpointError, TruncatedDataError)
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
 from .fsutil import pread_into
+from .parallel import parallel_map
 
 MAX_MANIFEST_BYTES = 1 << 30
 
@@ -106,13 +106,7 @@ class CheckpointReader:
             jobs.extend((entry, chunk, dest) for chunk in entry.chunks)
         for name in {c.file for _, c, _ in jobs}:
             self._fd(name)  # open (and size-check) files before threads start
-        if len(jobs) > 1 and knobs.io_threads > 1:
-            with ThreadPoolExecutor(min(knobs.io_threads, len(jobs)),
-                                    thread_name_prefix="uckpt-read") as pool:
-                list(pool.map(lambda j: self._read_chunk(*j), jobs))
-        else:
-            for j in jobs:
-                self._read_chunk(*j)
+        parallel_map(lambda j: self._read_chunk(*j), jobs, knobs.io_threads, "uckpt-read")
         return out
 
     def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 
 from . import dtypes
+from .adapter import DeviceArray
 from .errors import UnsupportedDtypeError, UnsupportedObjectError
 
 MAX_DEPTH = 200
@@ -39,7 +40,7 @@ def _where(parts: List[str]) -> str:
 @dataclass
 class Flat:
     skeleton: Dict[str, Any]
-    arrays: Dict[str, np.ndarray] = field(default_factory=dict)
+    arrays: Dict[str, Any] = field(default_factory=dict)  # ndarray, or DeviceArray until staged
 
     @property
     def nbytes(self) -> int:
@@ -79,7 +80,7 @@ class _Flattener:
                 return {"type": "value", "value": float(obj)}
             return {"type": "float", "value": "nan" if math.isnan(obj) else
                     ("inf" if obj > 0 else "-inf")}
-        if isinstance(obj, np.ndarray):
+        if isinstance(obj, (np.ndarray, DeviceArray)):
             return self.array(obj, parts)
         if isinstance(obj, (bytes, bytearray)):
             node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), parts)
@@ -126,14 +127,17 @@ class _Flattener:
             node["key_type"] = "int"
         return node
 
-    def array(self, arr: np.ndarray, parts: List[str]) -> Dict[str, Any]:
+    def array(self, arr, parts: List[str]) -> Dict[str, Any]:
         path = join(parts)
         try:
             dtypes.name_of(arr.dtype)
         except UnsupportedDtypeError as e:
             raise UnsupportedDtypeError(f"leaf {path!r}: {e.args[0]}", leaf=path) from None
         if arr.nbytes:
-            key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype)
+            if isinstance(arr, DeviceArray):
+                key = ("device", arr.key, arr.shape, arr.dtype)
+            else:
+                key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype)
             if key in self.seen:  # tied / shared: store once, refer twice
                 return {"type": "array", "path": self.seen[key]}
             self.seen[key] = path

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Mapping
 
@@ -12,6 +11,7 @@ from . import dtypes, knobs
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, pwrite_all
+from .parallel import parallel_map
 from .plan import WriteItem
 
 
@@ -38,12 +38,7 @@ def write_data_file(directory: Path, file: str, size: int, items: List[WriteItem
             pwrite_all(fd, data, item.offset)
             return Chunk(file, item.offset, item.length, item.start, item.shape, "raw", checksum)
 
-        if len(items) > 1 and knobs.io_threads > 1:
-            with ThreadPoolExecutor(min(knobs.io_threads, len(items)),
-                                    thread_name_prefix="uckpt-write") as pool:
-                chunks = list(pool.map(one, items))
-        else:
-            chunks = [one(it) for it in items]
+        chunks = parallel_map(one, items, knobs.io_threads, "uckpt-write")
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)

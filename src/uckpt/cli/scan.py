@@ -36,7 +36,7 @@ _HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
 
 @dataclass
 class Found:
-    """One directory found under a root. (Storage tiers, when they come, add a field here.)"""
+    """One directory found under a root; ``tier`` is the root's label when several are listed."""
 
     path: Path
     status: str
@@ -44,6 +44,7 @@ class Found:
     size: int = 0  # bytes of all files in the directory
     manifest: Optional[Manifest] = None
     reason: str = ""  # why it is damaged / incomplete / stale
+    tier: Optional[str] = None  # set by tiers.scan_tiers
 
     @property
     def name(self) -> str:

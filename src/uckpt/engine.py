@@ -1,0 +1,123 @@
+"""Background saving: snapshot now, write later, never lose an error.
+
+``AsyncSaver.submit`` blocks only for the snapshot (waiting first for a staging
+slot when ``max_inflight`` snapshots are already in flight), then runs the job
+on a background thread. Jobs run one after another in submission order. Each
+job runs on its own non-daemon thread, so a normal interpreter exit waits for
+in-flight saves to finish; a crash leaves only an invisible temporary
+directory.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from .staging import Snapshot, StagingPool, snapshot
+from .tree import Flat
+
+
+class SaveHandle:
+    """The result of a save that may still be running.
+
+    ``done()`` says whether it finished; ``wait()`` / ``result()`` block until it
+    did and return the checkpoint's path, or raise the error it failed with
+    (the original exception, with its traceback from the background thread).
+    """
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._event = threading.Event()
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+    def _finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
+        self._value, self._error = value, error
+        if error is not None and hasattr(error, "add_note"):
+            error.add_note(f"uckpt: raised by the background {self.description}")
+        self._event.set()
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.description} still running after {timeout} s")
+        return self._error
+
+    def wait(self, timeout: Optional[float] = None) -> Any:
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self._value
+
+    result = wait
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        if self.done() and self._error is not None:
+            state = f"failed: {type(self._error).__name__}"
+        return f"<SaveHandle {self.description}: {state}>"
+
+
+class Chain:
+    """Runs jobs on background non-daemon threads, strictly one after another."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._last: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    def run(self, handle: SaveHandle, job: Callable[[], Any],
+            cleanup: Optional[Callable[[], None]] = None) -> SaveHandle:
+        with self._lock:
+            previous = self._last
+
+            def body() -> None:
+                if previous is not None:
+                    previous.join()
+                try:
+                    handle._finish(job())
+                except BaseException as e:  # noqa: B902 - handed to the caller via the handle
+                    handle._finish(error=e)
+                finally:
+                    if cleanup is not None:
+                        cleanup()
+
+            thread = threading.Thread(target=body, name=f"{self.name}", daemon=False)
+            thread.start()
+            self._last = thread
+        return handle
+
+    def join(self) -> None:
+        with self._lock:
+            last = self._last
+        if last is not None:
+            last.join()
+
+
+class AsyncSaver:
+    """Snapshots into a bounded staging pool; writes on a background chain."""
+
+    def __init__(self, max_inflight: int = 1, name: str = "uckpt-save") -> None:
+        self.pool = StagingPool(max_inflight)
+        self.chain = Chain(name)
+
+    def submit(self, flat: Flat, job: Callable[[Flat], Any], description: str) -> SaveHandle:
+        snap: Snapshot = snapshot(flat, self.pool)  # the only blocking part
+        return self.chain.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
+
+    def join(self) -> None:
+        self.chain.join()
+
+
+_default: Optional[AsyncSaver] = None
+_default_lock = threading.Lock()
+
+
+def default_saver() -> AsyncSaver:
+    """The saver behind ``uckpt.save(..., blocking=False)`` (one staging slot)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = AsyncSaver(1, "uckpt-save-default")
+        return _default
