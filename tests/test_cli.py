@@ -137,6 +137,148 @@ def test_ls_does_not_touch_the_root(root):
     assert sorted(p.name for p in root.iterdir()) == before  # debris is listed, not removed
 
 
+# -- ls with several roots (storage tiers) -----------------------------------------------------
+@pytest.fixture
+def tiers(tmp_path):
+    """Two tiers saved by two managers: fast holds 20, 30, 40; durable holds 10, 20, 30 (30
+    damaged) and is copying 40 (a temp dir). Returns (fast, durable)."""
+    fast, durable = tmp_path / "fast", tmp_path / "durable"
+    for root, steps in ((fast, (20, 30, 40)), (durable, (10, 20, 30))):
+        with uckpt.CheckpointManager(root) as mgr:
+            for step in steps:
+                mgr.save(step, {"w": np.full(5, step, dtype=np.float32), "step": step})
+    os.truncate(durable / "step_00000030" / "data-00000.bin", 3)
+    tmp = durable / ".step_00000040.uckpt-tmp-1a2b3c4d"
+    tmp.mkdir()
+    (tmp / "data-00000.bin").write_bytes(b"\0" * 7)
+    return fast, durable
+
+
+def manifest_size(ckpt):
+    """Bytes of all files of a checkpoint directory."""
+    return sum(f.stat().st_size for f in ckpt.iterdir())
+
+
+def tier_table(stdout):
+    """(legend lines, header fields, {step: row line}) of a multi-root ``ls``."""
+    legend, rest = stdout.split("\n\n", 1)
+    lines = rest.strip().splitlines()
+    return legend.splitlines(), lines[0].split(), {line.split()[0]: line for line in lines[1:]}
+
+
+def test_ls_tiers_table(tiers):
+    fast, durable = tiers
+    proc = run_cli("ls", "--tier-names", "fast,durable", fast, durable)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    legend, header, rows = tier_table(proc.stdout)
+    assert legend == [f"fast ({fast}): 3 committed",
+                      f"durable ({durable}): 2 committed, 1 damaged, 1 incomplete"]
+    assert header == ["STEP", "TIERS", "STATUS", "SIZE", "LEAVES", "CREATED", "NAME", "NOTE"]
+    assert list(rows) == ["10", "20", "30", "40"]  # one row per step, merged across tiers
+    assert rows["10"].split()[1:4] == ["durable", "committed", "on"]
+    assert rows["20"].split()[1:3] == ["fast,durable", "committed"]
+    assert rows["20"].split()[3:5] == [str(manifest_size(fast / "step_00000020")), "B"]
+    assert rows["30"].split()[1] == "fast"
+    assert "committed on fast; damaged on durable" in rows["30"]
+    assert "durable: data file data-00000.bin is truncated" in rows["30"]
+    assert rows["40"].split()[1] == "fast"
+    assert "committed on fast; incomplete on durable" in rows["40"]
+    assert "step_00000040,.step_00000040.uckpt-tmp-1a2b3c4d" in rows["40"]
+
+    proc = run_cli("ls", fast, durable)  # default labels
+    legend, _, rows = tier_table(proc.stdout)
+    assert [line.split(" (")[0] for line in legend] == ["tier0", "tier1"]
+    assert rows["20"].split()[1:3] == ["tier0,tier1", "committed"]
+    assert "committed on tier0; damaged on tier1" in rows["30"]
+
+
+def test_ls_tiers_json(tiers):
+    fast, durable = tiers
+    proc = run_cli("ls", "--json", "--tier-names", "fast,durable", fast, durable)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["tiers"] == [
+        {"tier": "fast", "root": str(fast), "path": str(fast.absolute()), "missing": False},
+        {"tier": "durable", "root": str(durable), "path": str(durable.absolute()),
+         "missing": False}]
+    steps = {s["step"]: s for s in doc["steps"]}
+    assert [s["step"] for s in doc["steps"]] == [10, 20, 30, 40]
+    assert {k: s["committed_on"] for k, s in steps.items()} == {
+        10: ["durable"], 20: ["fast", "durable"], 30: ["fast"], 40: ["fast"]}
+    entries = {k: [(e["tier"], e["status"]) for e in s["entries"]] for k, s in steps.items()}
+    assert entries == {10: [("durable", "committed")],
+                       20: [("fast", "committed"), ("durable", "committed")],
+                       30: [("fast", "committed"), ("durable", "damaged")],
+                       40: [("fast", "committed"), ("durable", "incomplete")]}
+    f20, d20 = steps[20]["entries"]
+    assert Path(f20["path"]) == (fast / "step_00000020").absolute()
+    assert Path(d20["path"]) == (durable / "step_00000020").absolute()
+    assert f20["size"] == manifest_size(fast / "step_00000020") and f20["reason"] is None
+    assert f20["leaves"] == 1 and f20["nbytes"] == uckpt.manifest(fast / "step_00000020").nbytes
+    damaged = steps[30]["entries"][1]
+    assert "data-00000.bin is truncated: 3 of" in damaged["reason"]
+    temp = steps[40]["entries"][1]
+    assert temp["name"] == ".step_00000040.uckpt-tmp-1a2b3c4d" and temp["size"] == 7
+    assert temp["leaves"] is None and "temporary directory" in temp["reason"]
+
+
+def test_ls_tiers_missing(tiers, tmp_path):
+    fast, durable = tiers
+    lost = tmp_path / "shm" / "job"  # the node-local tier of a lost node
+    proc = run_cli("ls", "--tier-names", "fast,durable", lost, durable)
+    assert proc.returncode == 0, proc.stderr
+    legend, _, rows = tier_table(proc.stdout)
+    assert legend[0] == f"fast ({lost}): missing"
+    assert list(rows) == ["10", "20", "30", "40"]
+    assert rows["20"].split()[1:3] == ["durable", "committed"]  # all present tiers hold it
+    assert rows["30"].split()[1:3] == ["-", "damaged"]
+    doc = json.loads(run_cli("ls", "--json", lost, durable).stdout)
+    assert [t["missing"] for t in doc["tiers"]] == [True, False]
+    assert {e["tier"] for s in doc["steps"] for e in s["entries"]} == {"tier1"}
+
+    proc = run_cli("ls", "--tier-names", "fast,durable", lost, tmp_path / "nowhere")
+    assert_error(proc, "none of the tier roots exists", f"fast ({lost})",
+                 f"durable ({tmp_path / 'nowhere'})")
+    assert proc.stdout == ""
+    assert_error(run_cli("ls", "--json", lost, tmp_path / "nowhere"), "tier0", "tier1")
+
+
+def test_ls_tiers_empty_and_single(tiers, tmp_path):
+    fast, _ = tiers
+    (tmp_path / "empty").mkdir()
+    proc = run_cli("ls", tmp_path / "empty", tmp_path / "gone")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"tier0 ({tmp_path / 'empty'}): empty",
+                                        f"tier1 ({tmp_path / 'gone'}): missing", "",
+                                        "no checkpoints in any tier"]
+    proc = run_cli("ls", "--tier-names", "fast", fast)  # one root, listed as a tier
+    legend, header, rows = tier_table(proc.stdout)
+    assert legend == [f"fast ({fast}): 3 committed"] and "TIERS" in header
+    assert [row.split()[1:3] for row in rows.values()] == [["fast", "committed"]] * 3
+
+
+def test_ls_tiers_usage_errors(tiers):
+    fast, durable = tiers
+    for args in (["--tier-names", "fast", fast, durable],
+                 ["--tier-names", "a,b,c", fast, durable],
+                 ["--tier-names", "a,a", fast, durable],
+                 ["--tier-names", "a,", fast, durable],
+                 [fast, fast.parent / "." / "fast"]):  # the same tier twice
+        proc = run_cli("ls", *args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert "usage: uckpt ls" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("ls", fast, durable / "step_00000010" / "manifest.json")
+    assert_error(proc, "is a file")  # a wrong path is an error, not a missing tier
+
+
+def test_ls_tiers_do_not_touch_the_roots(tiers):
+    before = [sorted(p.name for p in root.iterdir()) for root in tiers]
+    run_cli("ls", *tiers)
+    run_cli("ls", "--json", *tiers)
+    assert [sorted(p.name for p in root.iterdir()) for root in tiers] == before
+
+
 # -- inspect ---------------------------------------------------------------------------------
 def test_inspect_text(root):
     ckpt = root / "step_00000020"
@@ -283,6 +425,9 @@ def test_help(args):
     if args == ["--help"]:
         for command in ("ls", "inspect", "verify"):
             assert command in proc.stdout
+    if args == ["ls", "--help"]:
+        assert "ROOT [ROOT ...]" in proc.stdout and "--tier-names" in proc.stdout
+        assert "Storage tiers: given several ROOTs" in proc.stdout
 
 
 def test_version():
