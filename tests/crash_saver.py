@@ -1,17 +1,33 @@
-"""Child process for the crash test: saves forever; prints each committed step."""
+"""Child process for the crash tests: saves forever; prints each committed step.
+
+    crash_saver.py ROOT                       synchronous saves under ROOT
+    crash_saver.py FAST DURABLE --async       async saves, copied to a durable tier
+"""
 import sys
 
 import numpy as np
 
 import uckpt
 
-root = sys.argv[1]
-mgr = uckpt.CheckpointManager(root, keep_last=3)
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+asynchronous = "--async" in sys.argv
+if len(args) == 1:
+    mgr = uckpt.CheckpointManager(args[0], keep_last=3, async_save=asynchronous)
+else:
+    mgr = uckpt.CheckpointManager(tiers=[uckpt.Tier(args[0], keep=2), uckpt.Tier(args[1], keep=3)],
+                                  async_save=asynchronous, max_inflight=2)
 step = (mgr.latest_step() or 0) + 1
 print("ready", flush=True)
+pending = []
 while True:
     state = {"a": np.full((512, 1024), step, np.float32), "b": np.full(300_000, -step, np.int64),
              "small": {"x": np.arange(10) * step}, "step": step}
-    mgr.save(step, state)
-    print("committed", step, flush=True)
+    result = mgr.save(step, state)
+    pending.append((step, result))
+    for s, r in list(pending):  # report what is committed on the first tier
+        if not isinstance(r, uckpt.SaveHandle) or r.done():
+            if isinstance(r, uckpt.SaveHandle):
+                r.wait()
+            print("committed", s, flush=True)
+            pending.remove((s, r))
     step += 1
