@@ -242,12 +242,12 @@ def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
     import uckpt.fsutil as fsutil
     import uckpt.writer as writer
 
-    def full(fd, data, offset):
+    def full(fd, buffers, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(fsutil, "preallocate", lambda fd, size: None)
     monkeypatch.setattr(writer, "preallocate", lambda fd, size: None)
-    monkeypatch.setattr(writer, "pwrite_all", full)
+    monkeypatch.setattr(writer, "_pwritev_all", full)
     with pytest.raises(errors.StorageFullError):
         uckpt.save(tmp_path / "second", STATE)
     assert not (tmp_path / "second").exists()

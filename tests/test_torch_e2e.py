@@ -71,3 +71,18 @@ print(json.dumps({{"same": bool(same), "n": len(exp.files), "torch": "torch" in 
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"same": True, "n": len(expected), "torch": False}
+
+
+def test_restore_into_running_optimizer_reads_in_place(tmp_path):
+    model, opt, sched, scaler = _objects(0, "adam")
+    train_step(model, opt, batches(1)[0])
+    uckpt.save(tmp_path / "ck", {"model": model, "optimizer": opt})
+    model2, opt2, _, _ = _objects(1, "adam")
+    train_step(model2, opt2, batches(1, seed=5)[0])  # opt2 has state tensors already
+    ptrs = {n: t.data_ptr() for s in opt2.state.values() for n, t in s.items() if t.dim()}
+    params2 = {p.data_ptr() for p in model2.parameters()}
+    uckpt.load(tmp_path / "ck", {"model": model2, "optimizer": opt2})
+    assert {n: t.data_ptr() for s in opt2.state.values() for n, t in s.items() if t.dim()} == ptrs
+    assert {p.data_ptr() for p in model2.parameters()} == params2
+    assert_same(opt.state_dict(), opt2.state_dict())
+    assert_same(model.state_dict(), model2.state_dict())

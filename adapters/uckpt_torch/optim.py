@@ -6,19 +6,22 @@ save: ``extract`` returns ``{"class": "torch.optim.adam.Adam", "state": {index:
 stay tuples and dtypes are kept (Adam's ``step`` is a 0-d float32 array).
 load: ``prepare`` refuses another optimizer class, another number of parameter
 groups or of parameters in a group, and state for parameters the groups do not
-list; the core reads into fresh arrays. ``restore`` converts the arrays to
-tensors (sharing their memory: the optimizer keeps them) and calls
-``optimizer.load_state_dict``, which moves them to the parameters' devices.
+list. When the optimizer already has state tensors of the checkpoint's shapes
+and dtypes (a restore into a running optimizer), ``prepare`` hands them to the
+core to read into in place; otherwise the core reads into fresh arrays.
+``restore`` converts the arrays to tensors (sharing their memory: the
+optimizer keeps them) and calls ``optimizer.load_state_dict``, which moves them
+to the parameters' devices.
 """
 from __future__ import annotations
 
 import torch
 
-from uckpt.adapter import Adapter
+from uckpt.adapter import Adapter, ArraySpec
 from uckpt.errors import StateMismatchError
 
 from .checks import check_class, class_name
-from .convert import tree_from_numpy, tree_to_numpy
+from .convert import _NAMES, tree_from_numpy, tree_to_numpy, writable_view
 
 
 class OptimizerAdapter(Adapter):
@@ -32,7 +35,18 @@ class OptimizerAdapter(Adapter):
 
     def prepare(self, obj, spec):
         self._check(obj, spec)
-        return None
+        params = [p for g in obj.param_groups for p in g["params"]]
+        targets = {}
+        for index, entries in spec["state"].items():
+            live = obj.state.get(params[index], {}) if index < len(params) else {}
+            views = {}
+            for name, want in entries.items():
+                t = live.get(name)
+                if isinstance(want, ArraySpec) and isinstance(t, torch.Tensor) and \
+                        tuple(t.shape) == tuple(want.shape) and _NAMES.get(t.dtype) == want.dtype:
+                    views[name] = writable_view(t)
+            targets[index] = views
+        return {"state": targets}
 
     def restore(self, obj, tree):
         self._check(obj, tree)

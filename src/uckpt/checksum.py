@@ -20,11 +20,11 @@ def format_checksum(value: int) -> str:
     return f"{ALGORITHM}:{value:08x}"
 
 
-_FORM = re.compile(ALGORITHM + r":[0-9a-f]{8}")
+FORM = re.compile(ALGORITHM + r":[0-9a-f]{8}")
 
 
 def parse_checksum(text: str) -> int:
-    if not _FORM.fullmatch(text):
+    if not FORM.fullmatch(text):
         raise ValueError(f"checksum {text!r} is not of the form 'crc32c:' + 8 lowercase hex digits")
     return int(text[len(ALGORITHM) + 1:], 16)
 

@@ -56,8 +56,14 @@ def name_of(dtype) -> str:
              "structured arrays to one of these first")
 
 
+_ITEMSIZE = {}
+
+
 def itemsize(name: str) -> int:
-    return to_numpy(name).itemsize
+    size = _ITEMSIZE.get(name)
+    if size is None:
+        size = _ITEMSIZE[name] = to_numpy(name).itemsize
+    return size
 
 
 def as_little_endian(arr: np.ndarray) -> np.ndarray:

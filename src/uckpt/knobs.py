@@ -19,8 +19,8 @@ chunk_bytes: int = _env_int("chunk_bytes", 64 << 20)
 alignment: int = _env_int("alignment", 64)
 #: threads that checksum and write (or read and verify) chunks in parallel
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
-#: block size used when streaming a file to verify or copy it
-stream_block_bytes: int = _env_int("stream_block_bytes", 8 << 20)
+#: reads go in blocks of this size, each checksummed while it is still in the CPU cache
+read_block_bytes: int = _env_int("read_block_bytes", 1 << 20)
 #: threads that copy arrays into staging memory during a snapshot
 copy_threads: int = _env_int("copy_threads", max(1, min(4, (os.cpu_count() or 1))))
 #: arrays at least this large are copied on the snapshot threads

@@ -113,20 +113,27 @@ class CheckpointReader:
         region, direct = _region(dest, entry.shape, chunk)
         buf = region if direct else np.empty(chunk.length, dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
-        n = pread_into(self._fd(chunk.file), raw, chunk.offset)
-        if n != chunk.length:
-            raise TruncatedDataError(
-                f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes "
-                f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at "
-                f"{chunk.offset + n}", path=str(self.directory / chunk.file), leaf=entry.path,
-                offset=chunk.offset + n)
-        self._check(entry, chunk, raw)
+        self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
             region[...] = raw.view(dest.dtype).reshape(chunk.shape)
 
-    def _check(self, entry: ArrayEntry, chunk: Chunk, raw) -> None:
-        """Raise if ``raw`` does not match the chunk's checksum."""
-        self._mismatch(entry, chunk, format_checksum(crc32c(raw)))
+    def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
+        """Read a chunk block by block into ``into(done, want)``, checksumming each block
+        while it is still in the CPU cache; raise on a short file or a mismatch."""
+        fd, value, done = self._fd(chunk.file), 0, 0
+        while done < chunk.length:
+            want = min(knobs.read_block_bytes, chunk.length - done)
+            block = into(done, want)
+            n = pread_into(fd, block, chunk.offset + done)
+            if n != want:
+                end = chunk.offset + done + n
+                raise TruncatedDataError(
+                    f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes "
+                    f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
+                    path=str(self.directory / chunk.file), leaf=entry.path, offset=end)
+            value = crc32c(block, value)
+            done += n
+        self._mismatch(entry, chunk, format_checksum(value))
 
     def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
         if got != chunk.checksum:
@@ -141,24 +148,10 @@ class CheckpointReader:
     def verify(self, progress=None) -> int:
         """Re-check every chunk's checksum, streaming; returns the bytes verified."""
         total = 0
-        block = knobs.stream_block_bytes
-        buf = np.empty(block, dtype=np.uint8)
+        scratch = np.empty(knobs.read_block_bytes, dtype=np.uint8)
         for entry in self.manifest.arrays.values():
             for chunk in entry.chunks:
-                fd = self._fd(chunk.file)
-                value, done = 0, 0
-                while done < chunk.length:
-                    want = min(block, chunk.length - done)
-                    n = pread_into(fd, buf[:want], chunk.offset + done)
-                    if n != want:
-                        raise TruncatedDataError(
-                            f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes up "
-                            f"to {chunk.offset + chunk.length}, the file ends at "
-                            f"{chunk.offset + done + n}", path=str(self.directory / chunk.file),
-                            leaf=entry.path, offset=chunk.offset + done + n)
-                    value = crc32c(buf[:n], value)
-                    done += n
-                self._mismatch(entry, chunk, format_checksum(value))
+                self._stream(entry, chunk, lambda done, want: scratch[:want])
                 total += chunk.length
                 if progress:
                     progress(total)

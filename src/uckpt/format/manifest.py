@@ -8,6 +8,7 @@ errors naming the field.
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import dtypes
+from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, UnsafePathError
 
@@ -106,7 +108,9 @@ class Manifest:
 
     def to_bytes(self) -> bytes:
         try:
-            text = json.dumps(self.to_json(), indent=1, ensure_ascii=False, allow_nan=False)
+            # compact, so json's C encoder runs (indent selects the slow pure-Python one)
+            text = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False)
             return (text + "\n").encode("utf-8")
         except ValueError as e:  # NaN/inf in metadata, or a lone surrogate in a string
             raise ManifestError(f"the manifest cannot be written as UTF-8 JSON: {e}",
@@ -140,6 +144,43 @@ def strict_json_loads(data: bytes):
     """Standard JSON only: no NaN/Infinity tokens, no duplicate keys."""
     return json.loads(data.decode("utf-8"), parse_constant=_no_constants,
                       object_pairs_hook=_no_duplicates)
+
+
+_CHUNK_KEYS = frozenset(_CHUNK_FIELDS)
+
+
+class _Loc:
+    """``arrays['p'].chunks[i]``, formatted only when an error needs it."""
+
+    def __init__(self, array_loc: str, index: int) -> None:
+        self.array_loc, self.index = array_loc, index
+
+    def __str__(self) -> str:
+        return f"{self.array_loc}.chunks[{self.index}]"
+
+    def __add__(self, other: str) -> str:
+        return str(self) + other
+
+
+def _nat_list(obj, ndim: int) -> bool:
+    return type(obj) is list and len(obj) == ndim and all(type(v) is int and v >= 0 for v in obj)
+
+
+def _fast_chunk(obj, dtype: str, shape, files) -> Optional[Chunk]:
+    """The chunk, if every rule holds; None sends it to the field-by-field checks."""
+    if type(obj) is not dict or obj.keys() != _CHUNK_KEYS:
+        return None
+    name, offset, length = obj["file"], obj["offset"], obj["length"]
+    start, cshape, checksum = obj["start"], obj["shape"], obj["checksum"]
+    entry = files.get(name) if type(name) is str else None
+    if (entry is None or type(offset) is not int or type(length) is not int or offset < 0
+            or length < 0 or offset + length > entry.size or obj["codec"] not in CODECS
+            or not _nat_list(start, len(shape)) or not _nat_list(cshape, len(shape))
+            or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)
+            or any(s + n > full for s, n, full in zip(start, cshape, shape))
+            or length != dtypes.itemsize(dtype) * math.prod(cshape)):
+        return None
+    return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum)
 
 
 class _Parser:
@@ -235,7 +276,7 @@ class _Parser:
             if dtype not in dtypes.NAMES:
                 self.fail(loc + ".dtype", f"unknown dtype {dtype!r} (known: {', '.join(dtypes.NAMES)})")
             shape = self.shape(entry["shape"], loc + ".shape")
-            chunks = tuple(self.chunk(c, f"{loc}.chunks[{i}]", dtype, shape, files)
+            chunks = tuple(self.chunk(c, _Loc(loc, i), dtype, shape, files)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
             self.coverage(chunks, shape, loc)
@@ -247,6 +288,11 @@ class _Parser:
         return tuple(self.nat(s, f"{loc}[{i}]") for i, s in enumerate(obj))
 
     def chunk(self, obj, loc, dtype, shape, files) -> Chunk:
+        fast = _fast_chunk(obj, dtype, shape, files)
+        return fast if fast is not None else self.checked_chunk(obj, loc, dtype, shape, files)
+
+    def checked_chunk(self, obj, loc, dtype, shape, files) -> Chunk:
+        """Field-by-field validation: names the first problem (the slow path)."""
         self.need(obj, loc, dict, "an object")
         self.fields(obj, loc, _CHUNK_FIELDS)
         name = self.need(obj["file"], loc + ".file", str, "a file name")
@@ -288,7 +334,7 @@ class _Parser:
         total = 1
         for s in shape:
             total *= s
-        covered = sum(int(np.prod(c.shape, dtype=np.int64)) for c in chunks)
+        covered = sum(math.prod(c.shape) for c in chunks)
         if covered != total:
             self.fail(loc + ".chunks", f"chunks cover {covered} elements, the array has {total}")
         boxes = [c for c in chunks if all(c.shape)]
