@@ -13,7 +13,6 @@ import copy
 import importlib.resources
 import importlib.util
 import json
-import math
 import re
 import shutil
 import struct
@@ -22,7 +21,6 @@ from pathlib import Path
 
 import crc32c as crc32c_lib
 import jsonschema
-import ml_dtypes
 import numpy as np
 import pytest
 

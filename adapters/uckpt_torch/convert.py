@@ -120,9 +120,12 @@ def from_numpy(arr: np.ndarray, like: Optional[torch.Tensor] = None) -> torch.Te
 
 
 def tree_to_numpy(x: Any) -> Any:
-    """Every tensor in a nested dict/list/tuple replaced by ``to_numpy``; containers rebuilt."""
+    """Every tensor in a nested dict/list/tuple replaced by its leaf (``device.to_leaf``:
+    a NumPy view, or a snapshot-time copy for CUDA tensors); containers rebuilt."""
     if isinstance(x, torch.Tensor):
-        return to_numpy(x)
+        from .device import to_leaf
+
+        return to_leaf(x)
     if isinstance(x, dict):
         return {k: tree_to_numpy(v) for k, v in x.items()}
     if isinstance(x, list):

@@ -21,8 +21,9 @@ from uckpt.adapter import Adapter
 from uckpt.errors import KeyMismatchError, StateMismatchError
 
 from .checks import array_problem, raise_problems
-from .convert import from_numpy, same_memory, to_numpy, tree_from_numpy, tree_to_numpy, \
+from .convert import from_numpy, same_memory, tree_from_numpy, tree_to_numpy, \
     writable_view
+from .device import to_leaf
 
 _EXTRA = "_extra_state"
 
@@ -47,7 +48,7 @@ class ModuleAdapter(Adapter):
         for key, value in obj.state_dict(keep_vars=True).items():
             if isinstance(value, torch.Tensor):
                 if id(value) not in seen:
-                    seen[id(value)] = to_numpy(value)
+                    seen[id(value)] = to_leaf(value)
                 out[key] = seen[id(value)]
             else:
                 out[key] = tree_to_numpy(value)

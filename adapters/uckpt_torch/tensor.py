@@ -1,6 +1,6 @@
 """``torch.Tensor`` (and ``nn.Parameter``) as a single array leaf.
 
-save: ``extract`` returns a view of the tensor (a copy for a non-CPU tensor).
+save: ``extract`` returns a view of the tensor (a CUDA tensor is copied at snapshot time).
 load: ``prepare`` refuses a different shape or dtype and returns the tensor's
 own memory as the read target when it can; ``restore`` copies the loaded array
 in, unless the core already read it there.
@@ -12,7 +12,8 @@ import torch
 from uckpt.adapter import Adapter
 
 from .checks import array_problem, raise_problems
-from .convert import from_numpy, same_memory, to_numpy, writable_view
+from .convert import from_numpy, same_memory, writable_view
+from .device import to_leaf
 
 
 class TensorAdapter(Adapter):
@@ -22,7 +23,7 @@ class TensorAdapter(Adapter):
         return isinstance(obj, torch.Tensor)
 
     def extract(self, obj):
-        return to_numpy(obj)
+        return to_leaf(obj)
 
     def prepare(self, obj, spec):
         self._check(obj, spec)

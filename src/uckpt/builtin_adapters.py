@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import random
-from typing import Any
-
 import numpy as np
 
 from .adapter import Adapter

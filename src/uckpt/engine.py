@@ -9,9 +9,11 @@ directory.
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable, Optional
 
+from . import knobs
 from .staging import Snapshot, StagingPool, snapshot
 from .tree import Flat
 
@@ -59,6 +61,17 @@ class SaveHandle:
         return f"<SaveHandle {self.description}: {state}>"
 
 
+def _lower_priority() -> None:
+    """Make this thread (and the threads it starts, which inherit it) yield to training."""
+    if knobs.background_nice > 0 and hasattr(os, "setpriority"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) +
+                           knobs.background_nice)
+        except OSError:
+            pass  # best effort
+
+
 class Chain:
     """Runs jobs on background non-daemon threads, strictly one after another."""
 
@@ -73,6 +86,7 @@ class Chain:
             previous = self._last
 
             def body() -> None:
+                _lower_priority()
                 if previous is not None:
                     previous.join()
                 try:

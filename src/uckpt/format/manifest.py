@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .. import dtypes
 from ..checksum import FORM as _CHECKSUM
