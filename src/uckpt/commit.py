@@ -28,7 +28,7 @@ from ._version import __version__ as _version
 from . import fsutil
 from .errors import CheckpointExistsError, ManifestError, SaveError, StorageFullError
 from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest
-from .plan import ArrayMeta, SavePlan, plan_save
+from .plan import SavePlan, metas, plan_save
 from .tree import Flat
 from .writer import write_data_file
 from . import dtypes
@@ -49,10 +49,6 @@ def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
         raise ManifestError(f"metadata is not JSON-serialisable: {e}",
                             hint="use str, int, float (finite), bool, None, lists and dicts") from None
     return metadata
-
-
-def metas(flat: Flat) -> Dict[str, ArrayMeta]:
-    return {p: ArrayMeta(dtypes.name_of(a.dtype), tuple(a.shape)) for p, a in flat.arrays.items()}
 
 
 def check_target(directory: Path, overwrite: bool) -> None:
@@ -85,13 +81,14 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     check_target(directory, overwrite)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    plan = plan or plan_save(metas(flat))
+    plan = plan or flat.plan or plan_save(metas(flat.arrays))
     tmp = directory.parent / f".{directory.name}{TMP_MARK}{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
         chunks = {}
         for rank, (file, size) in enumerate(plan.file_sizes):
-            chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays))
+            chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays,
+                                          image=flat.images.get(file)))
         manifest = build_manifest(flat, plan, chunks, step, metadata)
         fsutil.write_file_durably(tmp / MANIFEST_NAME, manifest.to_bytes())
         fsutil.fsync_dir(tmp)

@@ -5,7 +5,10 @@ every rank. Arrays larger than twice ``knobs.chunk_bytes`` are split along
 their first axis; pieces are given to ranks largest first, each to the rank with
 the fewest bytes so far (ties to the lowest rank), so replicated state is
 written once in total and evenly across ranks. Within a rank's data file,
-pieces follow the arrays' order and start at multiples of ``knobs.alignment``.
+pieces follow the arrays' order; each array starts at a multiple of
+``knobs.alignment`` and its pieces follow each other without gaps, so a
+single-rank file is exactly the arrays' bytes laid out like a staging arena
+(see :mod:`uckpt.staging`).
 """
 from __future__ import annotations
 
@@ -96,11 +99,20 @@ def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
         load[rank] += _length(arrays[p], shape)
     items: List[WriteItem] = []
     ends = [0] * world_size
+    last_path: List[object] = [None] * world_size
     for p, start, shape in pieces:
         rank = owner[(p, start)]
-        offset = -(-ends[rank] // alignment) * alignment
+        offset = ends[rank]
+        if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned
+            offset = -(-offset // alignment) * alignment
+            last_path[rank] = p
         length = _length(arrays[p], shape)
         items.append(WriteItem(p, start, shape, rank, data_file_name(rank), offset, length))
         ends[rank] = offset + length
     sizes = tuple((data_file_name(r), ends[r]) for r in range(world_size))
     return SavePlan(world_size, tuple(items), sizes)
+
+
+def metas(arrays: Mapping[str, object]) -> Dict[str, ArrayMeta]:
+    """Layouts of arrays (ndarrays or DeviceArrays), for :func:`plan_save`."""
+    return {p: ArrayMeta(dtypes.name_of(a.dtype), tuple(a.shape)) for p, a in arrays.items()}

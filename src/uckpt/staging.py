@@ -8,6 +8,7 @@ by ``slots`` times the largest state.
 """
 from __future__ import annotations
 
+import mmap
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -15,20 +16,34 @@ import numpy as np
 
 from . import knobs
 from .adapter import DeviceArray
+from .format import data_file_name
 from .parallel import parallel_map
+from .plan import SavePlan, WriteItem, metas, plan_save
 from .tree import Flat
 
 Allocator = Callable[[int], Tuple[np.ndarray, Any]]
 
 
+PAGE = mmap.PAGESIZE
+
+
+def round_up(n: int, to: int = PAGE) -> int:
+    return -(-n // to) * to
+
+
 class Arena:
-    """One contiguous staging buffer (``keepalive`` holds e.g. a pinned tensor)."""
+    """One contiguous, page-aligned staging buffer (``keepalive`` holds e.g. a pinned tensor).
+
+    Page alignment lets the data file be written from it with O_DIRECT.
+    """
 
     def __init__(self, nbytes: int, allocator: Optional[Allocator] = None) -> None:
+        nbytes = round_up(max(nbytes, 1))
         if allocator is not None:
             self.buffer, self.keepalive = allocator(nbytes)
         else:
-            self.buffer, self.keepalive = np.empty(nbytes, dtype=np.uint8), None
+            self.keepalive = mmap.mmap(-1, nbytes)  # anonymous: page-aligned, freed to the OS
+            self.buffer = np.frombuffer(self.keepalive, dtype=np.uint8)
         self.pinned = allocator is not None
         self.capacity = nbytes
 
@@ -84,13 +99,26 @@ class StagingPool:
             return sum(a.capacity for a in self._free)
 
 
-def _layout(flat: Flat) -> Tuple[Dict[str, int], int]:
+def _layout(flat: Flat, plan: SavePlan) -> Tuple[Dict[str, int], int, bool]:
+    """Where each array goes in the arena, its size, and whether the arena is then
+    exactly rank 0's data file (each array whole and contiguous at its plan offset)."""
+    first: Dict[str, WriteItem] = {}
+    owned: Dict[str, int] = {}
+    for it in plan.for_rank(0):
+        first.setdefault(it.path, it)
+        owned[it.path] = owned.get(it.path, 0) + it.length
+    image = plan.world_size == 1 and all(
+        path in first and not any(first[path].start) and owned[path] == arr.nbytes
+        for path, arr in flat.arrays.items() if arr.nbytes)
+    if image:
+        offsets = {path: first[path].offset if path in first else 0 for path in flat.arrays}
+        return offsets, dict(plan.file_sizes)[data_file_name(0)], True
     offsets, end = {}, 0
     for path, arr in flat.arrays.items():
-        end = -(-end // knobs.alignment) * knobs.alignment
+        end = round_up(end, knobs.alignment)
         offsets[path] = end
         end += arr.nbytes
-    return offsets, end
+    return offsets, end, False
 
 
 class Snapshot:
@@ -116,26 +144,39 @@ class Snapshot:
 
 
 def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
-    """Copy every array of ``flat`` into staging memory; without a pool, only device arrays."""
+    """Copy every array of ``flat`` into staging memory; without a pool, only device arrays.
+
+    With a pool, the arena is laid out as the data file will be (same offsets,
+    zero padding), so the writer can send it to storage in one piece.
+    """
     if pool is None:
         return _materialize(flat)
-    offsets, total = _layout(flat)
+    plan = flat.plan or plan_save(metas(flat.arrays))
+    offsets, size, is_image = _layout(flat, plan)
     allocator = next((a.allocator for a in flat.arrays.values()
                       if isinstance(a, DeviceArray) and a.allocator is not None), None)
-    arena = pool.acquire(max(total, 1), allocator)
+    arena = pool.acquire(round_up(size), allocator)
     try:
+        buf = arena.buffer
         staged: Dict[str, np.ndarray] = {}
         jobs = []
-        for path, arr in flat.arrays.items():
-            view = arena.buffer[offsets[path]:offsets[path] + arr.nbytes]
-            dest = view.view(arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype)
-            staged[path] = dest.reshape(arr.shape)
+        end = 0
+        for path, arr in sorted(flat.arrays.items(), key=lambda kv: offsets[kv[0]]):
+            off = offsets[path]
+            if arr.nbytes:
+                buf[end:off] = 0  # padding between arrays is zero in the file
+                end = off + arr.nbytes
+            dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
+            staged[path] = buf[off:off + arr.nbytes].view(dtype).reshape(arr.shape)
             jobs.append((arr, staged[path]))
+        buf[end:round_up(size)] = 0
         waits = _copy_all(jobs)
     except BaseException:
         pool.release(arena)
         raise
-    return Snapshot(Flat(flat.skeleton, staged), waits, arena, pool)
+    images = {data_file_name(0): buf[:round_up(size)]} if is_image else {}
+    return Snapshot(Flat(flat.skeleton, {p: staged[p] for p in flat.arrays}, plan, images),
+                    waits, arena, pool)
 
 
 def _materialize(flat: Flat) -> Snapshot:

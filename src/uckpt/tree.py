@@ -41,6 +41,9 @@ def _where(parts: List[str]) -> str:
 class Flat:
     skeleton: Dict[str, Any]
     arrays: Dict[str, Any] = field(default_factory=dict)  # ndarray, or DeviceArray until staged
+    #: set by a snapshot: the save plan, and each data file's exact bytes (staging arena)
+    plan: Any = None
+    images: Dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:

@@ -200,10 +200,16 @@ def save_with_knobs(directory, state, knob_values, **kw):
     try:
         for k, v in knob_values.items():
             setattr(knobs, k, v)
-        return uckpt.save(directory, state, **kw)
+        path = uckpt.save(directory, state, **kw)
     finally:
         for k, v in old.items():
             setattr(knobs, k, v)
+    # uckpt writes compact JSON; the golden copies are indented for people to read
+    # (whitespace carries no meaning in a manifest)
+    manifest = json.loads((path / "manifest.json").read_text("utf-8"))
+    text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    (path / "manifest.json").write_bytes(text.encode("utf-8"))
+    return path
 
 
 def main(argv) -> int:
