@@ -8,6 +8,9 @@ and checkpoints every k steps with each method, all in one run:
   uckpt-sync   CheckpointManager(...).save, blocking until committed
   uckpt-async  CheckpointManager(..., async_save=True).save: returns after the snapshot
 
+Saves happen at steps k, 2k, ... except in the last k steps, so that every save has
+k steps of training after it, as in the middle of a long run; the wait for the last
+write at the end (the drain) is still inside the total, and reported on its own.
 Reported per method and k: total time, the overhead Omega = (T - T_none) / T_none (the
 metric of the published checkpointing study), the training stall per save (time spent
 inside the save call), and, for reference, the pure memcpy time of the same state
@@ -124,18 +127,22 @@ def train(method_name, k, steps, width, depth, batch, workdir):
     t0 = time.perf_counter()
     for step in range(1, steps + 1):
         step_fn()
-        if method is not None and step % k == 0:
+        # no save in the last k steps: as in the middle of a long run, every save has k
+        # steps of training after it (the drain at the end is still timed, and reported)
+        if method is not None and step % k == 0 and step <= steps - k:
             s0 = time.perf_counter()
             method.save(step)
             stalls.append(time.perf_counter() - s0)
+    d0 = time.perf_counter()
     if method is not None:
         method.finish()
+    drain = time.perf_counter() - d0
     total = time.perf_counter() - t0
     nbytes = sum(t.numel() * t.element_size() for t in state_tensors(model, opt))
     mc = memcpy_seconds(model, opt)
     if method is not None:
         cleanup(method.dir)
-    return {"method": method_name, "k": k, "steps": steps, "total_s": total,
+    return {"method": method_name, "k": k, "steps": steps, "total_s": total, "drain_s": drain,
             "stalls_s": stalls, "state_bytes": nbytes, "memcpy_s": mc}
 
 
@@ -157,13 +164,14 @@ def rss_run(saves: int, mb: int, root: Path):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40, help="training steps per run")
+    ap.add_argument("--steps", type=int, default=50, help="training steps per run")
     ap.add_argument("--ks", default="1,10", help="checkpoint intervals to measure")
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--depth", type=int, default=3, help="hidden Linear(width, width) layers")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--methods", default="torch.save,uckpt-sync,uckpt-async")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per (method, k); the median is kept")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds; each round runs every (method, k) once; medians are kept")
     ap.add_argument("--dir", default=str(RESULTS_DIR), help="where checkpoints go (same disk as /work)")
     ap.add_argument("--rss-saves", type=int, default=1000)
     ap.add_argument("--rss-mb", type=int, default=50)
@@ -177,11 +185,18 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="async-", suffix=".tmp", dir=args.dir))
     raw = []
     try:
+        # rounds interleave the methods, so slow drift of the machine hits all alike
+        runs = {}
+        configs = [("none", 1)] + [(name, k) for k in ks for name in args.methods.split(",")]
+        for rnd in range(args.repeat):
+            for name, k in configs:
+                r = train(name, k, args.steps, args.width, args.depth, args.batch, work)
+                runs.setdefault((name, k), []).append(r)
+                print(f"round {rnd + 1}: k={k:<3} {name:<12} total {r['total_s']:.2f} s", flush=True)
+
         def median_run(name, k):
-            runs = [train(name, k, args.steps, args.width, args.depth, args.batch, work)
-                    for _ in range(args.repeat)]
-            runs.sort(key=lambda r: r["total_s"])
-            return runs[len(runs) // 2]
+            rs = sorted(runs[(name, k)], key=lambda r: r["total_s"])
+            return rs[len(rs) // 2]
 
         base = median_run("none", 1)
         raw.append(base)
@@ -197,6 +212,7 @@ def main(argv=None) -> int:
                 r.update(omega=omega, stall_median_s=stall)
                 print(f"k={k:<3} {name:<12} total {r['total_s']:.2f} s  Omega {omega * 100:6.2f}%  "
                       f"stall/save {stall * 1e3:7.1f} ms", flush=True)
+        baseline_runs = ", ".join(f"{r['total_s']:.2f}" for r in runs[("none", 1)])
         table = []
         by = {(r["method"], r["k"]): r for r in raw}
         for k in ks:
@@ -206,12 +222,14 @@ def main(argv=None) -> int:
                 r = by[(name, k)]
                 table.append([
                     str(k), name, f"{r['total_s']:.2f}", f"{r['omega'] * 100:.2f}%",
-                    f"{r['stall_median_s'] * 1e3:.1f}",
+                    str(len(r["stalls_s"])), f"{r['stall_median_s'] * 1e3:.1f}",
+                    f"{r['drain_s'] * 1e3:.0f}",
                     f"{r['stall_median_s'] / r['memcpy_s']:.2f}x",
                     f"{r['stall_median_s'] / sync['stall_median_s'] * 100:.1f}%" if sync else "-",
                     f"{r['omega'] / tsave['omega']:.3f}" if tsave and tsave["omega"] > 0 else "-",
                 ])
-        headers = ["k", "method", "total s", "Omega", "stall/save ms", "stall / memcpy",
+        headers = ["k", "method", "total s", "Omega", "saves", "stall/save ms", "drain ms",
+               "stall / memcpy",
                    "stall / sync stall", "Omega / torch.save Omega"]
         text = ["# Checkpoint overhead in a CPU training loop",
                 "",
@@ -219,7 +237,8 @@ def main(argv=None) -> int:
                 f"state {fmt_bytes(base['state_bytes'])} (parameters + momentum). "
                 f"{args.steps} steps of batch {args.batch}; baseline {base['total_s']:.2f} s "
                 f"({base['total_s'] / args.steps * 1e3:.0f} ms/step). memcpy of the state into warm "
-                f"buffers: {base['memcpy_s'] * 1e3:.1f} ms. Median of {args.repeat} runs per row. "
+                f"buffers: {base['memcpy_s'] * 1e3:.1f} ms. Median of {args.repeat} interleaved rounds. "
+                f"Baseline runs: {baseline_runs} s. "
                 f"Checkpoints to {work} (every save fsynced).",
                 "", markdown_table(headers, table), ""]
         if args.rss_saves:

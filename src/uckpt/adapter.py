@@ -44,12 +44,9 @@ class ArraySpec:
 
     @property
     def nbytes(self) -> int:
-        from .dtypes import itemsize
+        from .dtypes import nbytes
 
-        n = itemsize(self.dtype)
-        for s in self.shape:
-            n *= s
-        return n
+        return nbytes(self.dtype, self.shape)
 
 
 class DeviceArray:

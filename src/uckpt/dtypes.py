@@ -66,6 +66,14 @@ def itemsize(name: str) -> int:
     return size
 
 
+def nbytes(name: str, shape) -> int:
+    """Bytes of an array of this neutral dtype and shape."""
+    n = itemsize(name)
+    for s in shape:
+        n *= s
+    return n
+
+
 def as_little_endian(arr: np.ndarray) -> np.ndarray:
     """A little-endian view or copy of ``arr`` (a no-op on little-endian arrays)."""
     if arr.dtype.byteorder == ">":

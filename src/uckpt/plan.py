@@ -28,10 +28,7 @@ class ArrayMeta:
 
     @property
     def nbytes(self) -> int:
-        n = dtypes.itemsize(self.dtype)
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.nbytes(self.dtype, self.shape)
 
 
 @dataclass(frozen=True)
@@ -79,10 +76,7 @@ def split_rows(meta: ArrayMeta, chunk_bytes: int) -> List[Box]:
 
 
 def _length(meta: ArrayMeta, box_shape: Sequence[int]) -> int:
-    n = dtypes.itemsize(meta.dtype)
-    for s in box_shape:
-        n *= s
-    return n
+    return dtypes.nbytes(meta.dtype, box_shape)
 
 
 def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,

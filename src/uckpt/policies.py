@@ -59,6 +59,22 @@ def _non_negative_int(value: Any, what: str) -> int:
 # ============================================================================================
 # Save policies
 # ============================================================================================
+def _flatten_members(combo: type, member: type, policies, hint: str = "") -> list:
+    """The members of a combination (``AnyOf``, ``KeepUnion``), nested ones flattened."""
+    flat = []
+    for p in policies:
+        if isinstance(p, combo):
+            flat.extend(p.policies)
+        elif isinstance(p, member):
+            flat.append(p)
+        else:
+            raise TypeError(f"{combo.__name__}: expected {member.__name__} objects, got "
+                            f"{type(p).__name__} {p!r}")
+    if not flat:
+        raise ValueError(f"{combo.__name__} needs at least one policy" + (f" ({hint})" if hint else ""))
+    return flat
+
+
 class SavePolicy(abc.ABC):
     """Decides at which steps the manager saves.
 
@@ -322,18 +338,8 @@ class AnyOf(SavePolicy):
     """
 
     def __init__(self, *policies: SavePolicy) -> None:
-        flat: List[SavePolicy] = []
-        for p in policies:
-            if isinstance(p, AnyOf):
-                flat.extend(p.policies)
-            elif isinstance(p, SavePolicy):
-                flat.append(p)
-            else:
-                raise TypeError(f"AnyOf: expected SavePolicy objects, got "
-                                f"{type(p).__name__} {p!r}")
-        if not flat:
-            raise ValueError("AnyOf needs at least one policy (use Never() to save only "
-                             "on explicit calls)")
+        flat = _flatten_members(AnyOf, SavePolicy, policies,
+                                "use Never() to save only on explicit calls")
         self.policies: Tuple[SavePolicy, ...] = tuple(flat)
 
     def should_save(self, step: int, now: float) -> bool:
@@ -528,17 +534,7 @@ class KeepUnion(RetentionPolicy):
     """
 
     def __init__(self, *policies: RetentionPolicy) -> None:
-        flat: List[RetentionPolicy] = []
-        for p in policies:
-            if isinstance(p, KeepUnion):
-                flat.extend(p.policies)
-            elif isinstance(p, RetentionPolicy):
-                flat.append(p)
-            else:
-                raise TypeError(f"KeepUnion: expected RetentionPolicy objects, got "
-                                f"{type(p).__name__} {p!r}")
-        if not flat:
-            raise ValueError("KeepUnion needs at least one policy")
+        flat = _flatten_members(KeepUnion, RetentionPolicy, policies)
         self.policies: Tuple[RetentionPolicy, ...] = tuple(flat)
 
     def keep(self, infos: Sequence[CheckpointInfo]) -> Set[int]:

@@ -59,10 +59,7 @@ class ArrayEntry:
 
     @property
     def nbytes(self) -> int:
-        n = dtypes.itemsize(self.dtype)
-        for s in self.shape:
-            n *= s
-        return n
+        return dtypes.nbytes(self.dtype, self.shape)
 
     def to_json(self) -> Dict[str, Any]:
         return {"dtype": self.dtype, "shape": list(self.shape),
