@@ -17,6 +17,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # `chainer` or `mpi`.
 EXTRAS=(
     torch
+    tensorflow
+    chainer
     test
     bench
     convert
@@ -59,6 +61,10 @@ spec=".[$(IFS=,; echo "${EXTRAS[*]}")]"
 echo "setup: installing uckpt (editable) with extras ${spec#.}, pinned by constraints.txt" \
      "(the first time this downloads packages and takes a few minutes)"
 run "$VENV/bin/python" -m pip install --quiet --upgrade pip
+# Chainer 7.8.1 is source-only and builds only with an older setuptools, outside
+# build isolation; installed first, the `chainer` extra below finds it present.
+run "$VENV/bin/python" -m pip install --quiet -c constraints.txt "setuptools>=77.0.3,<82"
+run "$VENV/bin/python" -m pip install --quiet -c constraints.txt --no-build-isolation chainer==7.8.1
 run "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e "$spec" \
     ${PACKAGES[@]+"${PACKAGES[@]}"}
 echo "setup: done ($VENV/bin/python)"

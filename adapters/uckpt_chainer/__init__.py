@@ -1,0 +1,3 @@
+"""Chainer adapter for uckpt (work in progress)."""
+ADAPTERS = []
+RNG_PROVIDERS = []

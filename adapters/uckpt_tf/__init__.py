@@ -1,0 +1,3 @@
+"""TensorFlow / Keras adapter for uckpt (work in progress)."""
+ADAPTERS = []
+RNG_PROVIDERS = []
