@@ -18,8 +18,9 @@ Every run logs each step's loss exactly (``float.hex``). For bitwise equality
 the checkpoint must hold everything the next step depends on: the parameters
 and BatchNorm statistics, the optimizer's moments and step counts, the
 learning-rate schedule, the global RNGs (dropout masks) and the data order
-(epoch, position in the epoch and the shuffling generator). Leave any of
-them out of ``checkpoint_state`` and the losses after the restart differ.
+(the ``uckpt.torch.ResumableSampler``'s epoch and position in the epoch; its
+seed fixes each epoch's permutation). Leave any of them out of
+``checkpoint_state`` and the losses after the restart differ.
 
 ``--train-into DIR`` runs the training alone, checkpointing into DIR; run it
 again (after Ctrl-C, say) and it resumes.
@@ -52,7 +53,7 @@ def checkpoint_state(model, optimizer, scheduler, sampler, step):
         "optimizer": optimizer,          # Adam moments and step counts
         "scheduler": scheduler,          # StepLR position
         "rng": uckpt.RandomState(),      # Python, NumPy and torch global RNGs (dropout)
-        "sampler": sampler.state(),      # data order: epoch, position, shuffling generator
+        "sampler": sampler,              # data order: epoch, position in the epoch, seed
         "step": step,
     }
 
@@ -60,8 +61,10 @@ def checkpoint_state(model, optimizer, scheduler, sampler, step):
 def train(root, *, steps, every, log=None, lockstep=False):
     import torch
     import torch.nn.functional as F
+    from torch.utils.data import DataLoader, TensorDataset
 
-    from toy_task import ShuffleSampler, SmallCNN, make_dataset, parameters_digest
+    from toy_task import SmallCNN, make_dataset, parameters_digest
+    from uckpt.torch import ResumableSampler
 
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)      # fixed reduction order in the CPU kernels
@@ -71,7 +74,13 @@ def train(root, *, steps, every, log=None, lockstep=False):
     model = SmallCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=20, gamma=0.5)
-    sampler = ShuffleSampler(len(images), BATCH_SIZE, seed=1)
+    sampler = ResumableSampler(len(images), seed=1)    # shuffles anew every epoch
+    # num_workers=0: the loader draws one batch of indices per step, so between steps the
+    # sampler's position is exact. generator=: every iter(loader) draws a seed (for
+    # workers) from it, by default from torch's global RNG, which would then shift the
+    # dropout masks of a resumed run (it starts an iterator mid-epoch).
+    loader = DataLoader(TensorDataset(images, labels), batch_size=BATCH_SIZE, sampler=sampler,
+                        drop_last=True, generator=torch.Generator())
 
     with uckpt.CheckpointManager(root, keep_last=3) as manager:
         state = checkpoint_state(model, optimizer, scheduler, sampler, 0)
@@ -79,17 +88,17 @@ def train(root, *, steps, every, log=None, lockstep=False):
         if step is None:
             step = 0
             print("starting from scratch", flush=True)
-        else:
-            sampler.load_state(state["sampler"])
+        else:                             # the sampler, too, was restored in place
             assert state["step"] == step, "plain values in the state are restored in place"
             print(f"restored checkpoint at step {step} "
-                  f"(epoch {sampler.epoch}, batch {sampler.position})", flush=True)
+                  f"(epoch {sampler.epoch}, batch {sampler.position // BATCH_SIZE})", flush=True)
 
+        batches = endless(loader)
         with open(log or os.devnull, "a") as log_file:
             while step < steps:
                 model.train()
-                batch = sampler.next_batch()
-                loss = F.cross_entropy(model(images[batch]), labels[batch])
+                inputs, targets = next(batches)
+                loss = F.cross_entropy(model(inputs), targets)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -109,6 +118,12 @@ def train(root, *, steps, every, log=None, lockstep=False):
                     return 1
     print(f"finished: step {step}, parameters sha256 {parameters_digest(model)}", flush=True)
     return 0
+
+
+def endless(loader):
+    """Batches epoch after epoch (the sampler moves on to the next epoch by itself)."""
+    while True:
+        yield from loader
 
 
 # ---------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The training task of the examples: a small CNN on a synthetic image data set.
 
 Everything here is deterministic and made locally, so the examples need no
-download: the data set comes from its own seeded ``torch.Generator``, and the
-sampler's data order follows from three values a checkpoint can hold.
+download: the data set comes from its own seeded ``torch.Generator``. (The data
+order comes from ``uckpt.torch.ResumableSampler``, whose place in it a checkpoint holds.)
 """
 from __future__ import annotations
 
@@ -48,61 +48,6 @@ class SmallCNN(nn.Module):
 
     def forward(self, x):
         return self.classifier(self.features(x))
-
-
-class ShuffleSampler:
-    """Shuffled mini-batches of indices, epoch after epoch (the last partial batch is dropped).
-
-    The whole data order follows from three values, and they are what a
-    checkpoint must hold to resume mid-epoch:
-
-    * ``epoch``: how many epochs are finished;
-    * ``position``: how many batches of the current epoch were already taken;
-    * ``generator``: the ``torch.Generator`` that draws each epoch's
-      permutation, kept at its state *at the start of the current epoch*
-      (the permutation is drawn from a copy), so a restored sampler draws the
-      same permutation again and carries on at ``position``.
-    """
-
-    def __init__(self, num_items: int, batch_size: int, seed: int):
-        if batch_size > num_items:
-            raise ValueError(f"batch_size {batch_size} exceeds the {num_items} items")
-        self.num_items = num_items
-        self.batch_size = batch_size
-        self.batches_per_epoch = num_items // batch_size
-        self.generator = torch.Generator().manual_seed(seed)
-        self.epoch = 0
-        self.position = 0
-        self._permutation = None   # this epoch's order, drawn lazily
-        self._next_epoch_state = None
-
-    def next_batch(self) -> torch.Tensor:
-        if self.position == self.batches_per_epoch:      # epoch done: on to the next one
-            self.generator.set_state(self._next_epoch_state)
-            self.epoch += 1
-            self.position = 0
-            self._permutation = None
-        if self._permutation is None:
-            scratch = torch.Generator()
-            scratch.set_state(self.generator.get_state())
-            self._permutation = torch.randperm(self.num_items, generator=scratch)
-            self._next_epoch_state = scratch.get_state()
-        start = self.position * self.batch_size
-        self.position += 1
-        return self._permutation[start:start + self.batch_size]
-
-    # -- checkpointing --------------------------------------------------------------
-    def state(self) -> dict:
-        """What to put in a checkpoint (uckpt saves the generator through its torch adapter)."""
-        return {"epoch": self.epoch, "position": self.position, "generator": self.generator}
-
-    def load_state(self, state: dict) -> None:
-        """Take back ``state()`` after uckpt restored it (the generator is restored in place)."""
-        if state["generator"] is not self.generator:
-            self.generator.set_state(state["generator"].get_state())
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        self._permutation = None
 
 
 def parameters_digest(model: nn.Module) -> str:

@@ -10,6 +10,7 @@ each module's docstring gives its extract / prepare / restore contract.
 from .module import ModuleAdapter
 from .optim import OptimizerAdapter
 from .rng import GeneratorAdapter, TorchRNG
+from .sampler import ResumableSampler, SamplerAdapter
 from .scaler import GradScalerAdapter
 from .sched import SchedulerAdapter
 from .tensor import TensorAdapter
@@ -23,8 +24,10 @@ ADAPTERS = [
     GradScalerAdapter(),
     GeneratorAdapter(),
     TensorAdapter(),
+    SamplerAdapter(),
 ]
 RNG_PROVIDERS = [TorchRNG()]
 
 __all__ = ["ADAPTERS", "RNG_PROVIDERS", "ModuleAdapter", "OptimizerAdapter", "SchedulerAdapter",
-           "GradScalerAdapter", "GeneratorAdapter", "TensorAdapter", "TorchRNG"]
+           "GradScalerAdapter", "GeneratorAdapter", "TensorAdapter", "TorchRNG",
+           "ResumableSampler", "SamplerAdapter"]
