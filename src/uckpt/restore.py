@@ -185,7 +185,9 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True) 
 
     for dest, path in matcher.copies:  # phase 3
         np.copyto(dest, arrays[path])
-    for adapter, obj, sub in matcher.actions:
+    # random state last: another adapter's restore may draw random numbers (e.g. lazy
+    # initialisation), which must not shift a generator restored before it
+    for adapter, obj, sub in sorted(matcher.actions, key=lambda a: a[0].name == "uckpt.random_state"):
         adapter.restore(obj, decode(sub, leaf))
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)

@@ -151,14 +151,20 @@ class _Flattener:
 
 
 def _unsupported(obj: Any, parts: List[str]) -> UnsupportedObjectError:
-    from .registry import INSTALL_HINTS, module_roots
+    from .registry import INSTALL_HINTS, known_adapter_names, module_roots
 
     cls = type(obj)
     name = f"{cls.__module__}.{cls.__qualname__}"
     hint = ("pass arrays, plain values, containers of them, or an object of a supported "
             "framework; give your own classes state_dict()/load_state_dict(), or register "
             "an adapter with uckpt.register_adapter()")
+    installed = set(known_adapter_names())
     for root in module_roots(obj):
+        if root in installed:
+            hint = (f"the {root} adapter is installed but handles no {name}; save the "
+                    "object's state (arrays, plain values) instead, or register an adapter "
+                    "with uckpt.register_adapter()")
+            break
         if root in INSTALL_HINTS:
             hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
             break
