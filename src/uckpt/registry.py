@@ -105,9 +105,17 @@ def rng_providers(imported_only: bool = True) -> Dict[str, RNGProvider]:
 
     out: Dict[str, RNGProvider] = {}
     for name in _entry_points(RNG_GROUP):
-        if imported_only and name not in sys.modules:
+        if imported_only and sys.modules.get(name) is None:  # None: import blocked
             continue
-        for provider in _load(RNG_GROUP, name):
+        try:
+            providers = _load(RNG_GROUP, name)
+        except ImportError as e:
+            import warnings
+
+            warnings.warn(f"uckpt: the random-state provider for {name} cannot be loaded "
+                          f"({e}); its state is neither saved nor restored", RuntimeWarning)
+            continue
+        for provider in providers:
             out[provider.name or name] = provider
     return out
 
