@@ -86,9 +86,13 @@ def find_adapter(obj: Any) -> Optional[Adapter]:
         if adapter.handles(obj):
             return adapter
     eps = _entry_points(ADAPTER_GROUP)
+    # an adapter package's own classes (wrappers such as uckpt_tf.OptimizerState) lead
+    # to its entry point too
+    packages = {ep.value.split(":")[0].split(".")[0]: name for name, ep in eps.items()}
     for root in module_roots(obj):
-        if root in eps:
-            for adapter in _load(ADAPTER_GROUP, root):
+        name = root if root in eps else packages.get(root)
+        if name is not None:
+            for adapter in _load(ADAPTER_GROUP, name):
                 if adapter.handles(obj):
                     return adapter
     from .builtin_adapters import BUILTIN

@@ -1,0 +1,200 @@
+"""``uckpt.keras.Checkpoint``: a Keras callback that saves and resumes ``model.fit``.
+
+Call order, in one training process::
+
+    manager = uckpt.CheckpointManager("ckpts", keep_last=3)
+    cb = uckpt.keras.Checkpoint(manager, every_n_epochs=1)
+    initial_epoch = cb.restore(model)      # compiled model; 0 when there is no checkpoint
+    model.fit(..., initial_epoch=initial_epoch, callbacks=[cb])
+    manager.close()
+
+Each checkpoint holds ``{"model": model, "optimizer": model.optimizer, "rng":
+uckpt.RandomState(), "epoch": epochs completed, "batch": batches done in the
+current epoch, "step": batches trained in all}`` plus the entries of
+``state``, is numbered by ``step`` and carries ``{"keras": {"epoch", "batch",
+"step"}}`` in its metadata; the epoch's logs (numbers only) go in as ``metrics`` (for
+``uckpt.KeepBest``).
+
+``restore`` restores everything in place (building the optimizer if fit has
+not yet; see :mod:`uckpt_tf.optim`) and returns the ``initial_epoch`` for
+``fit``. Keras cannot start ``fit`` in the middle of an epoch: from a
+checkpoint saved mid-epoch (``every_n_steps``) the epoch starts over from its
+first batch with the restored weights, so its first batches are trained twice
+(a warning says so). ``restore(at_epoch_end=True)`` takes the newest
+checkpoint saved at the end of an epoch instead: the resumed run is then
+bitwise the uninterrupted one, provided the data order of an epoch depends
+only on the epoch (``uckpt_tf.epoch_shuffled``) and the process is
+deterministic (``uckpt_tf.make_deterministic``).
+
+Saves happen at the end of every ``every_n_epochs``-th epoch, after every
+``every_n_steps``-th batch, and whenever the manager's save policy asks
+(``manager.should_save(step)``, e.g. ``uckpt.OnSignal()`` for preemption).
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+import keras
+
+import uckpt
+from uckpt.errors import CorruptCheckpointError, UckptError
+
+RESERVED = ("model", "optimizer", "rng", "epoch", "batch", "step")
+
+
+class Checkpoint(keras.callbacks.Callback):
+    """Save ``model.fit``'s complete training state through a :class:`uckpt.CheckpointManager`.
+
+    manager
+        where and how checkpoints go (tiers, retention, async saves, policies).
+    every_n_steps / every_n_epochs
+        save after every n-th batch (counted over the whole run) / at the end
+        of every n-th epoch. With neither, every epoch.
+    state
+        more entries for the checkpoint: a mapping, or a callable returning one
+        (called at every save and restore), e.g. ``{"schedule": my_stateful}``.
+        Its keys must not be one of ``model``, ``optimizer``, ``rng``, ``epoch``,
+        ``batch``, ``step``.
+    """
+
+    def __init__(self, manager: "uckpt.CheckpointManager", every_n_steps: Optional[int] = None,
+                 every_n_epochs: Optional[int] = None,
+                 state: Union[None, Mapping[str, Any], Callable[[], Mapping[str, Any]]] = None):
+        super().__init__()
+        for name, value in (("every_n_steps", every_n_steps), ("every_n_epochs", every_n_epochs)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if every_n_steps is None and every_n_epochs is None:
+            every_n_epochs = 1
+        self.manager = manager
+        self.every_n_steps = every_n_steps
+        self.every_n_epochs = every_n_epochs
+        self.extra = state
+        #: epochs completed, batches done in the current epoch, batches done in all
+        self.epoch = 0
+        self.batch = 0
+        self.step = 0
+        self._last_saved: Optional[int] = None
+        #: what the last ``restore`` loaded for the entries of ``state`` (plain values)
+        self.restored: Dict[str, Any] = {}
+
+    # -- the checkpoint's content --------------------------------------------------------
+    def state(self, model: Optional[Any] = None) -> Dict[str, Any]:
+        """The mapping saved and restored (see the module docstring)."""
+        model = model if model is not None else self._model_or_none()
+        if model is None:
+            raise ValueError("no model: pass it (cb.restore(model)) or use the callback in fit")
+        out: Dict[str, Any] = {"model": model}
+        if getattr(model, "optimizer", None) is not None:
+            out["optimizer"] = model.optimizer
+        out.update({"rng": uckpt.RandomState(), "epoch": self.epoch, "batch": self.batch,
+                    "step": self.step})
+        extra = self.extra() if callable(self.extra) else self.extra
+        if extra:
+            clash = sorted(set(extra) & set(RESERVED))
+            if clash:
+                raise ValueError(f"state entries {clash} clash with the callback's own "
+                                 f"{list(RESERVED)}; rename them")
+            out.update(extra)
+        return out
+
+    def _model_or_none(self):
+        try:
+            return self.model
+        except (AttributeError, ValueError):
+            return None
+
+    # -- resume ----------------------------------------------------------------------------
+    def restore(self, model: Optional[Any] = None, *, step: Optional[int] = None,
+                at_epoch_end: bool = False) -> int:
+        """Restore the newest checkpoint (or ``step``) into ``model``; return the initial epoch.
+
+        Returns 0 and changes nothing when there is no checkpoint. With
+        ``at_epoch_end``, the newest checkpoint saved at the end of an epoch.
+        """
+        state = self.state(model)
+        if step is not None:
+            candidates = [step]
+        elif at_epoch_end:
+            candidates = [s for s in reversed(self.manager.steps()) if self._at_epoch_end(s)]
+            if not candidates and self.manager.steps():
+                warnings.warn("uckpt: no checkpoint was saved at the end of an epoch; nothing "
+                              "restored, training starts from scratch", UserWarning, stacklevel=2)
+        else:
+            candidates = [None]
+        restored = None
+        for i, s in enumerate(candidates):
+            try:
+                restored = self.manager.restore(state, step=s)
+                break
+            except CorruptCheckpointError:
+                if s is None or i == len(candidates) - 1:
+                    raise
+                warnings.warn(f"uckpt: checkpoint step {s} is damaged; trying an older one",
+                              RuntimeWarning, stacklevel=2)
+        if restored is None:
+            return 0
+        self.epoch, self.batch, self.step = (int(state["epoch"]), int(state["batch"]),
+                                             int(state["step"]))
+        self._last_saved = self.step
+        self.restored = {k: v for k, v in state.items() if k not in RESERVED}
+        if self.batch:
+            warnings.warn(
+                f"uckpt: restored checkpoint step {self.step}, saved after batch {self.batch} of "
+                f"epoch {self.epoch}; model.fit cannot start mid-epoch, so epoch {self.epoch} "
+                f"starts over from its first batch (its first {self.batch} batches are trained "
+                "twice). restore(at_epoch_end=True) resumes exactly from the newest "
+                "end-of-epoch checkpoint instead.", UserWarning, stacklevel=2)
+        return self.epoch
+
+    def _at_epoch_end(self, step: int) -> bool:
+        for tier in range(len(self.manager.tiers)):
+            try:
+                meta = uckpt.manifest(self.manager.path(step, tier)).metadata
+            except UckptError:
+                continue
+            return meta.get("keras", {}).get("batch") == 0
+        return False
+
+    # -- Keras hooks -------------------------------------------------------------------------
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        self.batch = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        before = self.step
+        # with steps_per_execution > 1, Keras passes the index of the last batch it ran
+        self.step += batch + 1 - self.batch
+        self.batch = batch + 1
+        steps_due = self.every_n_steps is not None and \
+            self.step // self.every_n_steps > before // self.every_n_steps
+        if not (steps_due or self.manager.should_save(self.step)):
+            return
+        if self.batch == (self.params or {}).get("steps") and self._epoch_save_due(self.epoch):
+            return  # the last batch of an epoch that is saved at its end anyway
+        self._save()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch = epoch + 1
+        self.batch = 0
+        if self._epoch_save_due(epoch):
+            metrics = {k: float(v) for k, v in (logs or {}).items()
+                       if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+            self._save(metrics=metrics)
+
+    def on_train_end(self, logs=None):
+        self.manager.wait()  # raise a background save's error here, not after fit returned
+
+    def _epoch_save_due(self, epoch: int) -> bool:
+        return self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0
+
+    def _save(self, metrics: Optional[Dict[str, float]] = None) -> None:
+        overwrite = self._last_saved == self.step  # e.g. a step save on an epoch's last batch
+        self.manager.save(self.step, self.state(),
+                          metadata={"keras": {"epoch": self.epoch, "batch": self.batch,
+                                              "step": self.step}},
+                          metrics=metrics or None, overwrite=overwrite)
+        self._last_saved = self.step

@@ -1,0 +1,121 @@
+"""Keras 3 layers and models: every variable, keyed by the layer structure.
+
+What is captured: ``layer.variables``, i.e. trainable and non-trainable
+weights (BatchNorm moving statistics included) *and* the state of every
+``SeedGenerator`` the layers own (Dropout, GaussianNoise, random augmentation
+layers), so that dropout masks continue identically after a restart. Metric
+variables are not (Keras resets them every epoch).
+
+Keys: Keras's own ``variable.path`` holds auto-generated names
+(``sequential_1/dense_3/kernel``) that differ between two instances of the
+same model, so keys follow the structure instead, as Keras's ``.weights.h5``
+files do: each sub-layer is named after its class in snake case, numbered
+within its parent in tracking order (``conv2d``, ``conv2d_1``, ...); each
+variable by its name within its layer (``kernel``, ``moving_mean``,
+``seed_generator_state``); nested layers nest. A variable or layer shared
+by several parents is stored once, under the first path. Any variable of
+``layer.variables`` the walk does not reach is kept under ``_other``.
+
+save: ``extract`` returns the nested dict of arrays (``{"conv2d": {"kernel":
+array, ...}, ...}``).
+load: ``prepare`` compares keys, shapes and dtypes and raises one
+:class:`~uckpt.errors.KeyMismatchError` listing missing, unexpected and
+mismatched variables before anything changes; it also records a compiled
+model's optimizer (see :mod:`uckpt_tf.optim`). ``restore`` assigns every
+variable.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import weakref
+from typing import Any, Dict, List, Tuple
+
+from uckpt.adapter import Adapter
+
+from .convert import assign, check_variables, flat, nested, to_numpy, unique
+
+_AUTO_VARIABLE = re.compile(r"^variable(_\d+)?$")  # Keras's name for an unnamed variable
+_HINT = ("build the same architecture that was saved, and build it (call it on a batch "
+         "or model.build(input_shape)) before loading")
+
+#: optimizer -> weak reference to the model compiled with it (filled by prepare and extract)
+compiled_models: "weakref.WeakKeyDictionary[Any, weakref.ref]" = weakref.WeakKeyDictionary()
+
+
+def _snake(name: str) -> str:
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()
+
+
+def _variable_name(var: Any) -> str:
+    name = str(getattr(var, "name", "variable")).split("/")[-1].split(":")[0]
+    return "variable" if _AUTO_VARIABLE.match(name) else name
+
+
+def layer_variables(layer: Any) -> Dict[str, Any]:
+    """Flat ``{"conv2d/kernel": variable}`` for every variable of ``layer`` (see module doc)."""
+    seen_vars: set = set()
+    seen_layers: set = set()
+    out: List[Tuple[List[str], Any]] = []
+
+    def walk(obj: Any, parts: List[str]) -> None:
+        seen_layers.add(id(obj))
+        used: Dict[str, int] = {}
+        own = list(getattr(obj, "_trainable_variables", [])) + \
+            list(getattr(obj, "_non_trainable_variables", []))
+        own += [sg.state for sg in getattr(obj, "_seed_generators", [])]
+        for var in own:
+            if id(var) not in seen_vars:
+                seen_vars.add(id(var))
+                out.append((parts + [unique(_variable_name(var), used)], var))
+        for sub in getattr(obj, "_layers", []):
+            name = unique(_snake(type(sub).__name__), used)
+            if id(sub) not in seen_layers:
+                walk(sub, parts + [name])
+
+    walk(layer, [])
+    used: Dict[str, int] = {}
+    for var in layer.variables:  # anything the walk missed (unusual tracking) is still kept
+        if id(var) not in seen_vars:
+            seen_vars.add(id(var))
+            out.append((["_other", unique(_variable_name(var), used)], var))
+    return {"/".join(parts): var for parts, var in out}
+
+
+def remember_optimizer(model: Any) -> None:
+    """Note which model a compiled optimizer belongs to, for building it on restore."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and hasattr(optimizer, "build"):
+        known = compiled_models.get(optimizer)
+        if known is None or known() is not model:
+            compiled_models[optimizer] = weakref.ref(model)
+
+
+class LayerAdapter(Adapter):
+    name = "keras.layer"
+
+    def handles(self, obj):
+        keras = sys.modules.get("keras")
+        return keras is not None and isinstance(obj, keras.layers.Layer)
+
+    def extract(self, obj):
+        remember_optimizer(obj)
+        return nested((key.split("/"), to_numpy(v)) for key, v in layer_variables(obj).items())
+
+    def prepare(self, obj, spec):
+        remember_optimizer(obj)
+        self._check(obj, layer_variables(obj), spec)
+        return None
+
+    def restore(self, obj, tree):
+        live = layer_variables(obj)
+        self._check(obj, live, tree)
+        saved = flat(tree)
+        for key, var in live.items():
+            assign(var, saved[key])
+
+    @staticmethod
+    def _check(obj, live, tree):
+        check_variables(f"the {type(obj).__name__} {getattr(obj, 'name', '')!r}".rstrip(),
+                        live, tree, _HINT)

@@ -1,0 +1,95 @@
+"""Single variables (``tf.Variable``, ``keras.Variable``) and ``tf.Module`` objects.
+
+``VariableAdapter``: ``extract`` returns the value as one array; ``prepare``
+refuses another shape or dtype; ``restore`` assigns it. A ``keras.Variable``
+and a ``tf.Variable`` load each other's checkpoints.
+
+``ModuleAdapter`` (``tf.Module``, e.g. a ``tf.keras``-free model written with
+raw variables): every ``tf.Variable`` reachable from the module's attributes,
+trainable or not, keyed by attribute path (``{"dense": {"w": array}}``, list
+positions as ``"0"``, ``"1"``, ...), as ``tf.Module.variables`` finds them. A
+variable reachable twice is stored once. ``prepare`` raises one
+``KeyMismatchError`` listing missing, unexpected and mismatched variables;
+``restore`` assigns every variable. (Keras layers are not ``tf.Module``\\ s: pass
+them directly, the layer adapter handles them.)
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Dict
+
+from uckpt.adapter import Adapter
+
+from .convert import assign, check_variables, flat, leaf_problem, nested, raise_problems, \
+    to_numpy
+
+
+def _is_variable(obj: Any) -> bool:
+    tf = sys.modules.get("tensorflow")
+    keras = sys.modules.get("keras")
+    return (tf is not None and isinstance(obj, tf.Variable)) or \
+        (keras is not None and isinstance(obj, keras.Variable))
+
+
+class VariableAdapter(Adapter):
+    name = "tf.variable"
+
+    def handles(self, obj):
+        return _is_variable(obj)
+
+    def extract(self, obj):
+        return to_numpy(obj)
+
+    def prepare(self, obj, spec):
+        self._check(obj, spec)
+        return None
+
+    def restore(self, obj, tree):
+        self._check(obj, tree)
+        assign(obj, tree)
+
+    @staticmethod
+    def _check(obj, leaf):
+        raise_problems(f"the variable {getattr(obj, 'name', '')!r}",
+                       [leaf_problem("variable", obj, leaf)])
+
+
+def module_variables(module: Any) -> Dict[str, Any]:
+    """Flat ``{"sub/w": variable}`` for every variable reachable from a ``tf.Module``."""
+    import tensorflow as tf
+
+    out: Dict[str, Any] = {}
+    seen = set()
+    for path, var in module._flatten(predicate=lambda v: isinstance(v, tf.Variable),
+                                     with_path=True):
+        if id(var) not in seen:
+            seen.add(id(var))
+            out["/".join(str(p).replace("/", "_") for p in path)] = var
+    return out
+
+
+class ModuleAdapter(Adapter):
+    name = "tf.module"
+
+    def handles(self, obj):
+        tf = sys.modules.get("tensorflow")
+        return tf is not None and isinstance(obj, tf.Module)
+
+    def extract(self, obj):
+        return nested((k.split("/"), to_numpy(v)) for k, v in module_variables(obj).items())
+
+    def prepare(self, obj, spec):
+        self._check(obj, module_variables(obj), spec)
+        return None
+
+    def restore(self, obj, tree):
+        live = module_variables(obj)
+        self._check(obj, live, tree)
+        saved = flat(tree)
+        for key, var in live.items():
+            assign(var, saved[key])
+
+    @staticmethod
+    def _check(obj, live, tree):
+        check_variables(f"the {type(obj).__name__} module {obj.name!r}", live, tree,
+                        "create the module with the same attributes and variables that were saved")
