@@ -1,11 +1,20 @@
 #!/usr/bin/env python
-"""Kill a PyTorch training run with SIGKILL, resume it from a uckpt checkpoint,
-and show that the resumed run is bitwise identical to one never interrupted.
+"""Kill a training run with SIGKILL, resume it from a uckpt checkpoint, and show
+that the resumed run is bitwise identical to one never interrupted: PyTorch,
+TensorFlow/Keras and Chainer.
 
-    python examples/resume_demo.py                      # 60 steps, kill after 37
-    python examples/resume_demo.py --steps 30 --kill-at 17 --every 5
+    python examples/resume_demo.py                      # all three frameworks
+    python examples/resume_demo.py --framework torch    # 60 steps, kill after 37
+    python examples/resume_demo.py --framework torch --steps 30 --kill-at 17 --every 5
+    python examples/resume_demo.py --framework tensorflow   # custom loop and model.fit
+    python examples/resume_demo.py --framework chainer      # custom loop and Trainer
 
-The demo runs the training in this file (``train``) three times, each in its
+``--steps``, ``--kill-at`` and ``--every`` apply to the PyTorch demo. The
+TensorFlow demo is ``demo()`` of tests/tf_resume.py; the Chainer demo
+(examples/chainer_demo.py) runs tests/chainer_train.py. With ``--framework all``
+a summary table follows, and the exit status is non-zero if any run differs.
+
+The PyTorch demo runs the training in this file (``train``) three times, each in its
 own process:
 
   A. uninterrupted, from step 0 to the end;
@@ -207,6 +216,10 @@ def checkpoint_steps(root):
 
 
 def demo(args):
+    return 0 if torch_demo(args)["ok"] else 1
+
+
+def torch_demo(args):
     print(f"uckpt resume demo: {args.steps} training steps, a checkpoint every {args.every} "
           f"(keep_last=3), SIGKILL after step {args.kill_at}")
     if args.kill_at % args.every == 0:
@@ -265,12 +278,76 @@ def demo(args):
         shutil.rmtree(workdir, ignore_errors=True)
     elif not ok:
         print(f"(files kept in {workdir})")
+    return {"mode": "custom loop", "compared": len(after), "same": len(same), "ok": ok}
+
+
+# ---------------------------------------------------------------------------------------
+# The other frameworks, and all of them in a row
+# ---------------------------------------------------------------------------------------
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+
+
+def header(title):
+    print(f"\n{'=' * 78}\n{title}\n{'=' * 78}", flush=True)
+
+
+def other_demo(framework, args):
+    """The TensorFlow (loop, fit) or Chainer (loop, trainer) demos; a result per mode."""
+    if framework == "tensorflow":
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"     # inherited by the training processes
+        sys.path.insert(0, str(TESTS))
+        import tf_resume as module
+        modes = {"loop": "custom loop (tf.GradientTape)", "fit": "model.fit + uckpt.keras"}
+    else:
+        import chainer_demo as module
+        modes = {"loop": "custom loop", "trainer": "Trainer + uckpt.chainer.snapshot"}
+    base = Path(args.workdir or tempfile.mkdtemp(prefix=f"uckpt-{framework}-demo-")).resolve()
+    results = []
+    for mode, title in modes.items():
+        header(f"{framework}: {title}")
+        t = time.perf_counter()
+        r = module.demo(mode, base / mode)
+        r["ok"] = r["same"] == r["compared"] and r["digests_equal"] and r["before_kill_same"]
+        r["mode"] = mode
+        print(f"({time.perf_counter() - t:.1f} s)", flush=True)
+        results.append(r)
+    if all(r["ok"] for r in results) and not args.workdir:
+        shutil.rmtree(base, ignore_errors=True)
+    elif not all(r["ok"] for r in results):
+        print(f"(files kept in {base})")
+    return results
+
+
+def run_all(args, frameworks):
+    rows = []
+    for fw in frameworks:
+        if fw == "torch":
+            header("torch: custom loop (ResumableSampler)")
+            sub = args
+            if args.workdir:
+                sub = argparse.Namespace(**{**vars(args), "workdir": str(Path(args.workdir) / fw)})
+            rows.append((fw, torch_demo(sub)))
+        else:
+            sub = args
+            if args.workdir and len(frameworks) > 1:
+                sub = argparse.Namespace(**{**vars(args), "workdir": str(Path(args.workdir) / fw)})
+            rows += [(fw, r) for r in other_demo(fw, sub)]
+    if len(frameworks) > 1:
+        header("summary")
+        print(f"{'framework':<12} {'mode':<14} {'steps compared':>14}  identical?")
+        for fw, r in rows:
+            print(f"{fw:<12} {r['mode']:<14} {r['compared']:>14}  "
+                  f"{'yes' if r['ok'] else 'NO'} ({r['same']}/{r['compared']})")
+    ok = all(r["ok"] for _, r in rows)
+    print(f"\n{'all runs bitwise identical after restart' if ok else 'SOME RUNS DIFFER'}")
     return 0 if ok else 1
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", choices=["torch", "tensorflow", "chainer", "all"],
+                   default="all", help="which demo to run (default all)")
     p.add_argument("--steps", type=int, default=60, help="training steps (default 60)")
     p.add_argument("--kill-at", type=int, default=37,
                    help="SIGKILL the interrupted run after this step (default 37)")
@@ -289,7 +366,11 @@ def main(argv=None):
                      lockstep=args.lockstep)
     if not 1 <= args.kill_at < args.steps:
         p.error(f"--kill-at must be between 1 and {args.steps - 1}")
-    return demo(args)
+    if args.framework == "torch":
+        return demo(args)
+    if args.framework == "all":
+        return run_all(args, ["torch", "tensorflow", "chainer"])
+    return run_all(args, [args.framework])
 
 
 if __name__ == "__main__":

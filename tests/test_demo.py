@@ -1,4 +1,4 @@
-"""The README's demo: SIGKILL a PyTorch run, resume it, compare bit for bit."""
+"""The README's demo: SIGKILL a training run, resume it, compare bit for bit."""
 import re
 import subprocess
 import sys
@@ -15,8 +15,8 @@ def test_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_path):
     # third epoch (16 batches each), so the restored data order matters, and the
     # resumed steps 36-50 cross into the next epoch.
     proc = subprocess.run(
-        [sys.executable, str(DEMO), "--steps", "50", "--kill-at", "37", "--every", "5",
-         "--workdir", str(tmp_path)],
+        [sys.executable, str(DEMO), "--framework", "torch", "--steps", "50", "--kill-at", "37",
+         "--every", "5", "--workdir", str(tmp_path)],
         capture_output=True, text=True, timeout=280)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -27,3 +27,19 @@ def test_resumed_run_is_bitwise_identical_to_uninterrupted(tmp_path):
     assert verdict, output
     assert verdict.groups() == ("15", "15"), output
     assert "final parameters: identical" in proc.stdout, output
+
+
+@pytest.mark.timeout(180)
+def test_chainer_demo_resumes_bitwise(tmp_path):
+    pytest.importorskip("uckpt_chainer")  # before chainer: the NumPy 2 shim
+    pytest.importorskip("chainer")
+    proc = subprocess.run(
+        [sys.executable, str(DEMO), "--framework", "chainer", "--workdir", str(tmp_path)],
+        capture_output=True, text=True, timeout=170)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    verdicts = re.findall(r"^bitwise identical: (\d+)/(\d+) steps after restart; "
+                          r"final weights identical$", proc.stdout, re.MULTILINE)
+    assert len(verdicts) == 2, output  # the custom loop and the Trainer
+    assert all(same == total and int(total) > 0 for same, total in verdicts), output
+    assert "all runs bitwise identical after restart" in proc.stdout, output
