@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple, Type
 
 import numpy as np
 
-from uckpt.adapter import ArraySpec
+from uckpt.adapter import ArraySpec, class_name  # noqa: F401  (re-exported)
 from uckpt.dtypes import name_of
 from uckpt.errors import DtypeMismatchError, KeyMismatchError, ShapeMismatchError, \
     StateMismatchError
@@ -32,11 +32,6 @@ from .serializer import is_array
 
 _PLAIN = (type(None), bool, int, float, str, bytes, np.generic)
 Problem = Tuple[Type[StateMismatchError], str]
-
-
-def class_name(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def flatten(tree: Any, prefix: str = "") -> Dict[str, Any]:

@@ -19,17 +19,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Type
 
 import numpy as np
 
-from uckpt.adapter import ArraySpec
+from uckpt.adapter import ArraySpec, check_class, class_name  # noqa: F401  (re-exported)
 from uckpt.dtypes import NAMES, name_of
 from uckpt.errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
                           StateMismatchError, UnsupportedDtypeError)
 
 Problem = Tuple[Type[StateMismatchError], str]
-
-
-def class_name(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def dtype_name(var: Any) -> str:
@@ -115,16 +110,6 @@ def check_variables(what: str, live: Mapping[str, Any], saved: Any, hint: str) -
         raise KeyMismatchError(what, missing=missing, unexpected=unexpected,
                                mismatched=[msg for _, msg in problems], hint=hint)
     raise_problems(what, problems)
-
-
-def check_class(obj: Any, tree: Any, what: str) -> None:
-    """StateMismatchError unless ``tree["class"]`` names the class of ``obj``."""
-    saved = tree.get("class") if isinstance(tree, Mapping) else None
-    if saved != class_name(obj):
-        held = f"the state of a {saved}" if saved else f"no {what} state (no 'class' entry)"
-        raise StateMismatchError(
-            f"the checkpoint holds {held} but the {what} to restore is a {class_name(obj)}",
-            hint=f"create the same {what} class that was saved before loading")
 
 
 def unique(name: str, used: Dict[str, int]) -> str:

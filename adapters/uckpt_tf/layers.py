@@ -31,9 +31,9 @@ import sys
 import weakref
 from typing import Any, Dict, List, Tuple
 
-from uckpt.adapter import Adapter
 
-from .convert import assign, check_variables, flat, nested, to_numpy, unique
+from .convert import unique
+from .variables import NamedVariablesAdapter
 
 _AUTO_VARIABLE = re.compile(r"^variable(_\d+)?$")  # Keras's name for an unnamed variable
 _HINT = ("build the same architecture that was saved, and build it (call it on a batch "
@@ -92,30 +92,24 @@ def remember_optimizer(model: Any) -> None:
             compiled_models[optimizer] = weakref.ref(model)
 
 
-class LayerAdapter(Adapter):
+class LayerAdapter(NamedVariablesAdapter):
     name = "keras.layer"
+    hint = _HINT
 
     def handles(self, obj):
         keras = sys.modules.get("keras")
         return keras is not None and isinstance(obj, keras.layers.Layer)
 
+    def variables(self, obj):
+        return layer_variables(obj)
+
+    def describe(self, obj):
+        return f"the {type(obj).__name__} {getattr(obj, 'name', '')!r}".rstrip()
+
     def extract(self, obj):
         remember_optimizer(obj)
-        return nested((key.split("/"), to_numpy(v)) for key, v in layer_variables(obj).items())
+        return super().extract(obj)
 
     def prepare(self, obj, spec):
         remember_optimizer(obj)
-        self._check(obj, layer_variables(obj), spec)
-        return None
-
-    def restore(self, obj, tree):
-        live = layer_variables(obj)
-        self._check(obj, live, tree)
-        saved = flat(tree)
-        for key, var in live.items():
-            assign(var, saved[key])
-
-    @staticmethod
-    def _check(obj, live, tree):
-        check_variables(f"the {type(obj).__name__} {getattr(obj, 'name', '')!r}".rstrip(),
-                        live, tree, _HINT)
+        return super().prepare(obj, spec)

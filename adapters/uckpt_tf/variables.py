@@ -68,28 +68,46 @@ def module_variables(module: Any) -> Dict[str, Any]:
     return out
 
 
-class ModuleAdapter(Adapter):
+class NamedVariablesAdapter(Adapter):
+    """An object that is a set of variables by name (a Keras layer, a ``tf.Module``).
+
+    Subclasses say how to list the variables (``variables``) and how to name the
+    object in errors (``describe``); extract, prepare and restore are shared.
+    """
+
+    hint = ""
+
+    def variables(self, obj) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def describe(self, obj) -> str:
+        raise NotImplementedError
+
+    def extract(self, obj):
+        return nested((k.split("/"), to_numpy(v)) for k, v in self.variables(obj).items())
+
+    def prepare(self, obj, spec):
+        check_variables(self.describe(obj), self.variables(obj), spec, self.hint)
+        return None
+
+    def restore(self, obj, tree):
+        live = self.variables(obj)
+        check_variables(self.describe(obj), live, tree, self.hint)
+        saved = flat(tree)
+        for key, var in live.items():
+            assign(var, saved[key])
+
+
+class ModuleAdapter(NamedVariablesAdapter):
     name = "tf.module"
+    hint = "create the module with the same attributes and variables that were saved"
 
     def handles(self, obj):
         tf = sys.modules.get("tensorflow")
         return tf is not None and isinstance(obj, tf.Module)
 
-    def extract(self, obj):
-        return nested((k.split("/"), to_numpy(v)) for k, v in module_variables(obj).items())
+    def variables(self, obj):
+        return module_variables(obj)
 
-    def prepare(self, obj, spec):
-        self._check(obj, module_variables(obj), spec)
-        return None
-
-    def restore(self, obj, tree):
-        live = module_variables(obj)
-        self._check(obj, live, tree)
-        saved = flat(tree)
-        for key, var in live.items():
-            assign(var, saved[key])
-
-    @staticmethod
-    def _check(obj, live, tree):
-        check_variables(f"the {type(obj).__name__} module {obj.name!r}", live, tree,
-                        "create the module with the same attributes and variables that were saved")
+    def describe(self, obj):
+        return f"the {type(obj).__name__} module {obj.name!r}"

@@ -13,26 +13,11 @@ from typing import Any, Optional, Tuple, Type
 import numpy as np
 import torch
 
-from uckpt.adapter import ArraySpec
+from uckpt.adapter import ArraySpec, check_class, class_name  # noqa: F401  (re-exported)
 from uckpt.dtypes import name_of
 from uckpt.errors import DtypeMismatchError, ShapeMismatchError, StateMismatchError
 
 from .convert import dtype_name
-
-
-def class_name(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def check_class(obj: Any, tree: Any, what: str) -> None:
-    """StateMismatchError unless ``tree["class"]`` names the class of ``obj``."""
-    saved = tree.get("class") if isinstance(tree, dict) else None
-    if saved != class_name(obj):
-        held = f"the state of a {saved}" if saved else f"no {what} state (no 'class' entry)"
-        raise StateMismatchError(
-            f"the checkpoint holds {held} but the {what} to restore is a {class_name(obj)}",
-            hint=f"create the same {what} class that was saved before loading")
 
 
 def _signature(leaf: Any):

@@ -49,6 +49,30 @@ class ArraySpec:
         return nbytes(self.dtype, self.shape)
 
 
+def class_name(obj: Any) -> str:
+    """``module.QualName`` of an object's class, as adapters record it."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def check_class(obj: Any, tree: Any, what: str) -> None:
+    """StateMismatchError unless ``tree["class"]`` names the class of ``obj``.
+
+    For adapters that record the class of what they saved (optimizers,
+    schedulers): restoring Adam's state into SGD must fail before anything changes.
+    """
+    from collections.abc import Mapping
+
+    from .errors import StateMismatchError
+
+    saved = tree.get("class") if isinstance(tree, Mapping) else None
+    if saved != class_name(obj):
+        held = f"the state of a {saved}" if saved else f"no {what} state (no 'class' entry)"
+        raise StateMismatchError(
+            f"the checkpoint holds {held} but the {what} to restore is a {class_name(obj)}",
+            hint=f"create the same {what} class that was saved before loading")
+
+
 class DeviceArray:
     """An array leaf that lives off the host (e.g. a CUDA tensor), copied on snapshot.
 
