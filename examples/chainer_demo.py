@@ -16,7 +16,6 @@ iteration's loss as the bit pattern of the float32.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
