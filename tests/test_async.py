@@ -173,3 +173,27 @@ mgr.save(1, {{"w": np.ones(1_000_000)}})
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "background save failed and was never reported" in out.stderr
     assert "StorageFullError" in out.stderr
+
+
+def test_functional_async_error_is_raised_by_the_next_save(tiny_fs):
+    h = uckpt.save(tiny_fs / "big", {"w": np.ones(1_000_000)}, blocking=False)
+    while not h.done():
+        threading.Event().wait(0.01)
+    with pytest.raises(errors.StorageFullError):  # nobody called h.wait(): the next save says it
+        uckpt.save(tiny_fs / "small", {"w": np.ones(10)})
+    uckpt.save(tiny_fs / "small", {"w": np.ones(10)})  # reported once, not again
+    assert (uckpt.load(tiny_fs / "small")["w"] == 1).all()
+    h2 = uckpt.save(tiny_fs / "big2", {"w": np.ones(1_000_000)}, blocking=False)
+    with pytest.raises(errors.StorageFullError):
+        h2.wait()  # seen here ...
+    uckpt.save(tiny_fs / "small2", {"w": np.ones(10)})  # ... so not raised again
+
+
+def test_functional_async_error_nobody_saw_is_printed_at_exit(tiny_fs):
+    code = f"""
+import numpy as np, uckpt
+uckpt.save({str(tiny_fs / 'big')!r}, {{"w": np.ones(1_000_000)}}, blocking=False)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "background save failed and was never reported" in out.stderr
+    assert "StorageFullError" in out.stderr

@@ -27,8 +27,10 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     :class:`~uckpt.engine.SaveHandle` as soon as the state is copied to host
     memory (a snapshot: later in-place changes do not reach the checkpoint);
     the write continues in the background. ``handle.wait()`` returns the
-    directory or raises the error the write failed with.
+    directory or raises the error the write failed with; an error nobody looked
+    at is raised by the next ``uckpt.save`` (and printed at exit otherwise).
     """
+    default_saver().raise_unreported()  # an earlier background save's error is never lost
     flat = flatten(state)
     if blocking:
         snap = snapshot(flat, None)  # device arrays only; host arrays are written in place

@@ -9,7 +9,9 @@ directory.
 """
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -31,6 +33,7 @@ class SaveHandle:
         self._event = threading.Event()
         self._value: Any = None
         self._error: Optional[BaseException] = None
+        self.reported = False  # set once the error (if any) reached the caller
 
     def _finish(self, value: Any = None, error: Optional[BaseException] = None) -> None:
         self._value, self._error = value, error
@@ -44,7 +47,15 @@ class SaveHandle:
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         if not self._event.wait(timeout):
             raise TimeoutError(f"{self.description} still running after {timeout} s")
+        self.reported = True
         return self._error
+
+    def unreported_error(self) -> Optional[BaseException]:
+        """The error of a finished save that nobody has looked at yet (marks it seen)."""
+        if self._event.is_set() and self._error is not None and not self.reported:
+            self.reported = True
+            return self._error
+        return None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
         error = self.exception(timeout)
@@ -110,15 +121,33 @@ class Chain:
 
 
 class AsyncSaver:
-    """Snapshots into a bounded staging pool; writes on a background chain."""
+    """Snapshots into a bounded staging pool; writes on a background chain.
+
+    Keeps the handles of its saves until their outcome is seen:
+    ``raise_unreported`` raises the first error nobody has looked at.
+    """
 
     def __init__(self, max_inflight: int = 1, name: str = "uckpt-save") -> None:
         self.pool = StagingPool(max_inflight)
         self.chain = Chain(name)
+        self._handles: list = []
+        self._lock = threading.Lock()
 
     def submit(self, flat: Flat, job: Callable[[Flat], Any], description: str) -> SaveHandle:
         snap: Snapshot = snapshot(flat, self.pool)  # the only blocking part
-        return self.chain.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
+        handle = self.chain.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
+        with self._lock:
+            self._handles = [h for h in self._handles if not (h.done() and h.reported)]
+            self._handles.append(handle)
+        return handle
+
+    def raise_unreported(self) -> None:
+        with self._lock:
+            handles = list(self._handles)
+        for h in handles:
+            error = h.unreported_error()
+            if error is not None:
+                raise error
 
     def join(self) -> None:
         self.chain.join()
@@ -134,4 +163,16 @@ def default_saver() -> AsyncSaver:
     with _default_lock:
         if _default is None:
             _default = AsyncSaver(1, "uckpt-save-default")
+            atexit.register(_report_default)
         return _default
+
+
+def _report_default() -> None:
+    """At exit (background threads are joined by then), print an error nobody saw."""
+    if _default is None:
+        return
+    try:
+        _default.raise_unreported()
+    except BaseException as e:  # noqa: B902 - nobody is left to raise it to
+        print(f"uckpt: a background save failed and was never reported: "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
