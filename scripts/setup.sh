@@ -19,6 +19,7 @@ EXTRAS=(
     torch
     tensorflow
     chainer
+    mpi
     test
     bench
     convert
@@ -26,6 +27,7 @@ EXTRAS=(
 # Packages that are not an extra of uckpt but the environment needs
 # (e.g. `mpich`, the MPI library that mpi4py runs on).
 PACKAGES=(
+    mpich
 )
 
 VENV=.venv
