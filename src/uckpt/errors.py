@@ -9,7 +9,7 @@ one, how to fix it.
 from __future__ import annotations
 
 import errno as _errno
-from typing import Iterable, Optional
+from typing import Dict, Iterable, Optional
 
 
 class UckptError(Exception):
@@ -136,6 +136,44 @@ class StorageFullError(_OSFlavoured):
 
 class SaveError(UckptError, RuntimeError):
     """A save failed for a reason that is not one of the more specific errors."""
+
+
+# --- distributed ------------------------------------------------------------------------------
+class DistributedError(UckptError, RuntimeError):
+    """One or more ranks failed; raised on every rank.
+
+    ``failures`` maps each failed rank to the text of its exception.
+    """
+
+    def __init__(self, message: str, *, failures: Optional[Dict[int, str]] = None, hint=None, **where):
+        self.failures = dict(failures or {})
+        super().__init__(message, hint=hint, **where)
+
+
+class CollectiveTimeoutError(DistributedError, TimeoutError):
+    """A collective did not complete within its timeout (a rank died or hangs).
+
+    ``operation`` names the collective; ``missing`` lists the ranks known not to
+    have answered (empty when the backend cannot tell).
+    """
+
+    def __init__(self, operation: str, timeout: float, *, missing: Iterable[int] = (),
+                 detail: str = "", hint=None):
+        self.operation = operation
+        self.timeout = timeout
+        self.missing = sorted(missing)
+        who = (f"rank(s) {', '.join(map(str, self.missing))} did not answer" if self.missing
+               else "the ranks that did not answer are unknown")
+        msg = f"collective {operation!r} timed out after {timeout:g} s: {who}"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg, failures={r: "did not answer" for r in self.missing},
+                         hint=hint or "a rank probably died or is stuck; the communicator "
+                                      "cannot be used any more, end the job")
+
+
+class CommunicationError(DistributedError):
+    """The backend failed a collective (e.g. a peer closed its connection)."""
 
 
 def _short(items, limit: int = 20) -> str:

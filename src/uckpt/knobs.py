@@ -27,3 +27,5 @@ copy_threads: int = _env_int("copy_threads", max(1, min(4, (os.cpu_count() or 1)
 parallel_copy_bytes: int = _env_int("parallel_copy_bytes", 4 << 20)
 #: niceness added to background save threads (Linux), so training threads get the CPU first
 background_nice: int = _env_int("background_nice", 10)
+#: seconds a collective of the communicator may take before it is declared failed
+comm_timeout: float = float(os.environ.get("UCKPT_COMM_TIMEOUT", "300"))

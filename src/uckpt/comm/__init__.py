@@ -1,0 +1,106 @@
+"""Communicators: the only part of uckpt that knows MPI, torch.distributed or Horovod.
+
+``get_communicator(comm)`` turns what a user passes as ``comm=`` into a
+:class:`Communicator`. Backends import their framework lazily, so importing
+this package imports neither mpi4py nor torch.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from typing import Any, Optional
+
+from .base import DEFAULT_TIMEOUT, Communicator, SingleProcess
+from ..errors import CollectiveTimeoutError, CommunicationError, DistributedError
+
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
+_HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
+
+
+def __getattr__(name: str):
+    if name == "MPICommunicator":
+        from .mpi import MPICommunicator
+        return MPICommunicator
+    if name == "TorchCommunicator":
+        from .torch import TorchCommunicator
+        return TorchCommunicator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _torch_initialized() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _mpi_launched() -> bool:
+    if "mpi4py" in sys.modules:
+        return True
+    return any(v in os.environ for v in _MPI_ENV) and importlib.util.find_spec("mpi4py") is not None
+
+
+def _is_mpi_comm(obj: Any) -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and isinstance(obj, mpi.Comm)
+
+
+def _is_torch_group(obj: Any) -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and hasattr(dist, "ProcessGroup") and isinstance(obj, dist.ProcessGroup)
+
+
+def _from_horovod(hvd: Any, timeout: Optional[float]) -> Communicator:
+    """Horovod: uckpt talks over MPI COMM_WORLD, which is Horovod's world when it runs on MPI."""
+    if not hvd.is_initialized():
+        raise ValueError(f"{hvd.__name__} is not initialized: call hvd.init() first")
+    if not hvd.mpi_enabled():
+        raise ValueError(f"{hvd.__name__} runs on Gloo, not MPI; uckpt needs MPI under Horovod "
+                         "(launch with horovodrun --mpi or mpirun), or pass a torch process group")
+    from .mpi import MPICommunicator
+    c = MPICommunicator(None, timeout)
+    if c.size != hvd.size() or c.rank != hvd.rank():
+        raise ValueError(f"MPI COMM_WORLD (rank {c.rank} of {c.size}) is not Horovod's world "
+                         f"(rank {hvd.rank()} of {hvd.size()}); pass an mpi4py communicator instead")
+    return c
+
+
+def get_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Communicator:
+    """Return the :class:`Communicator` for a ``comm=`` argument.
+
+    ``comm`` may be a :class:`Communicator` (returned as is), an mpi4py
+    communicator, a torch.distributed ``ProcessGroup``, the ``horovod.torch``
+    (or ``horovod.tensorflow[.keras]``) module (MPI ``COMM_WORLD``; Horovod must
+    run on MPI), or None to detect: an initialized torch.distributed gives its
+    default group; else MPI when mpi4py is already imported or an MPI launcher's
+    variables (``OMPI_COMM_WORLD_SIZE``, ``PMI_SIZE``, ``PMIX_RANK``) are set and
+    mpi4py is installed; else :class:`SingleProcess`.
+
+    Collective whenever it builds an MPI or torch communicator (see those
+    classes): call it on every rank.
+    """
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        if _torch_initialized():
+            from .torch import TorchCommunicator
+            return TorchCommunicator(None, timeout)
+        if _mpi_launched():
+            from .mpi import MPICommunicator
+            return MPICommunicator(None, timeout)
+        return SingleProcess()
+    if _is_mpi_comm(comm):
+        from .mpi import MPICommunicator
+        return MPICommunicator(comm, timeout)
+    if _is_torch_group(comm):
+        from .torch import TorchCommunicator
+        return TorchCommunicator(comm, timeout)
+    if getattr(comm, "__name__", None) in _HOROVOD_MODULES and type(comm).__name__ == "module":
+        return _from_horovod(comm, timeout)
+    raise TypeError(f"comm must be None, a uckpt Communicator, an mpi4py communicator, a "
+                    f"torch.distributed ProcessGroup or the horovod.torch module; got "
+                    f"{type(comm).__module__}.{type(comm).__qualname__}")
+
+
+__all__ = ["CollectiveTimeoutError", "CommunicationError", "Communicator", "DEFAULT_TIMEOUT",
+           "DistributedError", "MPICommunicator", "SingleProcess", "TorchCommunicator",
+           "get_communicator"]

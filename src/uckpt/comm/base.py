@@ -1,0 +1,126 @@
+"""The communicator interface and the single-process default."""
+from __future__ import annotations
+
+import json
+import traceback
+from typing import Any, List, Optional, Tuple
+
+from .. import knobs
+from ..errors import DistributedError
+
+#: Seconds a collective waits before raising :class:`CollectiveTimeoutError`;
+#: ``UCKPT_COMM_TIMEOUT`` overrides it (to move into ``uckpt.knobs``).
+DEFAULT_TIMEOUT = knobs.comm_timeout
+
+
+def encode(obj: Any) -> bytes:
+    """JSON-encode a small object to bytes (never pickle)."""
+    try:
+        return json.dumps(obj, separators=(",", ":"), allow_nan=True).encode("utf-8")
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"communicator objects must be JSON-able (dict/list/str/number/bool/None): {e}") from e
+
+
+def decode(data: bytes) -> Any:
+    return json.loads(bytes(data).decode("utf-8"))
+
+
+def describe_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+class Communicator:
+    """Rank, size and the few collectives uckpt needs, over one distributed engine.
+
+    Call order: every method except :attr:`rank` and :attr:`size` is
+    *collective*: every rank of the group calls it, in the same order, with the
+    same ``root``. A rank that skips a call, or calls them in another order,
+    makes the others wait until the timeout. Constructing a backend communicator
+    may itself be collective (see the backend).
+
+    Objects passed to :meth:`all_gather` and :meth:`broadcast` must be small and
+    JSON-able; they travel as JSON-encoded bytes, never pickles. (Tuples come
+    back as lists.)
+
+    Failure reporting: a rank whose work failed still calls :meth:`check` (or
+    :meth:`failures`) with its exception; every rank then raises the same
+    :class:`DistributedError` naming the failed ranks and their messages. A rank
+    that died makes the collectives raise :class:`CollectiveTimeoutError` within
+    the backend's timeout instead of hanging. After a timeout the communicator is
+    broken: do not use it again.
+    """
+
+    @property
+    def rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def size(self) -> int:
+        raise NotImplementedError
+
+    def barrier(self) -> None:
+        """Collective: return once every rank has entered the barrier."""
+        raise NotImplementedError
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        """Collective: return every rank's ``obj``, indexed by rank."""
+        raise NotImplementedError
+
+    def broadcast(self, obj: Any = None, root: int = 0) -> Any:
+        """Collective: return ``root``'s ``obj`` on every rank (others' ``obj`` is ignored)."""
+        raise NotImplementedError
+
+    # --- failure reporting (built on all_gather) --------------------------------------
+    def failures(self, error: Optional[BaseException | str] = None) -> List[Tuple[int, str]]:
+        """Collective: share each rank's status; return ``[(rank, message), ...]`` of failed ranks.
+
+        ``error`` is this rank's exception (or message), ``None`` when it succeeded.
+        """
+        if isinstance(error, BaseException):
+            error = describe_exception(error)
+        elif error is not None:
+            error = str(error)
+        return [(r, e) for r, e in enumerate(self.all_gather(error)) if e is not None]
+
+    def check(self, error: Optional[BaseException | str] = None, what: str = "operation") -> None:
+        """Collective: raise :class:`DistributedError` on every rank if any rank passed an error.
+
+        The message names each failed rank and its exception text; on a failed
+        rank the local exception is chained as ``__cause__``.
+        """
+        failed = self.failures(error)
+        if not failed:
+            return
+        lines = [f"{what} failed on {len(failed)} of {self.size} rank(s): "
+                 + ", ".join(str(r) for r, _ in failed)]
+        lines += [f"  rank {r}: {e}" for r, e in failed]
+        exc = DistributedError("\n".join(lines), failures=dict(failed))
+        if isinstance(error, BaseException):
+            raise exc from error
+        raise exc
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+class SingleProcess(Communicator):
+    """The default: one process, rank 0 of 1. Collectives return at once."""
+
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def size(self) -> int:
+        return 1
+
+    def barrier(self) -> None:
+        return None
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        return [decode(encode(obj))]
+
+    def broadcast(self, obj: Any = None, root: int = 0) -> Any:
+        if root != 0:
+            raise ValueError(f"root must be 0 in a single process, got {root}")
+        return decode(encode(obj))

@@ -1,0 +1,179 @@
+"""Communicator over mpi4py (imported here only).
+
+Collectives are built from non-blocking point-to-point messages of raw bytes
+(``Isend`` / ``Iprobe`` + ``Recv`` on ``MPI.BYTE``; never mpi4py's pickling
+lowercase methods) polled against a deadline, so a dead rank makes the others
+raise :class:`CollectiveTimeoutError` instead of hanging. ``all_gather`` (and
+``barrier``, which is an ``all_gather`` of nothing) gathers to rank 0, which
+sends the result back; when rank 0 times out it knows exactly which ranks did not
+answer and tells the ranks that did, so every survivor's error names the dead
+rank(s). (A plain ``Ibarrier``/``Iallgather`` with a deadline would also stop the
+hang, but could not say who is missing.) Cost: 2(size-1) messages per gather,
+all through rank 0: fine for the small metadata uckpt exchanges.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from .base import DEFAULT_TIMEOUT, Communicator, decode, encode
+from ..errors import CollectiveTimeoutError, CommunicationError
+
+_TAG_BASE = 7100
+_TAG_SPAN = 20000  # MPI guarantees tags up to 32767
+
+
+class MPICommunicator(Communicator):
+    """Communicator over an mpi4py communicator (``MPI.COMM_WORLD`` by default).
+
+    Construction is collective: the communicator is duplicated (``Dup``) so
+    uckpt's messages never mix with the application's. ``timeout`` (seconds,
+    default ``DEFAULT_TIMEOUT``) bounds each collective, counted from when this
+    rank enters it; it includes waiting for slower ranks. Non-root ranks wait a
+    grace period longer so that rank 0's report of the missing ranks reaches them.
+    A job launched by MPICH's ``mpiexec`` kills all ranks when one dies, unless
+    started with ``-disable-auto-cleanup``; Open MPI behaves alike.
+    """
+
+    def __init__(self, comm: Any = None, timeout: Optional[float] = None, *, dup: bool = True):
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        comm = MPI.COMM_WORLD if comm is None else comm
+        self._comm = comm.Dup() if dup else comm
+        self._rank = self._comm.Get_rank()
+        self._size = self._comm.Get_size()
+        self.timeout = float(DEFAULT_TIMEOUT if timeout is None else timeout)
+        self._grace = max(1.0, 0.1 * self.timeout)
+        self._seq = 0
+        self._sends: List[Tuple[Any, bytes, int]] = []  # (request, buffer kept alive, dest)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def mpi_comm(self):
+        """The (duplicated) mpi4py communicator."""
+        return self._comm
+
+    # --- point-to-point helpers -----------------------------------------------------------
+    def _next_tag(self) -> int:
+        self._seq += 1
+        return _TAG_BASE + self._seq % _TAG_SPAN
+
+    def _send(self, dest: int, tag: int, data: bytes) -> None:
+        req = self._comm.Isend([data, self._MPI.BYTE], dest=dest, tag=tag)
+        self._sends.append((req, data, dest))
+
+    def _flush_sends(self, op: str, deadline: float) -> None:
+        """Wait (until ``deadline``) for the pending sends; large ones need the receiver."""
+        sleep = 1e-5
+        while self._sends:
+            self._sends = [s for s in self._sends if not s[0].Test()]
+            if not self._sends:
+                return
+            if time.monotonic() > deadline:
+                missing = {d for _, _, d in self._sends}
+                raise CollectiveTimeoutError(op, self.timeout, missing=missing,
+                                             detail="their receive never completed")
+            time.sleep(sleep)
+            sleep = min(2 * sleep, 2e-3)
+
+    def _recv(self, sources: Iterable[int], tag: int, deadline: float) -> Tuple[Dict[int, bytes], Set[int]]:
+        MPI = self._MPI
+        status = MPI.Status()
+        pending = set(sources)
+        got: Dict[int, bytes] = {}
+        sleep = 1e-5
+        while pending:
+            progressed = False
+            for src in sorted(pending):
+                if self._comm.Iprobe(source=src, tag=tag, status=status):
+                    buf = bytearray(status.Get_count(MPI.BYTE))
+                    self._comm.Recv([buf, MPI.BYTE], source=src, tag=tag)
+                    got[src] = bytes(buf)
+                    pending.discard(src)
+                    progressed = True
+            if not pending or time.monotonic() > deadline:
+                break
+            if progressed:
+                sleep = 1e-5
+            else:
+                time.sleep(sleep)
+                sleep = min(2 * sleep, 2e-3)
+        return got, pending
+
+    def _wrap(self, op: str, fn, *args):
+        try:
+            return fn(*args)
+        except self._MPI.Exception as e:
+            raise CommunicationError(f"MPI failed in collective {op!r} on rank {self._rank}: {e}") from e
+
+    # --- collectives ------------------------------------------------------------------------
+    def barrier(self) -> None:
+        self._wrap("barrier", self._gather, None, "barrier")
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        return self._wrap("all_gather", self._gather, obj, "all_gather")
+
+    def broadcast(self, obj: Any = None, root: int = 0) -> Any:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
+        return self._wrap("broadcast", self._broadcast, obj, root)
+
+    def _gather(self, obj: Any, op: str) -> List[Any]:
+        payload = encode(obj)
+        if self._size == 1:
+            return [decode(payload)]
+        tag = self._next_tag()
+        start = time.monotonic()
+        if self._rank == 0:
+            got, missing = self._recv(range(1, self._size), tag, start + self.timeout)
+            if missing:
+                notice = b"E" + encode(sorted(missing))
+                for r in got:
+                    self._send(r, tag, notice)
+                try:  # make sure the notice left before this rank raises (and maybe exits)
+                    self._flush_sends(op, time.monotonic() + self._grace)
+                except CollectiveTimeoutError:
+                    pass
+                raise CollectiveTimeoutError(op, self.timeout, missing=missing)
+            result = b"D[" + b",".join([payload] + [got[r] for r in range(1, self._size)]) + b"]"
+            for r in range(1, self._size):
+                self._send(r, tag, result)
+            self._flush_sends(op, start + self.timeout)
+            return decode(result[1:])
+        self._send(0, tag, payload)
+        got, missing = self._recv([0], tag, start + self.timeout + self._grace)
+        if missing:
+            raise CollectiveTimeoutError(op, self.timeout, missing=[0],
+                                         detail="rank 0 gathers; it died or is stuck")
+        msg = got[0]
+        if msg[:1] == b"E":
+            raise CollectiveTimeoutError(op, self.timeout, missing=decode(msg[1:]),
+                                         detail="reported by rank 0")
+        self._flush_sends(op, start + self.timeout + self._grace)
+        return decode(msg[1:])
+
+    def _broadcast(self, obj: Any, root: int) -> Any:
+        if self._size == 1:
+            return decode(encode(obj))
+        tag = self._next_tag()
+        start = time.monotonic()
+        if self._rank == root:
+            data = encode(obj)
+            for r in range(self._size):
+                if r != root:
+                    self._send(r, tag, b"D" + data)
+            self._flush_sends("broadcast", start + self.timeout)
+            return decode(data)
+        got, missing = self._recv([root], tag, start + self.timeout)
+        if missing:
+            raise CollectiveTimeoutError("broadcast", self.timeout, missing=[root],
+                                         detail=f"the root, rank {root}, sent nothing")
+        return decode(got[root][1:])

@@ -1,0 +1,117 @@
+"""Communicator over torch.distributed (imported here only).
+
+Objects travel as JSON bytes in ``uint8`` tensors (never
+``all_gather_object``, which pickles). Metadata always goes over a CPU gloo
+group: when the given group uses another backend (NCCL), construction creates a
+gloo group over the same ranks (``dist.new_group(backend="gloo")``, a collective
+call). The NCCL path is untested here (no GPU).
+
+Timeouts: :meth:`barrier` is gloo's ``monitored_barrier(wait_all_ranks=True)``
+with this communicator's ``timeout``, so its error names the ranks that did not
+arrive. ``all_gather`` and ``broadcast`` use the process group's own timeout
+(``init_process_group(timeout=...)``; 30 minutes by default for gloo): pass a
+shorter one there if a dead rank must be noticed sooner. A peer that died
+usually makes gloo fail at once ("connection closed"), raised as
+:class:`CommunicationError`.
+"""
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any, List, Optional
+
+from .base import DEFAULT_TIMEOUT, Communicator, decode, encode
+from ..errors import CollectiveTimeoutError, CommunicationError
+
+
+class TorchCommunicator(Communicator):
+    """Communicator over a torch.distributed process group (the default group if None).
+
+    ``torch.distributed`` must already be initialized. Construction is
+    collective when a gloo group has to be created (non-gloo ``group``).
+    """
+
+    def __init__(self, group: Any = None, timeout: Optional[float] = None):
+        import torch
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("torch.distributed is not initialized: call "
+                             "torch.distributed.init_process_group() first, or pass comm=None")
+        self._torch = torch
+        self._dist = dist
+        self.timeout = float(DEFAULT_TIMEOUT if timeout is None else timeout)
+        if str(dist.get_backend(group)).lower() != "gloo":
+            ranks = None if group is None else dist.get_process_group_ranks(group)
+            group = dist.new_group(ranks=ranks, backend="gloo")
+        self._group = group
+        self._rank = dist.get_rank(group)
+        self._size = dist.get_world_size(group)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def group(self):
+        """The gloo process group used for metadata (None: the default group)."""
+        return self._group
+
+    def _fail(self, op: str, e: BaseException):
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "timed out" in text.lower() or "timeout" in text.lower() or "failed to pass" in text:
+            m = re.search(r"[Rr]anks?\s+([\d,\s]+?)\s+failed to pass", str(e))
+            missing = [int(x) for x in re.findall(r"\d+", m.group(1))] if m else []
+            return CollectiveTimeoutError(op, self.timeout, missing=missing, detail=text)
+        return CommunicationError(f"torch.distributed failed in collective {op!r} on rank "
+                                  f"{self._rank}: {text}")
+
+    def barrier(self) -> None:
+        if self._size == 1:
+            return
+        try:
+            self._dist.monitored_barrier(self._group, timeout=timedelta(seconds=self.timeout),
+                                         wait_all_ranks=True)
+        except RuntimeError as e:
+            raise self._fail("barrier", e) from e
+
+    def all_gather(self, obj: Any) -> List[Any]:
+        payload = encode(obj)
+        if self._size == 1:
+            return [decode(payload)]
+        torch, dist = self._torch, self._dist
+        try:
+            n = torch.tensor([len(payload)], dtype=torch.int64)
+            sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self._size)]
+            dist.all_gather(sizes, n, group=self._group)
+            lengths = [int(s.item()) for s in sizes]
+            buf = torch.zeros(max(lengths), dtype=torch.uint8)
+            buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            outs = [torch.empty(max(lengths), dtype=torch.uint8) for _ in range(self._size)]
+            dist.all_gather(outs, buf, group=self._group)
+        except RuntimeError as e:
+            raise self._fail("all_gather", e) from e
+        return [decode(o[:k].numpy().tobytes()) for o, k in zip(outs, lengths)]
+
+    def broadcast(self, obj: Any = None, root: int = 0) -> Any:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
+        if self._size == 1:
+            return decode(encode(obj))
+        torch, dist = self._torch, self._dist
+        src = root if self._group is None else dist.get_global_rank(self._group, root)
+        try:
+            payload = encode(obj) if self._rank == root else b""
+            n = torch.tensor([len(payload)], dtype=torch.int64)
+            dist.broadcast(n, src=src, group=self._group)
+            buf = torch.empty(int(n.item()), dtype=torch.uint8)
+            if self._rank == root:
+                buf[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            dist.broadcast(buf, src=src, group=self._group)
+        except RuntimeError as e:
+            raise self._fail("broadcast", e) from e
+        return decode(buf.numpy().tobytes())

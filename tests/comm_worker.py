@@ -1,0 +1,82 @@
+"""Run under mpiexec or as torch.distributed ranks by tests/test_comm.py.
+
+usage: comm_worker.py {mpi,torch} {basic,fail2,die3} TIMEOUT
+Prints one ``RESULT <json>`` line per rank.
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+
+def report(**kw):
+    print("\nRESULT " + json.dumps(kw), flush=True)
+
+
+def main():
+    backend, scenario, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    from uckpt.comm import CollectiveTimeoutError, DistributedError, get_communicator
+
+    if backend == "torch":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+    else:
+        from mpi4py import MPI  # noqa: F401  (detection: mpi4py imported -> MPI)
+    c = get_communicator(None, timeout=timeout)  # detected
+    rank = c.rank
+
+    if scenario == "basic":
+        c.barrier()
+        gathered = c.all_gather({"rank": rank, "data": list(range(rank)), "s": "é" * rank})
+        b0 = c.broadcast({"step": 7, "who": rank} if rank == 0 else None)
+        b1 = c.broadcast(["from", rank] if rank == 1 else "ignored", root=1)
+        c.check(None)
+        c.barrier()
+        report(rank=rank, size=c.size, cls=type(c).__name__, gathered=gathered, b0=b0, b1=b1)
+    elif scenario == "fail2":
+        err = None
+        try:
+            if rank == 2:
+                raise ValueError("disk full on rank two")
+        except ValueError as e:
+            err = e
+        try:
+            c.check(err, what="save")
+            report(rank=rank, raised=None)
+        except DistributedError as e:
+            after = c.all_gather(rank)  # still usable after a reported failure
+            report(rank=rank, raised=type(e).__name__, msg=str(e),
+                   failures={str(k): v for k, v in e.failures.items()},
+                   cause=type(e.__cause__).__name__ if e.__cause__ else None, after=after)
+    elif scenario.startswith(("die", "hang")):
+        # die3 / die0: that rank SIGKILLs itself; hang3 / hang0: it is stuck (sleeps),
+        # then exits. "_gather" suffix: survivors are in all_gather, else in barrier.
+        c.barrier()
+        victim = int(scenario.split("_")[0][-1])
+        if rank == victim:
+            if scenario.startswith("die"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(timeout + max(1.0, 0.1 * timeout) + 3)
+            os._exit(0)
+        t0 = time.monotonic()
+        try:
+            if not scenario.endswith("_gather"):
+                c.barrier()
+            else:
+                c.all_gather({"rank": rank})
+            report(rank=rank, raised=None)
+        except DistributedError as e:
+            report(rank=rank, raised=type(e).__name__, timeout=isinstance(e, CollectiveTimeoutError),
+                   missing=getattr(e, "missing", None), msg=str(e), elapsed=time.monotonic() - t0)
+        sys.stdout.flush()
+        time.sleep(1.0)  # let the other survivors receive rank 0's notice before the job ends
+        os._exit(0)  # the job is broken; MPI_Finalize / gloo teardown could wait for the dead rank
+    if backend == "torch":
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

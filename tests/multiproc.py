@@ -1,0 +1,132 @@
+"""Run a script on N real processes (MPI or torch.distributed) with a hard timeout.
+
+A hang fails the test: when ``timeout`` passes, every launched process group is
+killed and :class:`MultiprocTimeout` (an ``AssertionError``) is raised with the
+output so far. Scripts report results by printing ``RESULT <json>`` lines with a
+``"rank"`` key; they come back parsed in :attr:`Run.results`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+PYTHON = sys.executable
+MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+
+
+class MultiprocTimeout(AssertionError):
+    """The processes did not finish within the timeout (killed)."""
+
+
+@dataclass
+class Run:
+    returncodes: List[int]
+    stdout: str
+    stderr: str
+    results: Dict[int, Any] = field(default_factory=dict)
+    wall: float = 0.0
+
+    def check(self) -> "Run":
+        """Assert every process exited 0."""
+        assert all(rc == 0 for rc in self.returncodes), (
+            f"return codes {self.returncodes}\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n{self.stderr[-4000:]}")
+        return self
+
+
+def _parse(stdout: str) -> Dict[int, Any]:
+    # mpiexec merges the ranks' output; lines may be glued together, so decode
+    # each JSON object that follows a "RESULT " marker wherever it is.
+    out = {}
+    dec = json.JSONDecoder()
+    for piece in stdout.split("RESULT ")[1:]:
+        try:
+            obj, _ = dec.raw_decode(piece)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "rank" in obj:
+            out[obj["rank"]] = obj
+    return out
+
+
+def _env(extra: Optional[Dict[str, str]]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _kill(procs) -> None:
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeout: float) -> Run:
+    start = time.monotonic()
+    files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in cmds]
+    procs = [subprocess.Popen(list(c), env=e, stdout=o, stderr=er, start_new_session=True)
+             for c, e, (o, er) in zip(cmds, envs, files)]
+    timed_out = False
+    try:
+        for p in procs:
+            left = start + timeout - time.monotonic()
+            try:
+                p.wait(timeout=max(left, 0.01))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                break
+    finally:
+        if timed_out or any(p.poll() is None for p in procs):
+            _kill(procs)
+    outs, errs = [], []
+    for o, er in files:
+        o.seek(0)
+        er.seek(0)
+        outs.append(o.read().decode(errors="replace"))
+        errs.append(er.read().decode(errors="replace"))
+        o.close()
+        er.close()
+    stdout, stderr = "".join(outs), "".join(errs)
+    if timed_out:
+        raise MultiprocTimeout(f"processes did not finish within {timeout} s (killed)\n--- stdout\n"
+                               f"{stdout[-4000:]}\n--- stderr\n{stderr[-4000:]}")
+    return Run([p.returncode for p in procs], stdout, stderr, _parse(stdout), time.monotonic() - start)
+
+
+def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
+            env: Optional[Dict[str, str]] = None) -> Run:
+    """``mpiexec -n N python script args...``; ``-disable-auto-cleanup`` (MPICH) in
+    ``mpiexec_args`` keeps the survivors alive when one rank dies."""
+    cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), PYTHON, str(script), *map(str, args)]
+    return _launch([cmd], [_env(env)], timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_torch(n: int, script, *args, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> Run:
+    """N processes for torch.distributed (``init_method="env://"``): MASTER_ADDR,
+    MASTER_PORT (a free port), RANK, LOCAL_RANK, WORLD_SIZE are set."""
+    port = str(free_port())
+    envs = [_env({**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
+                  "LOCAL_RANK": str(r), "WORLD_SIZE": str(n)}) for r in range(n)]
+    cmd = [PYTHON, str(script), *map(str, args)]
+    return _launch([cmd] * n, envs, timeout)
