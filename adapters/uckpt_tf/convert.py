@@ -15,16 +15,16 @@ messages.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Type
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from uckpt.adapter import ArraySpec, check_class, class_name  # noqa: F401  (re-exported)
+from uckpt.adapter import (ArraySpec, Problem, check_class, class_name,  # noqa: F401
+                           raise_problems)  # re-exported for the adapter modules
 from uckpt.dtypes import NAMES, name_of
 from uckpt.errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
                           StateMismatchError, UnsupportedDtypeError)
 
-Problem = Tuple[Type[StateMismatchError], str]
 
 
 def dtype_name(var: Any) -> str:
@@ -79,17 +79,6 @@ def leaf_problem(key: str, var: Any, leaf: Any) -> Optional[Problem]:
         return DtypeMismatchError, \
             f"{key}: dtype {dtype} in the checkpoint, {dtype_name(var)} in the object"
     return None
-
-
-def raise_problems(what: str, problems: Iterable[Optional[Problem]]) -> None:
-    """Raise one error listing every problem; its class is theirs when they share one."""
-    problems = [p for p in problems if p]
-    if not problems:
-        return
-    classes = {cls for cls, _ in problems}
-    cls = classes.pop() if len(classes) == 1 else StateMismatchError
-    raise cls("\n".join([f"{what} does not match the checkpoint"]
-                        + [f"  {msg}" for _, msg in problems]))
 
 
 def check_variables(what: str, live: Mapping[str, Any], saved: Any, hint: str) -> None:

@@ -8,12 +8,13 @@ object's own.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple, Type
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
-from uckpt.adapter import ArraySpec, check_class, class_name  # noqa: F401  (re-exported)
+from uckpt.adapter import (ArraySpec, Problem, check_class, class_name,  # noqa: F401
+                           raise_problems)  # re-exported for the adapter modules
 from uckpt.dtypes import name_of
 from uckpt.errors import DtypeMismatchError, ShapeMismatchError, StateMismatchError
 
@@ -29,7 +30,6 @@ def _signature(leaf: Any):
     return None
 
 
-Problem = Tuple[Type[StateMismatchError], str]
 
 
 def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
@@ -46,13 +46,3 @@ def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
         return DtypeMismatchError, \
             f"{key}: dtype {dtype} in the checkpoint, {dtype_name(t.dtype)} in the object"
     return None
-
-
-def raise_problems(what: str, problems: "list[Problem]") -> None:
-    """Raise one error listing every problem; its class is theirs when they share one."""
-    if not problems:
-        return
-    classes = {cls for cls, _ in problems}
-    cls = classes.pop() if len(classes) == 1 else StateMismatchError
-    raise cls("\n".join([f"{what} does not match the checkpoint"]
-                        + [f"  {msg}" for _, msg in problems]))

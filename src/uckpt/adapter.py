@@ -73,6 +73,24 @@ def check_class(obj: Any, tree: Any, what: str) -> None:
             hint=f"create the same {what} class that was saved before loading")
 
 
+#: (error class, message): one thing that does not fit, collected before raising
+Problem = Tuple[type, str]
+
+
+def raise_problems(what: str, problems) -> None:
+    """Raise one error listing every problem (None entries are skipped); its class is
+    theirs when they share one, StateMismatchError otherwise."""
+    from .errors import StateMismatchError
+
+    problems = [p for p in problems if p]
+    if not problems:
+        return
+    classes = {cls for cls, _ in problems}
+    cls = classes.pop() if len(classes) == 1 else StateMismatchError
+    raise cls("\n".join([f"{what} does not match the checkpoint"]
+                        + [f"  {msg}" for _, msg in problems]))
+
+
 class DeviceArray:
     """An array leaf that lives off the host (e.g. a CUDA tensor), copied on snapshot.
 

@@ -49,14 +49,6 @@ class MPICommunicator(Communicator):
         self._sends: List[Tuple[Any, bytes, int]] = []  # (request, buffer kept alive, dest)
 
     @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
     def mpi_comm(self):
         """The (duplicated) mpi4py communicator."""
         return self._comm

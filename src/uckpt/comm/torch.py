@@ -49,14 +49,6 @@ class TorchCommunicator(Communicator):
         self._size = dist.get_world_size(group)
 
     @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def size(self) -> int:
-        return self._size
-
-    @property
     def group(self):
         """The gloo process group used for metadata (None: the default group)."""
         return self._group
