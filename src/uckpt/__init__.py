@@ -1,7 +1,9 @@
 """uckpt: framework-agnostic checkpointing with a neutral, documented on-disk format.
 
 ``import uckpt`` imports no deep-learning framework; adapters are loaded when a
-framework object is handed to :func:`save` or :func:`load`.
+framework object is handed to :func:`save` or :func:`load`. :func:`convert`
+(conversion between checkpoint formats, :mod:`uckpt.conversion`) is imported
+on first use.
 """
 from . import errors
 from ._version import __version__
@@ -20,3 +22,16 @@ __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds"
            "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "RNGProvider",
            "RandomState", "SaveHandle", "Tier", "__version__", "errors", "load", "manifest",
            "policies", "register_adapter", "save", "verify"]
+
+__all__ += ["convert"]
+
+
+def __getattr__(name: str):
+    """``uckpt.convert`` (:func:`uckpt.conversion.convert`) is imported on first use, so
+    ``import uckpt`` stays light."""
+    if name == "convert":
+        from .conversion.api import convert
+
+        globals()["convert"] = convert
+        return convert
+    raise AttributeError(f"module 'uckpt' has no attribute {name!r}")

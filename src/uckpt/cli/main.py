@@ -12,15 +12,15 @@ from typing import List, Optional
 
 from .._version import __version__
 from ..errors import UckptError
-from . import inspect, ls, verify
+from . import convert, diff, inspect, ls, verify
 from .common import PROG, print_error
 
-COMMANDS = (ls, inspect, verify)
+COMMANDS = (ls, inspect, verify, convert, diff)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Inspect and check uckpt checkpoints.",
+        prog=PROG, description="Inspect, check, convert and compare checkpoints.",
         epilog='Run "uckpt COMMAND --help" for the options of a command.')
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -1,0 +1,109 @@
+"""Which format a file or directory holds: from its content, not its name.
+
+========================  ==========================================================
+format                    recognised by
+========================  ==========================================================
+``uckpt``                 a directory with ``manifest.json``
+``dcp``                   a directory with ``.metadata`` (PyTorch Distributed Checkpoint)
+``pickle``                a zip archive with ``data.pkl`` or ``<prefix>/data.pkl``
+                          (``torch.save``), or a raw pickle (``\\x80`` + protocol 2-5:
+                          legacy ``torch.save`` or a plain pickle)
+``npz``                   a zip archive of ``.npy`` members
+``hdf5``                  the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` at offset 0, 512,
+                          1024, 2048, ... (after a user block)
+``safetensors``           an 8-byte little-endian header length N <= size - 8, then ``{``
+========================  ==========================================================
+
+A target that does not exist yet is named by its extension (``.npz``, ``.pt``,
+``.h5``, ``.safetensors``, ...); anything else is a uckpt checkpoint directory.
+"""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+from ..errors import CheckpointNotFoundError
+from .errors import UnknownFormatError
+
+FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp")
+TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt")
+ALIASES = {"torch": "pickle", "pt": "pickle", "pth": "pickle", "pkl": "pickle", "h5": "hdf5",
+           "keras": "hdf5", "st": "safetensors"}
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
+              ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
+              ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors"}
+_HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp; name one with "
+         "--from / --to (src_format= / dst_format=)")
+
+
+def canonical(name: Optional[str], *, target: bool = False) -> Optional[str]:
+    """The format's canonical name (``torch`` -> ``pickle``); None stays None."""
+    if name is None:
+        return None
+    fmt = ALIASES.get(name.lower(), name.lower())
+    allowed = TARGETS if target else FORMATS
+    if fmt not in allowed:
+        extra = " (dcp is a source only)" if fmt == "dcp" else ""
+        raise UnknownFormatError(f"unknown {'target ' if target else ''}format {name!r}{extra}",
+                                 hint=f"choose one of: {', '.join(allowed)}")
+    return fmt
+
+
+def detect(path) -> str:
+    """The format of an existing file or directory, from its content."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointNotFoundError(f"{str(p)!r} does not exist", path=str(p))
+    if p.is_dir():
+        if (p / "manifest.json").is_file():
+            return "uckpt"
+        if (p / ".metadata").is_file():
+            return "dcp"
+        raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt) or "
+                                 ".metadata (PyTorch DCP)", path=str(p), hint=_HINT)
+    size = p.stat().st_size
+    with open(p, "rb") as f:
+        head = f.read(16)
+        if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+            return _zip_kind(p)
+        for offset in [0] + [512 << i for i in range(16)]:
+            if offset >= size:
+                break
+            f.seek(offset)
+            if f.read(8) == HDF5_SIGNATURE:
+                return "hdf5"
+    if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8:
+        return "safetensors"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    raise UnknownFormatError(f"cannot tell the format of {str(p)!r} from its content",
+                             path=str(p), hint=_HINT)
+
+
+def _zip_kind(p: Path) -> str:
+    try:
+        with zipfile.ZipFile(p) as z:
+            names = z.namelist()
+    except zipfile.BadZipFile as e:
+        raise UnknownFormatError(f"{str(p)!r} looks like a zip archive but is not readable: {e}",
+                                 path=str(p)) from None
+    if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+        return "pickle"
+    if any(n.endswith(".npy") for n in names) or not names:
+        return "npz"
+    hint = _HINT
+    if "model.weights.h5" in names:
+        hint = "a .keras archive: extract model.weights.h5 (an HDF5 file) and convert that"
+    raise UnknownFormatError(f"{str(p)!r} is a zip archive of neither .npy arrays (NPZ) nor a "
+                             "torch.save pickle", path=str(p), hint=hint)
+
+
+def target_format(path) -> str:
+    """The target format named by a path: its extension, else a uckpt directory."""
+    name = Path(path).name.lower()
+    for ext, fmt in EXTENSIONS.items():
+        if name.endswith(ext):
+            return fmt
+    return "uckpt"

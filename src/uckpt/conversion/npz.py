@@ -1,0 +1,193 @@
+"""NPZ: ``np.savez`` archives, Chainer's ``save_npz`` files and trainer snapshots.
+
+Reading never unpickles: every member's ``.npy`` header is parsed (NumPy's own
+literal parser), object arrays are refused (``allow_pickle=False``), and each
+array is read from its member when asked, straight from the file when the
+member is stored, streamed when it is compressed (``savez_compressed``, Chainer's
+default). Names ``a/b/c`` become nested dicts, as Chainer means them.
+
+Writing stores each array as ``<name>.npy`` (uncompressed, 64-byte aligned),
+plain values (``lr``, strings, ...) as 0-d arrays so ``np.load`` and Chainer
+see them, and the structure record as ``__uckpt__.npy``: a ``uint8`` array
+of UTF-8 JSON (not an object array). bfloat16 and float8 arrays are stored as
+their raw bits and marked in the record (see :mod:`.rawbits`).
+"""
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import CorruptCheckpointError, UnsupportedDtypeError
+from . import rawbits, skeleton
+from .errors import UnsafeInputError
+from .fileio import RandomAccessFile, ZipArchive, require_fits
+from .model import Leaf, Tree, nest
+from .progress import Progress
+from .zipout import ZipOut
+
+RECORD = "__uckpt__"
+NATIVE = tuple(n for n in dtypes.NAMES if n not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"))
+_MAX_HEADER = 1 << 20
+
+
+# -- reading -----------------------------------------------------------------------------------
+def _header(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Tuple[np.dtype, tuple,
+                                                                             bool, int]:
+    """(dtype, shape, fortran_order, header length) of a member's .npy header."""
+    with archive.zf.open(info) as f:
+        head = io.BytesIO(f.read(min(info.file_size, _MAX_HEADER + 16)))
+    try:
+        version = np.lib.format.read_magic(head)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(head, _MAX_HEADER)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(head, _MAX_HEADER)
+    except (ValueError, SyntaxError, TypeError, EOFError) as e:
+        raise CorruptCheckpointError(f"{archive.where}: {key!r} has no valid .npy header: {e}",
+                                     path=archive.where) from None
+    return dtype, tuple(shape), bool(fortran), head.tell()
+
+
+def _entry(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Any:
+    """A Leaf for an array member; the value itself for a 0-d string."""
+    dtype, shape, fortran, start = _header(archive, info, key)
+    where = f"{archive.where}: {key!r}"
+    if dtype.hasobject:
+        raise UnsafeInputError(
+            f"{where} is an object array, which only unpickling can read; refused "
+            "(NPZ files are read with allow_pickle=False)", path=archive.where, leaf=key,
+            hint="save plain numeric arrays; a Chainer value of None is saved as an object array")
+    count = math.prod(shape)
+    np_dtype = dtype
+    if dtype.kind in "US":
+        if shape != ():
+            raise UnsupportedDtypeError(f"{where} is an array of strings; only single strings "
+                                        "can be converted", leaf=key)
+        arr = archive.read_into(info, start, np.empty((), dtype=dtype))
+        return str(arr[()]) if dtype.kind == "U" else bytes(arr[()])
+    try:
+        name = dtypes.name_of(dtype)
+    except UnsupportedDtypeError as e:
+        raise UnsupportedDtypeError(f"{where}: {e.args[0]}", leaf=key) from None
+    require_fits(start + count * dtype.itemsize, info.file_size, f"array {key!r}",
+                 archive.where)
+    read_shape = shape[::-1] if fortran else shape
+
+    def read() -> np.ndarray:
+        arr = archive.read_into(info, start, np.empty(read_shape, dtype=np_dtype))
+        return dtypes.as_little_endian(arr.T if fortran else arr)
+
+    return Leaf(name, shape, read)
+
+
+def marked(leaf: Leaf, dtype: str, where: str) -> Leaf:
+    """The leaf a raw-bits array stands for (its marked dtype)."""
+    try:
+        shape = rawbits.logical(leaf.dtype, leaf.shape, dtype)
+        dtypes.to_numpy(dtype)
+    except (ValueError, UnsupportedDtypeError) as e:
+        raise skeleton.SkeletonError(f"{where}: {e}") from None
+    return Leaf(dtype, shape, lambda: rawbits.decode(leaf.read(), dtype, shape), leaf.kind)
+
+
+def read(path, fmt: str = "npz") -> Tree:
+    raf = RandomAccessFile(path)
+    tree = Tree(None, fmt, closers=[raf.close])
+    try:
+        archive = ZipArchive(raf)
+        tree.closers.append(archive.close)
+        items: List[Tuple[str, Any]] = []
+        record = None
+        for name, info in archive.members.items():
+            if not name.endswith(".npy"):
+                tree.notes.append(f"{raf.path}: member {name!r} is not an array; skipped")
+                continue
+            key = name[:-4]
+            if key == RECORD:
+                record = skeleton.loads(_record_bytes(archive, info), raf.path)
+                continue
+            items.append((key, _entry(archive, info, key)))
+        if record is not None:
+            marks = record.get("dtypes", {})
+            items = [(k, marked(v, marks[k], raf.path) if k in marks and isinstance(v, Leaf)
+                      else v) for k, v in items]
+            tree.root = skeleton.rebuild(record, dict(items), raf.path, tree.notes)
+            if tree.root is not None:
+                tree.extras.update(record.get("extras", {}))
+        if tree.root is None:
+            tree.root = nest(items, tree.notes, raf.path)
+    except BaseException:
+        tree.close()
+        raise
+    return tree
+
+
+def _record_bytes(archive: ZipArchive, info: zipfile.ZipInfo) -> bytes:
+    leaf = _entry(archive, info, RECORD)
+    if not isinstance(leaf, Leaf) or leaf.dtype != "uint8" or len(leaf.shape) != 1:
+        raise skeleton.SkeletonError(f"{archive.where}: {RECORD} is not a uint8 array")
+    return leaf.read().tobytes()
+
+
+# -- writing -----------------------------------------------------------------------------------
+def npy_header(arr: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    d = np.lib.format.header_data_from_array_1_0(arr)
+    try:
+        np.lib.format.write_array_header_1_0(buf, d)
+    except ValueError:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, d)
+    return buf.getvalue()
+
+
+def value_array(value: Any) -> Any:
+    """The 0-d array that shows a plain value to other readers; None if it has none."""
+    if isinstance(value, int) and not isinstance(value, bool) and \
+            not -(1 << 63) <= value < (1 << 63):
+        return None
+    return np.asarray(value)
+
+
+def marks_for(lay: skeleton.Layout, native) -> Dict[str, str]:
+    return {name: leaf.dtype for name, leaf in lay.arrays if leaf.dtype not in native}
+
+
+def plan(tree: Tree) -> skeleton.Layout:
+    lay = skeleton.layout(tree.root, copies=True)
+    if any(name == RECORD for name, _ in lay.arrays + lay.values):
+        raise UnsupportedDtypeError(f"the name {RECORD!r} is reserved for uckpt's structure "
+                                    "record in NPZ files")
+    rawbits_note(lay, NATIVE, "NPZ")
+    return lay
+
+
+def rawbits_note(lay: skeleton.Layout, native, fmt: str) -> None:
+    marks = marks_for(lay, native)
+    if marks:
+        kinds = sorted(set(marks.values()))
+        lay.notes.append(f"{fmt} has no {', '.join(kinds)}: {len(marks)} array(s) stored as "
+                         "raw bits and marked, so uckpt reads them back exactly (other readers "
+                         f"see unsigned integers): {', '.join(list(marks)[:5])}")
+
+
+def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
+    out = ZipOut(path)
+    try:
+        for name, leaf in lay.arrays:
+            stored = rawbits.encode(leaf.read(), leaf.dtype, NATIVE)
+            out.add_array(name + ".npy", stored, progress, npy_header(stored))
+        for name, value in lay.values:
+            arr = value_array(value)
+            if arr is not None:
+                out.add_array(name + ".npy", arr, None, npy_header(arr))
+        doc = skeleton.record(lay, tree.extras, marks_for(lay, NATIVE))
+        data = np.frombuffer(skeleton.dumps(doc).encode("utf-8"), dtype=np.uint8)
+        out.add_array(RECORD + ".npy", data, None, npy_header(data))
+    finally:
+        out.close()

@@ -1,0 +1,159 @@
+"""uckpt checkpoints as a source (every chunk checksummed as it is read) and as a target,
+written leaf by leaf.
+
+The writer lays arrays out as uckpt's single-process save does (docs/format.md
+sections 6.1 and 7: 64-byte alignment, slabs along the first axis for large
+arrays), but reads, checksums and writes one array at a time, so a conversion
+holds at most one array in memory. It writes into the temporary directory the
+caller made; the caller commits it with uckpt's own atomic publish.
+
+What a uckpt manifest has no field for (HDF5 attributes, an OrderedDict's
+attributes, a root that is not a dict) goes to the manifest's ``metadata``
+under ``"uckpt_convert"``; the step and user metadata of a uckpt source are
+kept as they are.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import numpy as np
+
+from .. import knobs
+from .._version import __version__
+from ..checksum import crc32c, format_checksum
+from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
+from ..fsutil import fsync_dir, preallocate, write_file_durably
+from ..reader import CheckpointReader
+from . import skeleton
+from .model import Leaf, Tree
+from .progress import Progress
+from .zipout import write_pieces
+
+META_KEY = "uckpt_convert"
+STEP, METADATA = "uckpt.step", "uckpt.metadata"
+
+
+def read(path, fmt: str = "uckpt") -> Tree:
+    reader = CheckpointReader(path)
+    tree = Tree(None, fmt, closers=[reader.close])
+    try:
+        m = reader.manifest
+        cache: Dict[str, Leaf] = {}
+
+        def leaf_of(name: str) -> Leaf:
+            if name not in cache:
+                entry = m.arrays[name]
+                cache[name] = Leaf(entry.dtype, entry.shape,
+                                   lambda p=name: reader.read_arrays({p: None})[p])
+            return cache[name]
+
+        metadata = dict(m.metadata)
+        own = metadata.pop(META_KEY, None)
+        own = own if isinstance(own, dict) else {}
+        extras = own.get("extras")
+        tree.extras = dict(extras) if isinstance(extras, dict) else {}
+        tree.extras.setdefault("", {}).update({STEP: m.step, METADATA: metadata})
+        root = skeleton.build(m.tree, leaf_of, str(reader.directory))
+        tree.root = skeleton.unwrap(root, own)
+    except BaseException:
+        tree.close()
+        raise
+    return tree
+
+
+def plan(tree: Tree) -> skeleton.Layout:
+    return skeleton.layout(tree.root)
+
+
+def _chunks(shape: Tuple[int, ...], nbytes: int) -> List[Tuple[int, int]]:
+    """(first row, rows) of each chunk, as a single-process uckpt save cuts an array."""
+    if nbytes == 0:
+        return []
+    rows = shape[0] if shape else 1
+    if not shape or nbytes < 2 * knobs.chunk_bytes or rows < 2:
+        return [(0, rows)]
+    row_bytes = nbytes // rows
+    n = math.ceil(rows / max(1, knobs.chunk_bytes // row_bytes))
+    per = math.ceil(rows / n)
+    return [(r, min(per, rows - r)) for r in range(0, rows, per)]
+
+
+def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress) -> None:
+    """Write the data file and the manifest into ``directory`` (an empty temporary one)."""
+    name = data_file_name(0)
+    offsets, end = [], 0
+    for _, leaf in lay.arrays:
+        start = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
+        offsets.append(start)
+        end = start + leaf.nbytes
+    arrays: Dict[str, ArrayEntry] = {}
+    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        preallocate(fd, end)
+        for (path, leaf), offset in zip(lay.arrays, offsets):
+            arr = leaf.read()
+            flat = arr.reshape(-1).view(np.uint8)
+            row_bytes = leaf.nbytes // (leaf.shape[0] or 1) if leaf.shape else leaf.nbytes
+            chunks = []
+            for first, rows in _chunks(leaf.shape, leaf.nbytes):
+                data = memoryview(flat[first * row_bytes:(first + rows) * row_bytes])
+                at = offset + first * row_bytes
+                start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
+                box = (rows,) + leaf.shape[1:] if leaf.shape else ()
+                chunks.append(Chunk(name, at, len(data), start, box, "raw",
+                                    format_checksum(crc32c(data))))
+                write_pieces(_Positioned(fd, at), data, progress)
+            arrays[path] = ArrayEntry(path, leaf.dtype, leaf.shape, tuple(chunks))
+            del arr, flat
+        if os.fstat(fd).st_size != end:
+            os.ftruncate(fd, end)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    manifest = Manifest(world_size=1, tree=lay.skeleton, arrays=arrays,
+                        files={name: FileEntry(name, 0, end)}, step=_step(tree),
+                        metadata=_metadata(tree, lay), generator=f"uckpt {__version__}",
+                        created=_dt.datetime.now(_dt.timezone.utc)
+                        .strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
+    write_file_durably(directory / MANIFEST_NAME, manifest.to_bytes())
+    fsync_dir(directory)
+
+
+class _Positioned:
+    """Writes pieces one after another from a file offset on."""
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self.fd, self.offset = fd, offset
+
+    def __call__(self, piece: memoryview) -> None:
+        while len(piece):
+            n = os.pwrite(self.fd, piece, self.offset)
+            self.offset += n
+            piece = piece[n:]
+
+
+def _step(tree: Tree) -> Any:
+    step = tree.extras.get("", {}).get(STEP)
+    return step if type(step) is int and step >= 0 else None
+
+
+def _metadata(tree: Tree, lay: skeleton.Layout) -> Dict[str, Any]:
+    root = tree.extras.get("", {})
+    metadata = root.get(METADATA)
+    out = dict(metadata) if isinstance(metadata, dict) else {}
+    extras = {k: v for k, v in tree.extras.items() if k != ""}
+    rest = {k: v for k, v in root.items() if k not in (STEP, METADATA)}
+    if rest:
+        extras[""] = rest
+    own: Dict[str, Any] = {}
+    if extras:
+        own["extras"] = extras
+    if lay.wrapped_root:
+        own["wrapped_root"] = True
+    if own:
+        out[META_KEY] = own
+    return out

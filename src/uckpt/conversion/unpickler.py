@@ -1,0 +1,101 @@
+"""A restricted unpickler: pickles are read as data, never as code.
+
+A pickle can name any importable global (``os.system``, ``builtins.exec``) and
+call it while it is read. :class:`RestrictedUnpickler` resolves a global only
+through an allowlist that maps ``module.name`` to uckpt's *own* stand-in: a
+plain class or function written here, never the real one, and never imported.
+Every other global is refused with :class:`RefusedGlobalError` naming it,
+before anything runs. The opcodes that create objects (REDUCE, NEWOBJ, BUILD,
+INST, OBJ) can only reach callables that came out of the allowlist, so
+resolving globals is the single door that needs guarding.
+
+The stand-ins here are the generic ones; ``torch_pickle`` and ``dcp`` add
+their own.
+"""
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from ..errors import CorruptCheckpointError
+from .errors import RefusedGlobalError, UnsafeInputError
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that admits only the globals of ``allowed`` (name -> stand-in)."""
+
+    def __init__(self, file, allowed: Mapping[str, Any], where: str,
+                 persistent: Optional[Callable[[Any], Any]] = None) -> None:
+        super().__init__(file, encoding="utf-8")
+        self.allowed, self.where, self.persistent = allowed, where, persistent
+
+    def find_class(self, module: str, name: str) -> Any:
+        key = f"{module}.{name}"
+        if key in self.allowed:
+            return self.allowed[key]
+        raise RefusedGlobalError(
+            f"{self.where}: the pickle refers to {key}, which uckpt refuses to load "
+            "(it is not a tensor, an array or a plain container, and loading it could run "
+            "code); nothing was imported or run", name=key, path=self.where,
+            hint="only torch tensors and storages, OrderedDict, plain containers and scalars "
+                 "can be converted; save a state_dict() of tensors instead of whole objects")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if self.persistent is None:
+            raise UnsafeInputError(f"{self.where}: the pickle uses a persistent id "
+                                   f"({type(pid).__name__}), which this format does not have",
+                                   path=self.where)
+        return self.persistent(pid)
+
+
+def restricted_load(data, allowed: Mapping[str, Any], where: str,
+                    persistent: Optional[Callable[[Any], Any]] = None) -> Any:
+    """Read one pickle from ``data`` (bytes or a binary file) with :class:`RestrictedUnpickler`.
+
+    Malformed pickles raise :class:`~uckpt.errors.CorruptCheckpointError`; refused globals
+    :class:`RefusedGlobalError`.
+    """
+    f = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
+    try:
+        return RestrictedUnpickler(f, allowed, where, persistent).load()
+    except (UnsafeInputError, CorruptCheckpointError):
+        raise
+    except RecursionError:
+        raise CorruptCheckpointError(f"{where}: the pickle nests too deeply",
+                                     path=where) from None
+    except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, KeyError,
+            IndexError, OverflowError, MemoryError, UnicodeError) as e:
+        # the only callables reachable are our stand-ins; they raise these on bad arguments
+        raise CorruptCheckpointError(f"{where}: not a valid pickle of tensors and plain "
+                                     f"values: {type(e).__name__}: {e}", path=where) from None
+
+
+# -- generic stand-ins -----------------------------------------------------------------------
+class OrderedDictStandIn(dict):
+    """Stands in for ``collections.OrderedDict``: a dict that remembers it was one, and the
+    attributes a BUILD gave it (``state_dict()._metadata``)."""
+
+    def __init__(self, items=()) -> None:
+        super().__init__()
+        for k, v in items:  # protocol 0/1 pickles pass the items as a list of pairs
+            self[k] = v
+        self.pickle_state: Optional[Dict[str, Any]] = None
+
+    def __setstate__(self, state: Any) -> None:
+        if not isinstance(state, dict):
+            raise TypeError(f"OrderedDict state must be a dict, got {type(state).__name__}")
+        self.pickle_state = state
+
+
+def codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
+    """Stands in for ``_codecs.encode``, which protocol-2 pickles use for ``bytes``."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
+        raise TypeError("_codecs.encode is admitted only as (str, 'latin1') for bytes")
+    return text.encode("latin1")
+
+
+GENERIC = {
+    "collections.OrderedDict": OrderedDictStandIn,
+    "_codecs.encode": codecs_encode,
+}
