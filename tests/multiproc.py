@@ -7,6 +7,7 @@ output so far. Scripts report results by printing ``RESULT <json>`` lines with a
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -17,8 +18,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
+HAVE_MPI = (importlib.util.find_spec("mpi4py") is not None
+            and Path(sys.executable).with_name("mpiexec").exists())
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
 PYTHON = sys.executable
 MPIEXEC = str(Path(sys.executable).with_name("mpiexec"))
 SRC = str(Path(__file__).resolve().parent.parent / "src")
@@ -76,13 +80,20 @@ def _kill(procs) -> None:
         p.wait()
 
 
-def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeout: float) -> Run:
+def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeout: float,
+            monitor: Optional[Callable[[], None]] = None) -> Run:
+    """``monitor``, if given, is called every few milliseconds while the processes run
+    (e.g. to kill one of them at a chosen moment)."""
     start = time.monotonic()
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in cmds]
     procs = [subprocess.Popen(list(c), env=e, stdout=o, stderr=er, start_new_session=True)
              for c, e, (o, er) in zip(cmds, envs, files)]
     timed_out = False
     try:
+        while monitor is not None and any(p.poll() is None for p in procs) and \
+                time.monotonic() < start + timeout:
+            monitor()
+            time.sleep(0.002)
         for p in procs:
             left = start + timeout - time.monotonic()
             try:
@@ -109,11 +120,11 @@ def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeo
 
 
 def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
-            env: Optional[Dict[str, str]] = None) -> Run:
+            env: Optional[Dict[str, str]] = None, monitor=None) -> Run:
     """``mpiexec -n N python script args...``; ``-disable-auto-cleanup`` (MPICH) in
     ``mpiexec_args`` keeps the survivors alive when one rank dies."""
     cmd = [MPIEXEC, *mpiexec_args, "-n", str(n), PYTHON, str(script), *map(str, args)]
-    return _launch([cmd], [_env(env)], timeout)
+    return _launch([cmd], [_env(env)], timeout, monitor)
 
 
 def free_port() -> int:
@@ -122,11 +133,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torch(n: int, script, *args, timeout: float = 60, env: Optional[Dict[str, str]] = None) -> Run:
+def run_torch(n: int, script, *args, timeout: float = 60, env: Optional[Dict[str, str]] = None,
+              monitor=None) -> Run:
     """N processes for torch.distributed (``init_method="env://"``): MASTER_ADDR,
     MASTER_PORT (a free port), RANK, LOCAL_RANK, WORLD_SIZE are set."""
     port = str(free_port())
     envs = [_env({**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": str(r),
                   "LOCAL_RANK": str(r), "WORLD_SIZE": str(n)}) for r in range(n)]
     cmd = [PYTHON, str(script), *map(str, args)]
-    return _launch([cmd] * n, envs, timeout)
+    return _launch([cmd] * n, envs, timeout, monitor)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from multiproc import run_mpi, run_torch
+from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
 from uckpt.comm import (CollectiveTimeoutError, Communicator, DistributedError, SingleProcess,
                         get_communicator)
 from uckpt.errors import UckptError
@@ -17,9 +17,7 @@ N = 4
 RUNNERS = {"mpi": run_mpi, "torch": run_torch}
 
 # find_spec, not import: an imported mpi4py would make get_communicator() pick MPI here.
-HAVE_MPI = (importlib.util.find_spec("mpi4py") is not None
-            and Path(sys.executable).with_name("mpiexec").exists())
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
 
 BACKENDS = [pytest.param("mpi", marks=pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")),
             pytest.param("torch", marks=pytest.mark.skipif(not HAVE_TORCH, reason="torch missing"))]

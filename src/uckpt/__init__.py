@@ -16,11 +16,12 @@ from .policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, Kee
                        OnSignal)
 from .registry import register_adapter
 from .rng import RandomState
+from .shard import PerRank, Shard
 from .tiers import Tier
 
 __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "EveryNSteps",
-           "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "RNGProvider",
-           "RandomState", "SaveHandle", "Tier", "__version__", "errors", "load", "manifest",
+           "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "PerRank", "RNGProvider",
+           "RandomState", "SaveHandle", "Shard", "Tier", "__version__", "errors", "load", "manifest",
            "policies", "register_adapter", "save", "verify"]
 
 __all__ += ["convert"]

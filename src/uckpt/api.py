@@ -4,18 +4,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
+from .collective import save_collective
+from .comm import Communicator, background_communicator, get_communicator
 from .commit import check_metadata, check_target, write_checkpoint
-from .engine import SaveHandle, default_saver
+from .engine import SaveHandle, default_saver, submit_collective
 from .staging import snapshot
 from .format import Manifest
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
-from .tree import flatten
+from .tree import Flat, flatten
 
 
 def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
          metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-         blocking: bool = True) -> Union[Path, SaveHandle]:
+         blocking: bool = True, comm: Any = None) -> Union[Path, SaveHandle]:
     """Save ``state`` to ``directory`` and commit it atomically.
 
     ``state`` maps names to framework objects (models, optimizers, schedulers,
@@ -29,9 +31,27 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     the write continues in the background. ``handle.wait()`` returns the
     directory or raises the error the write failed with; an error nobody looked
     at is raised by the next ``uckpt.save`` (and printed at exit otherwise).
+
+    ``comm`` (an mpi4py communicator, a torch.distributed process group, the
+    ``horovod.torch`` module, a :class:`uckpt.comm.Communicator`, or None to
+    detect one; see :func:`uckpt.comm.get_communicator`): with more than one
+    rank, the call is collective. Plain arrays are replicated (equal on every
+    rank) and written once in total, split evenly across the ranks;
+    :class:`uckpt.Shard` leaves are written by the ranks holding them;
+    :class:`uckpt.PerRank` subtrees once per rank. Every rank writes its own data
+    file; the checkpoint is committed only once every rank succeeded, and a
+    failure on any rank raises :class:`~uckpt.errors.DistributedError` on all.
     """
     default_saver().raise_unreported()  # an earlier background save's error is never lost
-    flat = flatten(state)
+    c = get_communicator(comm)
+    try:
+        flat: Union[Flat, BaseException] = flatten(state, rank=c.rank)
+    except Exception as e:  # noqa: BLE001 - with other ranks, they must learn it too
+        if c.size == 1:
+            raise
+        flat = e
+    if c.size > 1 or (isinstance(flat, Flat) and flat.boxes):
+        return _save_collective(directory, flat, c, step, metadata, overwrite, blocking)
     if blocking:
         snap = snapshot(flat, None)  # device arrays only; host arrays are written in place
         return write_checkpoint(directory, snap.ready(), step=step, metadata=metadata,
@@ -44,7 +64,23 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
         f"save to {str(directory)!r}")
 
 
-def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True) -> Dict[str, Any]:
+def _save_collective(directory, flat, c: Communicator, step, metadata, overwrite, blocking):
+    if blocking:
+        if isinstance(flat, Flat):
+            try:
+                flat = snapshot(flat, None).ready()
+            except Exception as e:  # noqa: BLE001 - reported to the other ranks
+                flat = e
+        return save_collective(directory, flat, c, step=step, metadata=metadata,
+                               overwrite=overwrite)
+    bg = background_communicator(c)
+    return submit_collective(default_saver(), flat, lambda staged: save_collective(
+        directory, staged, bg, step=step, metadata=metadata, overwrite=overwrite),
+        f"save to {str(directory)!r}")
+
+
+def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,
+         comm: Any = None) -> Dict[str, Any]:
     """Load a checkpoint.
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
@@ -52,11 +88,31 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     objects and arrays in place and return the loaded tree for its keys. With
     ``strict`` (default), the keys of ``state`` must be exactly the
     checkpoint's top-level keys; otherwise only the given keys are restored.
+
+    Any number of ranks can load a checkpoint written by any number: replicated
+    arrays are read whole by each rank; a :class:`uckpt.Shard` in ``state``
+    receives its box of the saved array, however the saved array was sliced
+    (only the chunks that intersect the box are read). With more than one rank
+    (``comm``, as for :func:`save`), the call is collective: if it fails on any
+    rank, every rank raises :class:`~uckpt.errors.DistributedError`.
     """
+    c = get_communicator(comm)
+    if c.size == 1:
+        return _load_local(directory, state, strict, 0)
+    out: Dict[str, Any] = {}
+
+    def job() -> None:
+        out["tree"] = _load_local(directory, state, strict, c.rank)
+
+    c.gather_outcomes(job, f"load of {str(directory)!r}")
+    return out["tree"]
+
+
+def _load_local(directory, state, strict: bool, rank: int) -> Dict[str, Any]:
     with CheckpointReader(directory) as reader:
         if state is None:
             return load_tree(reader)
-        return restore_into(reader, state, strict=strict)
+        return restore_into(reader, state, strict=strict, rank=rank)
 
 
 def verify(directory) -> Manifest:

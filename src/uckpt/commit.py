@@ -31,7 +31,6 @@ from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest
 from .plan import SavePlan, metas, plan_save
 from .tree import Flat
 from .writer import write_data_file
-from . import dtypes
 
 TMP_MARK = ".uckpt-tmp-"  # a save in progress (or killed): never visible
 OLD_MARK = ".uckpt-old-"  # a committed checkpoint being replaced by overwrite=True
@@ -108,15 +107,19 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
 
 
 def build_manifest(flat: Flat, plan: SavePlan, chunks, step, metadata) -> Manifest:
-    by_path: Dict[str, list] = {p: [] for p in flat.arrays}
+    return assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step, metadata)
+
+
+def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata) -> Manifest:
+    """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`)."""
+    by_path: Dict[str, list] = {p: [] for p in array_metas}
     for item in plan.items:
         by_path[item.path].append(chunks[item])
-    arrays = {}
-    for p, a in flat.arrays.items():
-        arrays[p] = ArrayEntry(p, dtypes.name_of(a.dtype), tuple(a.shape), tuple(by_path[p]))
+    arrays = {p: ArrayEntry(p, m.dtype, tuple(m.shape), tuple(by_path[p]))
+              for p, m in array_metas.items()}
     files = {f: FileEntry(f, r, size) for r, (f, size) in enumerate(plan.file_sizes)}
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return Manifest(world_size=plan.world_size, tree=flat.skeleton, arrays=arrays, files=files,
+    return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
                     step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
 
 

@@ -141,6 +141,13 @@ class AsyncSaver:
             self._handles.append(handle)
         return handle
 
+    def run(self, job: Callable[[], Any], description: str) -> SaveHandle:
+        """Run ``job`` on the background chain, after the saves before it (no snapshot)."""
+        handle = self.chain.run(SaveHandle(description), job)
+        with self._lock:
+            self._handles.append(handle)
+        return handle
+
     def raise_unreported(self) -> None:
         with self._lock:
             handles = list(self._handles)
@@ -151,6 +158,25 @@ class AsyncSaver:
 
     def join(self) -> None:
         self.chain.join()
+
+
+def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
+                      job: Callable[[Any], Any], description: str) -> SaveHandle:
+    """Submit a save whose background job is collective (every rank runs it, in order).
+
+    If this rank cannot take part (``flat`` is the error it failed with before
+    the save, or the snapshot fails), the job still runs in the background with
+    the error, so that the other ranks learn it instead of waiting for this
+    one; the error is then raised here.
+    """
+    error = flat if isinstance(flat, BaseException) else None
+    if error is None:
+        try:
+            return saver.submit(flat, job, description)
+        except Exception as e:  # noqa: BLE001 - told to the other ranks, raised below
+            error = e
+    saver.run(lambda: job(error), description).reported = True
+    raise error
 
 
 _default: Optional[AsyncSaver] = None

@@ -149,6 +149,15 @@ class DistributedError(UckptError, RuntimeError):
         self.failures = dict(failures or {})
         super().__init__(message, hint=hint, **where)
 
+    def failed_with(self, *classes: type) -> bool:
+        """Whether some rank failed with an exception of one of ``classes`` (by name,
+        subclasses included: the text of each failure starts with its class)."""
+        names = set()
+        for cls in classes:
+            names |= {c.__qualname__ for c in _subclasses(cls)}
+        return any(text.split(":", 1)[0].rsplit(".", 1)[-1] in names
+                   for text in self.failures.values())
+
 
 class CollectiveTimeoutError(DistributedError, TimeoutError):
     """A collective did not complete within its timeout (a rank died or hangs).
@@ -185,3 +194,9 @@ def _short(items, limit: int = 20) -> str:
 
 
 __all__ = [n for n in dir() if n.endswith("Error")]
+
+
+def _subclasses(cls: type):
+    yield cls
+    for sub in cls.__subclasses__():
+        yield from _subclasses(sub)

@@ -29,9 +29,11 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from . import fsutil
 from .api import load
 from .commit import DEL_MARK, OLD_MARK, TMP_MARK, check_metadata, check_target, write_checkpoint
-from .engine import AsyncSaver, Chain, SaveHandle
-from .errors import (CheckpointNotFoundError, CorruptCheckpointError, ManifestError,
-                     NotACheckpointError, UckptError)
+from .collective import copy_collective, save_collective
+from .comm import get_communicator
+from .engine import AsyncSaver, Chain, SaveHandle, submit_collective
+from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
+                     ManifestError, NotACheckpointError, UckptError)
 from .format import MANIFEST_NAME
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .reader import read_manifest
@@ -86,12 +88,19 @@ class CheckpointManager:
     async_save, max_inflight
         snapshot and return; at most ``max_inflight`` snapshots held in host
         memory (a further ``save`` waits for the oldest to be written).
+    comm
+        the ranks that save together (see :func:`uckpt.save`; None detects
+        MPI or torch.distributed). With more than one rank, construction,
+        ``save`` and ``restore`` are collective: call them on every rank in the
+        same order. Each rank writes its part; a tier may be node-local (each
+        node's copy holds that node's files) or shared; copies to the durable
+        tiers are made by every rank for its own files.
     """
 
     def __init__(self, root=None, *, tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
                  keep_last: Optional[int] = None, keep: Any = None,
                  save_policy: Optional[SavePolicy] = None, async_save: bool = False,
-                 max_inflight: int = 1, durable_every: int = 1) -> None:
+                 max_inflight: int = 1, durable_every: int = 1, comm: Any = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -110,8 +119,13 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.durable_every = durable_every
         self.save_policy: SavePolicy = save_policy if save_policy is not None else Never()
+        self.comm = get_communicator(comm)
+        distributed = self.comm.size > 1
         self._saver = AsyncSaver(max_inflight, "uckpt-save") if async_save else None
         self._flusher = Chain("uckpt-flush")
+        # background threads talk over communicators of their own (collective to make)
+        self._save_comm = self.comm.duplicate() if distributed and async_save else self.comm
+        self._copy_comm = self.comm.duplicate() if distributed and len(self.tiers) > 1 else self.comm
         self._pending: List[SaveHandle] = []
         self._pins: Dict[int, int] = {}  # steps on tier 0 still to be copied -> count
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
@@ -121,6 +135,8 @@ class CheckpointManager:
         for tier in self.tiers:
             tier.path.mkdir(parents=True, exist_ok=True)
             _remove_debris(tier.path)
+        if distributed:  # no rank may start a save while another still removes debris
+            self.comm.barrier()
         _open_managers.add(self)
 
     # -- context manager ---------------------------------------------------------------------
@@ -190,6 +206,8 @@ class CheckpointManager:
                 raise ValueError(f"metrics must map names to numbers, got {bad!r}")
             meta["metrics"] = {k: float(v) for k, v in metrics.items()}
         check_metadata(meta)
+        if self.comm.size > 1:
+            return self._save_collective(step, state, meta, overwrite)
         check_target(self.path(step), overwrite)
         flat = flatten(state)  # unsupported objects raise here, before anything is written
         self._saves += 1
@@ -224,6 +242,53 @@ class CheckpointManager:
             raise SystemExit(0)
         return result
 
+    def _save_collective(self, step: int, state: Mapping[str, Any], meta: Dict[str, Any],
+                         overwrite: bool) -> Union[Path, SaveHandle]:
+        """``save`` with several ranks: errors before the save are shared, not raised alone."""
+        try:
+            flat: Any = flatten(state, rank=self.comm.rank)
+        except Exception as e:  # noqa: BLE001 - the other ranks learn it in the plan exchange
+            flat = e
+        self._saves += 1
+        copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
+        if copy:
+            self._pin(step)
+
+        def commit(staged, comm):
+            try:
+                path = save_collective(self.path(step), staged, comm, step=step, metadata=meta,
+                                       overwrite=overwrite, what=f"save of step {step}")
+            except BaseException:
+                if copy:
+                    self._unpin(step)
+                raise
+            if copy:
+                self._schedule_copy(step)
+            self._retain(0)
+            return path
+
+        exiting = self.save_policy.pending_exit
+        if self._saver is not None and not exiting:
+            result: Union[Path, SaveHandle] = self._track(submit_collective(
+                self._saver, flat, lambda staged: commit(staged, self._save_comm),
+                f"save of step {step}"))
+        else:
+            if self._saver is not None:
+                self._saver.join()  # the final save follows the ones in flight
+            if not isinstance(flat, BaseException):
+                try:
+                    flat = snapshot(flat, None).ready()
+                except Exception as e:  # noqa: BLE001 - shared as above
+                    flat = e
+            result = commit(flat, self.comm)
+        self.save_policy.saved(step, time.monotonic())
+        if exiting:
+            self.close()
+            print(f"uckpt: saved step {step} after a preemption signal; exiting",
+                  file=sys.stderr, flush=True)
+            raise SystemExit(0)
+        return result
+
     # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
                 strict: bool = True) -> Optional[int]:
@@ -235,6 +300,8 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
+        if self.comm.size > 1:
+            return self._restore_collective(state, step, strict)
         candidates = [step] if step is not None else list(reversed(self.steps()))
         failures = []
         for s in candidates:
@@ -260,6 +327,43 @@ class CheckpointManager:
                 path=str(self.root)) from failures[0][2]
         return None
 
+    def _restore_collective(self, state: Mapping[str, Any], step: Optional[int],
+                            strict: bool) -> Optional[int]:
+        """``restore`` with several ranks: all ranks restore the same step, from the first
+        tier that every rank sees whole, falling back together past damaged copies."""
+        def available() -> Dict[str, List[int]]:
+            out: Dict[str, List[int]] = {}
+            for i, tier in enumerate(self.tiers):
+                for s in committed_steps(tier.path):
+                    if (step is None or s == step) and _files_present(self.path(s, i)):
+                        out.setdefault(str(s), []).append(i)
+            return out
+
+        views = self.comm.gather_outcomes(available, "restore (listing checkpoints)")
+        common = set.intersection(*({(int(s), i) for s, tiers in v.items() for i in tiers}
+                                    for v in views))
+        failures = []
+        for s, i in sorted(common, key=lambda c: (-c[0], c[1])):
+            try:
+                load(self.path(s, i), state, strict=strict, comm=self.comm)
+            except DistributedError as e:
+                if not e.failed_with(*_DAMAGE):
+                    raise
+                warnings.warn(f"uckpt: skipping checkpoint step {s} on tier "
+                              f"{self.tiers[i].name!r}: {e}", RuntimeWarning, stacklevel=3)
+                failures.append((s, self.tiers[i].name, e))
+                continue
+            return s
+        if failures:
+            raise CorruptCheckpointError(
+                "no checkpoint reads back intact on every rank: " + "; ".join(
+                    f"step {s} on {t}" for s, t, _ in failures), path=str(self.root)) from failures[0][2]
+        if step is not None:
+            raise CheckpointNotFoundError(
+                f"no tier holds a committed checkpoint of step {step} that every rank can read",
+                path=str(self.path(step)))
+        return None
+
     # -- background work ---------------------------------------------------------------------
     def _track(self, handle: SaveHandle) -> SaveHandle:
         with self._lock:
@@ -280,7 +384,10 @@ class CheckpointManager:
         def job():
             try:
                 for i in range(1, len(self.tiers)):
-                    copy_checkpoint(self.path(step), self.path(step, i))
+                    if self.comm.size > 1:
+                        copy_collective(self.path(step), self.path(step, i), self._copy_comm)
+                    else:
+                        copy_checkpoint(self.path(step), self.path(step, i))
                     self._retain(i)
             finally:
                 self._unpin(step)
@@ -333,8 +440,11 @@ class CheckpointManager:
         """Hide first (rename), then delete: a crash never leaves a half-deleted checkpoint."""
         path = self.path(step, tier)
         hidden = path.parent / f".{path.name}{DEL_MARK}{secrets.token_hex(4)}"
-        os.rename(path, hidden)
         self._info_cache.pop((tier, step), None)
+        try:
+            os.rename(path, hidden)
+        except FileNotFoundError:
+            return  # another rank sharing this tier deleted it first
         fsutil.remove_tree(hidden)
 
     def _check_open(self) -> None:
@@ -355,13 +465,26 @@ def _remove_debris(root: Path) -> None:
     """
     with os.scandir(root) as it:
         entries = [e for e in it if e.name.startswith(".step_")]
-    for e in entries:
+    for e in entries:  # other ranks sharing the root may be doing the same: races are fine
         name = e.name[1:].split(".uckpt-")[0]
-        if OLD_MARK in e.name and not (root / name).exists() and \
-                os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
-            os.rename(e.path, root / name)
-        elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
-            fsutil.remove_tree(e.path)
+        try:
+            if OLD_MARK in e.name and not (root / name).exists() and \
+                    os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
+                os.rename(e.path, root / name)
+            elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
+                fsutil.remove_tree(e.path)
+        except FileNotFoundError:
+            pass
+
+
+def _files_present(directory: Path) -> bool:
+    """Whether this rank sees every data file of a committed checkpoint (a node-local
+    tier holds only its node's files)."""
+    try:
+        files = read_manifest(directory).files
+    except UckptError:
+        return True  # damaged: let the load report it and fall back
+    return all((directory / name).exists() for name in files)
 
 
 @atexit.register

@@ -62,39 +62,68 @@ class SavePlan:
 
 def split_rows(meta: ArrayMeta, chunk_bytes: int) -> List[Box]:
     """Boxes covering the array: whole, or slabs of rows of about ``chunk_bytes``."""
-    shape = meta.shape
-    if meta.nbytes == 0:
+    return split_box(meta.dtype, (0,) * len(meta.shape), meta.shape, chunk_bytes)
+
+
+def split_box(dtype: str, start: Sequence[int], shape: Sequence[int], piece_bytes: int) -> List[Box]:
+    """Boxes covering the box ``start``/``shape``: itself, or when it holds at least twice
+    ``piece_bytes``, slabs of about ``piece_bytes`` along its first axis longer than 1."""
+    start, shape = tuple(start), tuple(shape)
+    nbytes = dtypes.nbytes(dtype, shape)
+    if nbytes == 0:
         return []
-    if not shape or meta.nbytes < 2 * chunk_bytes or shape[0] < 2:
-        return [((0,) * len(shape), shape)]
-    row_bytes = meta.nbytes // shape[0]
-    rows = max(1, chunk_bytes // max(1, row_bytes))
-    n = -(-shape[0] // rows)
-    rows = -(-shape[0] // n)  # even out the slabs
-    return [((r,) + (0,) * (len(shape) - 1), (min(rows, shape[0] - r),) + shape[1:])
-            for r in range(0, shape[0], rows)]
+    axis = next((d for d, n in enumerate(shape) if n >= 2), None)
+    if axis is None or nbytes < 2 * piece_bytes:
+        return [(start, shape)]
+    slab_bytes = nbytes // shape[axis]
+    rows = max(1, piece_bytes // max(1, slab_bytes))
+    n = -(-shape[axis] // rows)
+    rows = -(-shape[axis] // n)  # even out the slabs
+    out = []
+    for r in range(0, shape[axis], rows):
+        s = start[:axis] + (start[axis] + r,) + start[axis + 1:]
+        sh = shape[:axis] + (min(rows, shape[axis] - r),) + shape[axis + 1:]
+        out.append((s, sh))
+    return out
 
 
 def _length(meta: ArrayMeta, box_shape: Sequence[int]) -> int:
     return dtypes.nbytes(meta.dtype, box_shape)
 
 
+#: who holds which box of an array: ``[((start, shape), (rank, ...)), ...]``
+Holdings = Sequence[Tuple[Box, Tuple[int, ...]]]
+
+
 def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
               chunk_bytes: int = 0, alignment: int = 0) -> SavePlan:
-    chunk_bytes = chunk_bytes or knobs.chunk_bytes
+    """The plan for replicated arrays: every rank holds all of each array."""
+    everyone = tuple(range(world_size))
+    held = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
+    return plan_holdings(arrays, held, world_size, chunk_bytes or knobs.chunk_bytes, alignment)
+
+
+def plan_holdings(arrays: Mapping[str, ArrayMeta], held: Mapping[str, Holdings], world_size: int,
+                  piece_bytes: int, alignment: int = 0) -> SavePlan:
+    """Split each held box into pieces of about ``piece_bytes`` and give each piece to one
+    of the ranks holding it: largest pieces first, each to the holder with the fewest
+    bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
     alignment = alignment or knobs.alignment
     order = {p: i for i, p in enumerate(arrays)}
-    pieces = [(p, start, shape) for p, m in arrays.items() for start, shape in split_rows(m, chunk_bytes)]
+    pieces = [(p, start, shape, holders) for p, m in arrays.items()
+              for (bstart, bshape), holders in held[p]
+              for start, shape in split_box(m.dtype, bstart, bshape, piece_bytes)]
     load = [0] * world_size
     owner: Dict[Tuple[str, Tuple[int, ...]], int] = {}
-    for p, start, shape in sorted(pieces, key=lambda x: (-_length(arrays[x[0]], x[2]), order[x[0]], x[1])):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
+    for p, start, shape, holders in sorted(
+            pieces, key=lambda x: (-_length(arrays[x[0]], x[2]), order[x[0]], x[1])):
+        rank = min(holders, key=lambda r: (load[r], r))
         owner[(p, start)] = rank
         load[rank] += _length(arrays[p], shape)
     items: List[WriteItem] = []
     ends = [0] * world_size
     last_path: List[object] = [None] * world_size
-    for p, start, shape in pieces:
+    for p, start, shape, _ in pieces:
         rank = owner[(p, start)]
         offset = ends[rank]
         if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned

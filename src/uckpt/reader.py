@@ -49,9 +49,10 @@ def read_manifest(directory) -> Manifest:
 class CheckpointReader:
     """Reads arrays of one committed checkpoint. Use as a context manager."""
 
-    def __init__(self, directory) -> None:
+    def __init__(self, directory, manifest: Optional[Manifest] = None) -> None:
+        """``manifest``: one already read (e.g. the source's, for a copy not yet committed)."""
         self.directory = Path(directory)
-        self.manifest = read_manifest(self.directory)
+        self.manifest = manifest if manifest is not None else read_manifest(self.directory)
         self._fds: Dict[str, int] = {}
 
     def __enter__(self) -> "CheckpointReader":
@@ -94,28 +95,40 @@ class CheckpointReader:
         return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
-    def read_arrays(self, wanted: Mapping[str, Optional[np.ndarray]]) -> Dict[str, np.ndarray]:
-        """Read the arrays named in ``wanted`` (path -> in-place target or None)."""
+    def read_arrays(self, wanted: Mapping[str, "np.ndarray | Tuple[np.ndarray, tuple] | None"]
+                    ) -> Dict[str, np.ndarray]:
+        """Read the arrays named in ``wanted``: path -> an in-place target, None (a new
+        array), or ``(target, offsets)``: the box of the global array at ``offsets`` with
+        the target's shape. Only chunks that intersect a wanted box are read (whole, so
+        that their checksums can be verified)."""
         out: Dict[str, np.ndarray] = {}
-        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray]] = []
+        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
         for path, target in wanted.items():
             entry = self.manifest.arrays[path]
+            origin: tuple = (0,) * len(entry.shape)
+            if isinstance(target, tuple):
+                target, origin = target
             dest = target if target is not None else \
                 np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
             out[path] = dest
-            jobs.extend((entry, chunk, dest) for chunk in entry.chunks)
-        for name in {c.file for _, c, _ in jobs}:
+            jobs.extend((entry, chunk, dest, tuple(origin)) for chunk in entry.chunks
+                        if _intersection(chunk.start, chunk.shape, origin, dest.shape))
+        for name in {c.file for _, c, _, _ in jobs}:
             self._fd(name)  # open (and size-check) files before threads start
         parallel_map(lambda j: self._read_chunk(*j), jobs, knobs.io_threads, "uckpt-read")
         return out
 
-    def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray) -> None:
-        region, direct = _region(dest, entry.shape, chunk)
+    def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray, origin: tuple) -> None:
+        start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
+        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape)) + (...,)]
+        direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
         buf = region if direct else np.empty(chunk.length, dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
         self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
-            region[...] = raw.view(dest.dtype).reshape(chunk.shape)
+            whole = raw.view(dest.dtype).reshape(chunk.shape)
+            region[...] = whole[tuple(slice(s - c, s - c + n)
+                                      for s, c, n in zip(start, chunk.start, shape))]
 
     def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
@@ -145,25 +158,29 @@ class CheckpointReader:
                 hint="the file is corrupted; restore an earlier checkpoint")
 
     # -- verification --------------------------------------------------------------------------
-    def verify(self, progress=None) -> int:
-        """Re-check every chunk's checksum, streaming; returns the bytes verified."""
+    def verify(self, progress=None, files: Optional[set] = None) -> int:
+        """Re-check every chunk's checksum (of ``files`` only, if given), streaming;
+        returns the bytes verified."""
         total = 0
         scratch = np.empty(knobs.read_block_bytes, dtype=np.uint8)
         for entry in self.manifest.arrays.values():
             for chunk in entry.chunks:
+                if files is not None and chunk.file not in files:
+                    continue
                 self._stream(entry, chunk, lambda done, want: scratch[:want])
                 total += chunk.length
                 if progress:
                     progress(total)
         for name in self.manifest.files:
-            self._fd(name)  # files without chunks must still exist at their size
+            if files is None or name in files:
+                self._fd(name)  # files without chunks must still exist at their size
         return total
 
 
-def _region(dest: np.ndarray, shape, chunk: Chunk):
-    """The part of ``dest`` a chunk fills, and whether bytes can be read straight into it."""
-    if tuple(chunk.shape) == tuple(shape):
-        return dest, dest.flags.c_contiguous
-    box = tuple(slice(s, s + n) for s, n in zip(chunk.start, chunk.shape))
-    region = dest[box]
-    return region, region.flags.c_contiguous and dest.flags.c_contiguous
+def _intersection(start_a, shape_a, start_b, shape_b):
+    """The box where two boxes overlap, ``(start, shape)``, or None when they do not."""
+    lo = [max(a, b) for a, b in zip(start_a, start_b)]
+    hi = [min(a + m, b + n) for a, m, b, n in zip(start_a, shape_a, start_b, shape_b)]
+    if any(h <= l for l, h in zip(lo, hi)):
+        return None
+    return tuple(lo), tuple(h - l for l, h in zip(lo, hi))

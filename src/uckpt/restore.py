@@ -29,6 +29,7 @@ from .errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
 from .format import Manifest
 from .reader import CheckpointReader
 from .registry import find_adapter
+from .shard import PerRank, Shard
 from .tree import array_leaf_value, decode, escape, join
 
 
@@ -44,9 +45,10 @@ _PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
 
 
 class _Matcher:
-    def __init__(self, manifest: Manifest) -> None:
+    def __init__(self, manifest: Manifest, rank: int = 0) -> None:
         self.m = manifest
-        self.targets: Dict[str, np.ndarray] = {}
+        self.rank = rank
+        self.targets: Dict[str, Any] = {}  # path -> array, or (array, offsets) for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any]]] = []
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
@@ -56,6 +58,21 @@ class _Matcher:
         where = join(parts) or "<root>"
         if isinstance(obj, np.ndarray):
             self.array(obj, node, where)
+            return
+        if isinstance(obj, Shard):
+            self.shard(obj, node, where)
+            return
+        if isinstance(obj, PerRank):
+            if node["type"] != "dict" or node.get("key_type") != "int":
+                raise StateMismatchError(f"{where!r}: the state has a PerRank, the checkpoint a "
+                                         f"{node['type']} that is not per-rank", leaf=where)
+            if str(self.rank) not in node["items"]:
+                raise KeyMismatchError(
+                    f"{where!r}: the checkpoint holds no value for rank {self.rank} (it has "
+                    f"ranks {', '.join(node['items']) or 'none'})", missing=[str(self.rank)],
+                    hint="per-rank state restores only into ranks that saved it; leave it out "
+                         "of the state (strict=False) on the other ranks")
+            self.match(obj.value, node["items"][str(self.rank)], parts + [str(self.rank)], strict)
             return
         if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
             if node["type"] != "dict":
@@ -115,10 +132,34 @@ class _Matcher:
             self.copies.append((obj, node["path"]))
         self.needed.append(node)
 
+    def shard(self, obj: Shard, node: Dict[str, Any], where: str) -> None:
+        if node["type"] != "array":
+            raise StateMismatchError(f"{where!r}: the state has a Shard, the checkpoint a "
+                                     f"{node['type']}", leaf=where)
+        entry = self.m.arrays[node["path"]]
+        if tuple(obj.global_shape) != tuple(entry.shape):
+            raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(entry.shape)}, "
+                                     f"the Shard's global shape is {list(obj.global_shape)}",
+                                     leaf=where)
+        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), where)
+        if _writable(obj.array):
+            self.targets[node["path"]] = (obj.array, obj.offsets)
+        else:
+            raise StateMismatchError(f"{where!r}: a Shard's array must be writable and "
+                                     "C-contiguous to be loaded into", leaf=where)
+        self.needed.append(node)
+
     def collect_targets(self, node: Dict[str, Any], targets: Any) -> None:
         if targets is None:
             return
         kind = node["type"]
+        if kind == "array" and isinstance(targets, Shard):
+            entry = self.m.arrays[node["path"]]
+            if node["path"] not in self.targets and _writable(targets.array) and \
+                    tuple(targets.global_shape) == entry.shape and \
+                    targets.array.dtype == dtypes.to_numpy(entry.dtype):
+                self.targets[node["path"]] = (targets.array, targets.offsets)
+            return
         if kind == "array" and isinstance(targets, np.ndarray):
             entry = self.m.arrays[node["path"]]
             if node["path"] not in self.targets and _writable(targets) and \
@@ -168,20 +209,24 @@ def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
     return out
 
 
-def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True) -> Dict[str, Any]:
-    """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys."""
+def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
+                 rank: int = 0) -> Dict[str, Any]:
+    """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys.
+
+    ``rank`` picks the values of :class:`~uckpt.shard.PerRank` subtrees."""
     if not isinstance(state, Mapping):
         raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
     m = reader.manifest
-    matcher = _Matcher(m)
+    matcher = _Matcher(m, rank)
     matcher.mapping(state, m.tree, [], strict)  # phase 1: raises before anything is read
     wanted: set = set()
     for node in matcher.needed:
         paths_in(node, wanted)
     arrays = reader.read_arrays({p: matcher.targets.get(p) for p in m.arrays if p in wanted})
 
-    def leaf(node):
-        return array_leaf_value(node, arrays[node["path"]])
+    def leaf(node):  # None: not read (another rank's PerRank value)
+        arr = arrays.get(node["path"])
+        return None if arr is None else array_leaf_value(node, arr)
 
     for dest, path in matcher.copies:  # phase 3
         np.copyto(dest, arrays[path])

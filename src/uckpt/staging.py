@@ -8,6 +8,7 @@ by ``slots`` times the largest state.
 """
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -175,7 +176,8 @@ def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
         pool.release(arena)
         raise
     images = {data_file_name(0): buf[:round_up(size)]} if is_image else {}
-    return Snapshot(Flat(flat.skeleton, {p: staged[p] for p in flat.arrays}, plan, images),
+    return Snapshot(dataclasses.replace(flat, arrays={p: staged[p] for p in flat.arrays},
+                                        plan=plan, images=images),
                     waits, arena, pool)
 
 
@@ -189,7 +191,7 @@ def _materialize(flat: Flat) -> Snapshot:
             arrays[path] = np.empty(arr.shape, arr.dtype)
             jobs.append((arr, arrays[path]))
     waits = _copy_all(jobs)
-    return Snapshot(Flat(flat.skeleton, arrays), waits, None, None)
+    return Snapshot(dataclasses.replace(flat, arrays=arrays), waits, None, None)
 
 
 def _copy_all(jobs) -> List[Any]:

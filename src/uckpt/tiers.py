@@ -57,7 +57,8 @@ def _drop_cache(fd: int) -> None:
             pass
 
 
-def _copy_file(src: Path, dst: Path) -> None:
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy, fsync and drop ``dst`` from the page cache (so a read-back comes from storage)."""
     with open(src, "rb") as fin, open(dst, "xb") as fout:
         shutil.copyfileobj(fin, fout, length=8 << 20)
         fout.flush()
@@ -81,8 +82,8 @@ def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]
     tmp.mkdir()
     try:
         for name in files:
-            _copy_file(src / name, tmp / name)
-        _copy_file(src / MANIFEST_NAME, tmp / MANIFEST_NAME)
+            copy_file(src / name, tmp / name)
+        copy_file(src / MANIFEST_NAME, tmp / MANIFEST_NAME)
         fsutil.fsync_dir(tmp)
         if verify:
             with CheckpointReader(tmp) as copy:

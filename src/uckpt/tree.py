@@ -21,12 +21,17 @@ import numpy as np
 from . import dtypes
 from .adapter import DeviceArray
 from .errors import UnsupportedDtypeError, UnsupportedObjectError
+from .shard import PerRank, Shard
 
 MAX_DEPTH = 200
 
 
 def escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
+
+
+def unescape(part: str) -> str:
+    return part.replace("~1", "/").replace("~0", "~")
 
 
 def join(parts: List[str]) -> str:
@@ -44,28 +49,41 @@ class Flat:
     #: set by a snapshot: the save plan, and each data file's exact bytes (staging arena)
     plan: Any = None
     images: Dict[str, np.ndarray] = field(default_factory=dict)
+    #: sharded leaves (:class:`~uckpt.shard.Shard`): path -> (offsets, global shape) of the
+    #: local array in ``arrays``; every other array is whole
+    boxes: Dict[str, Any] = field(default_factory=dict)
+    #: where :class:`~uckpt.shard.PerRank` subtrees are (escaped path parts)
+    per_rank: List[List[str]] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
 
-def flatten(state: Mapping) -> Flat:
-    """Flatten a state mapping; arrays that share memory and layout are stored once."""
+def flatten(state: Mapping, rank: int = 0) -> Flat:
+    """Flatten a state mapping; arrays that share memory and layout are stored once.
+
+    ``rank`` is where :class:`~uckpt.shard.PerRank` values go: the subtree is an
+    int-keyed dict holding this rank's value under ``rank``."""
     if not isinstance(state, Mapping):
         raise UnsupportedObjectError(
             f"state must be a mapping of names to objects, got {type(state).__name__}",
             hint='pass e.g. {"model": model, "optimizer": optimizer, "epoch": 3}')
-    return _Flattener().run(state)
+    return _Flattener(rank).run(state)
 
 
 class _Flattener:
-    def __init__(self) -> None:
+    def __init__(self, rank: int = 0) -> None:
+        self.rank = rank
+        self.per_rank: List[List[str]] = []  # where PerRank dicts are (escaped path parts)
         self.arrays: Dict[str, np.ndarray] = {}
         self.seen: Dict[tuple, str] = {}  # (address, shape, strides, dtype) -> path
 
+        self.boxes: Dict[str, Any] = {}
+
     def run(self, state: Mapping) -> Flat:
-        return Flat(self.node(state, [], 0), self.arrays)
+        return Flat(self.node(state, [], 0), self.arrays, boxes=self.boxes,
+                    per_rank=self.per_rank)
 
     def node(self, obj: Any, parts: List[str], depth: int) -> Dict[str, Any]:
         if depth > MAX_DEPTH:
@@ -85,6 +103,12 @@ class _Flattener:
                     ("inf" if obj > 0 else "-inf")}
         if isinstance(obj, (np.ndarray, DeviceArray)):
             return self.array(obj, parts)
+        if isinstance(obj, PerRank):
+            self.per_rank.append(list(parts))
+            sub = self.node(obj.value, parts + [str(self.rank)], depth + 1)
+            return {"type": "dict", "key_type": "int", "items": {str(self.rank): sub}}
+        if isinstance(obj, Shard):
+            return self.array(obj.array, parts, (obj.offsets, obj.global_shape))
         if isinstance(obj, (bytes, bytearray)):
             node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), parts)
             return dict(node, type="bytes")
@@ -130,7 +154,7 @@ class _Flattener:
             node["key_type"] = "int"
         return node
 
-    def array(self, arr, parts: List[str]) -> Dict[str, Any]:
+    def array(self, arr, parts: List[str], box=None) -> Dict[str, Any]:
         path = join(parts)
         try:
             dtypes.name_of(arr.dtype)
@@ -141,12 +165,15 @@ class _Flattener:
                 key = ("device", arr.key, arr.shape, arr.dtype)
             else:
                 key = (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype)
+            key += (box,)
             if key in self.seen:  # tied / shared: store once, refer twice
                 return {"type": "array", "path": self.seen[key]}
             self.seen[key] = path
         if path in self.arrays:
             raise UnsupportedObjectError(f"two leaves map to the same path {path!r}", leaf=path)
         self.arrays[path] = arr
+        if box is not None:
+            self.boxes[path] = box
         return {"type": "array", "path": path}
 
 

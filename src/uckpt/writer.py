@@ -35,6 +35,10 @@ def box_bytes(arr: np.ndarray, start, shape) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
+def _local(start, origin):
+    return start if origin is None else tuple(s - o for s, o in zip(start, origin))
+
+
 def _pwritev_all(fd: int, buffers: List[memoryview], offset: int) -> None:
     while buffers:
         n = os.pwritev(fd, buffers, offset)
@@ -140,18 +144,22 @@ def _write_image(path: Path, image: np.ndarray, size: int) -> None:
 
 
 def write_data_file(directory: Path, file: str, size: int, items: List[WriteItem],
-                    arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None
-                    ) -> Dict[WriteItem, Chunk]:
+                    arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
+                    origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
     """Create ``directory/file``, write every item at its offset, fsync; return the chunks.
 
     ``image``, when given, is the whole file's bytes (a staging arena laid out
     by the plan): it is written in one piece and the items are checksummed from it.
+    ``origins`` gives, for arrays that are a box of a larger one, where the box
+    starts: items' boxes are global, the arrays local.
     """
     items = sorted(items, key=lambda it: it.offset)
+    origins = origins or {}
     if image is not None:
         data = [image[it.offset:it.offset + it.length] for it in items]
     else:
-        data = [box_bytes(arrays[it.path], it.start, it.shape) for it in items]
+        data = [box_bytes(arrays[it.path], _local(it.start, origins.get(it.path)), it.shape)
+                for it in items]
     for it, d in zip(items, data):
         assert d.nbytes == it.length, (it, d.nbytes)
     sums: List[int] = [0] * len(items)

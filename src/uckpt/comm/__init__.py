@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from .base import DEFAULT_TIMEOUT, Communicator, SingleProcess
 from ..errors import CollectiveTimeoutError, CommunicationError, DistributedError
@@ -64,7 +64,46 @@ def _from_horovod(hvd: Any, timeout: Optional[float]) -> Communicator:
     return c
 
 
+_cache: Dict[Any, Tuple[Any, Communicator]] = {}  # key -> (what it was made from, communicator)
+_background: Dict[int, Tuple[Communicator, Communicator]] = {}
+
+
+def _cached(key: Any, source: Any, make) -> Communicator:
+    """One communicator per source object (an MPI Dup or a gloo group is made once)."""
+    hit = _cache.get(key)
+    if hit is not None and (hit[0] is source or (isinstance(source, int) and hit[0] == source)):
+        return hit[1]
+    made = make()
+    _cache[key] = (source, made)
+    return made
+
+
+def background_communicator(comm: Communicator) -> Communicator:
+    """Collective on first use: the duplicate of ``comm`` that background saves talk over."""
+    hit = _background.get(id(comm))
+    if hit is not None and hit[0] is comm:
+        return hit[1]
+    dup = comm.duplicate()
+    _background[id(comm)] = (comm, dup)
+    return dup
+
+
 def get_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Communicator:
+    """As :func:`make_communicator`, but reusing what an earlier call made from the same
+    object (with the same timeout), so that repeated saves do not create communicators."""
+    if isinstance(comm, Communicator):
+        return comm
+    if comm is None:
+        if _torch_initialized():
+            world = id(sys.modules["torch.distributed"].group.WORLD)  # no reference: teardown
+            return _cached(("torch", timeout), world, lambda: make_communicator(None, timeout=timeout))
+        if _mpi_launched():
+            return _cached(("mpi", timeout), "world", lambda: make_communicator(None, timeout=timeout))
+        return SingleProcess()
+    return _cached((id(comm), timeout), comm, lambda: make_communicator(comm, timeout=timeout))
+
+
+def make_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Communicator:
     """Return the :class:`Communicator` for a ``comm=`` argument.
 
     ``comm`` may be a :class:`Communicator` (returned as is), an mpi4py
@@ -101,6 +140,6 @@ def get_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Co
                     f"{type(comm).__module__}.{type(comm).__qualname__}")
 
 
-__all__ = ["CollectiveTimeoutError", "CommunicationError", "Communicator", "DEFAULT_TIMEOUT",
+__all__ = ["background_communicator", "make_communicator", "CollectiveTimeoutError", "CommunicationError", "Communicator", "DEFAULT_TIMEOUT",
            "DistributedError", "MPICommunicator", "SingleProcess", "TorchCommunicator",
            "get_communicator"]

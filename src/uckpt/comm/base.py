@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import knobs
 from ..errors import DistributedError
@@ -67,6 +67,11 @@ class Communicator:
         """Collective: return once every rank has entered the barrier."""
         raise NotImplementedError
 
+    def duplicate(self) -> "Communicator":
+        """Collective: a communicator over the same ranks whose messages never mix with
+        this one's, for collectives run on a background thread (async saves)."""
+        raise NotImplementedError
+
     def all_gather(self, obj: Any) -> List[Any]:
         """Collective: return every rank's ``obj``, indexed by rank."""
         raise NotImplementedError
@@ -93,23 +98,52 @@ class Communicator:
         The message names each failed rank and its exception text; on a failed
         rank the local exception is chained as ``__cause__``.
         """
-        failed = self.failures(error)
-        if not failed:
-            return
-        lines = [f"{what} failed on {len(failed)} of {self.size} rank(s): "
-                 + ", ".join(str(r) for r, _ in failed)]
-        lines += [f"  rank {r}: {e}" for r, e in failed]
-        exc = DistributedError("\n".join(lines), failures=dict(failed))
-        if isinstance(error, BaseException):
-            raise exc from error
-        raise exc
+        _raise_failed(self.failures(error), self.size, error, what)
+
+    def gather_outcomes(self, fn: Callable[[], Any], what: str = "operation") -> List[Any]:
+        """Collective: run ``fn()`` here, then return every rank's result, indexed by rank.
+
+        If ``fn`` raised on any rank, every rank raises the same
+        :class:`DistributedError` instead (naming the failed ranks and their
+        errors): one round trip for "do this everywhere, then agree on the
+        outcome". Results must be JSON-able.
+        """
+        error: Optional[BaseException] = None
+        try:
+            payload: Dict[str, Any] = {"ok": fn()}
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then re-raised
+            error = e
+            payload = {"error": describe_exception(e)}
+        try:
+            out = self.all_gather(payload)
+        except DistributedError as e:  # a rank died or hangs: say what was interrupted
+            e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
+            raise
+        _raise_failed([(r, p["error"]) for r, p in enumerate(out) if "error" in p],
+                      self.size, error, what)
+        return [p["ok"] for p in out]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
 
 
+def _raise_failed(failed: List[Tuple[int, str]], size: int, error: Any, what: str) -> None:
+    if not failed:
+        return
+    lines = [f"{what} failed on {len(failed)} of {size} rank(s): "
+             + ", ".join(str(r) for r, _ in failed)]
+    lines += [f"  rank {r}: {e}" for r, e in failed]
+    exc = DistributedError("\n".join(lines), failures=dict(failed))
+    if isinstance(error, BaseException):
+        raise exc from error
+    raise exc
+
+
 class SingleProcess(Communicator):
     """The default: one process, rank 0 of 1. Collectives return at once."""
+
+    def duplicate(self) -> "SingleProcess":
+        return SingleProcess()
 
     def barrier(self) -> None:
         return None

@@ -48,6 +48,9 @@ class MPICommunicator(Communicator):
         self._seq = 0
         self._sends: List[Tuple[Any, bytes, int]] = []  # (request, buffer kept alive, dest)
 
+    def duplicate(self) -> "MPICommunicator":
+        return MPICommunicator(self._comm, self.timeout)
+
     @property
     def mpi_comm(self):
         """The (duplicated) mpi4py communicator."""

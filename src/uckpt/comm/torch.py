@@ -48,6 +48,10 @@ class TorchCommunicator(Communicator):
         self._rank = dist.get_rank(group)
         self._size = dist.get_world_size(group)
 
+    def duplicate(self) -> "TorchCommunicator":
+        ranks = None if self._group is None else self._dist.get_process_group_ranks(self._group)
+        return TorchCommunicator(self._dist.new_group(ranks=ranks, backend="gloo"), self.timeout)
+
     @property
     def group(self):
         """The gloo process group used for metadata (None: the default group)."""

@@ -1,0 +1,202 @@
+"""A save by many ranks: every rank writes its own data file; one atomic commit.
+
+The protocol (see docs/architecture.md, "Distributed saves") runs three
+exchanges on the communicator; each ends with every rank knowing whether every
+other rank succeeded, so a failure anywhere raises the same
+:class:`~uckpt.errors.DistributedError` everywhere and nothing is committed:
+
+1. *plan*: rank 0 checks the target and creates the temporary directory with a
+   marker file in it; every rank sends its metadata
+   (:func:`~uckpt.global_plan.local_metadata`); every rank computes the same
+   :class:`~uckpt.global_plan.GlobalPlan`.
+2. *write*: every rank creates the temporary directory where it does not see it
+   (node-local storage), writes and fsyncs its data file, and sends its chunks'
+   checksums and which copy of the directory it wrote into (its *view*).
+3. *commit*: the lowest rank of each view writes the manifest (the same on
+   every view) and renames the directory into place.
+
+A rank that dies makes the others' exchange fail (the backend's error or
+:class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and the
+temporary directory is removed by the survivors or, failing that, by the next
+``CheckpointManager`` on that root.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from . import fsutil
+from .comm import Communicator
+from .commit import TMP_MARK, assemble_manifest, check_metadata, check_target, publish
+from .format import MANIFEST_NAME, Chunk
+from .global_plan import global_plan, local_metadata, merged_tree
+from .reader import CheckpointReader
+from .tiers import copy_file
+from .tree import Flat
+from .writer import write_data_file
+
+COORDINATOR_MARK = ".uckpt-coordinator"
+
+
+def save_collective(directory, flat: Union[Flat, BaseException], comm: Communicator, *,
+                    step: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None,
+                    overwrite: bool = False, what: Optional[str] = None) -> Path:
+    """Collective: save each rank's ``flat`` as one checkpoint; returns ``directory``.
+
+    ``flat`` may be the exception this rank failed with before the save
+    (flattening, snapshot): it is reported to the other ranks, and every rank raises.
+    """
+    directory = Path(directory).absolute()
+    what = what or f"save to {str(directory)!r}"
+    run = _Run(directory, comm)
+
+    def plan() -> Dict[str, Any]:
+        if isinstance(flat, BaseException):
+            raise flat
+        out = local_metadata(flat)
+        if comm.rank == 0:
+            check_metadata(metadata)
+            if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+                raise ValueError(f"step must be a non-negative int, got {step!r}")
+            check_target(directory, overwrite)
+            out["tmp"] = run.make_tmp()
+        return out
+
+    try:
+        gathered = comm.gather_outcomes(plan, f"{what} (planning)")
+        assert isinstance(flat, Flat)
+        gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
+
+        def write() -> Dict[str, Any]:
+            view = run.enter(gathered[0]["tmp"])
+            file, size = gp.plan.file_sizes[comm.rank]
+            run.files.append(run.tmp / file)
+            chunks = write_data_file(run.tmp, file, size, gp.plan.for_rank(comm.rank),
+                                     flat.arrays, origins=gp.origins)
+            return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
+                    "view": view}
+
+        written = comm.gather_outcomes(write, f"{what} (writing)")
+
+        def manifest() -> bytes:
+            ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order sums arrived in
+            sums = [s for w in written for s in w["sums"]]
+            chunks = {it: Chunk(it.file, it.offset, it.length, it.start, it.shape, "raw", s)
+                      for it, s in zip(ordered, sums)}
+            return assemble_manifest(merged_tree(flat.skeleton, gathered), gp.metas, gp.plan,
+                                     chunks, step, metadata or {}).to_bytes()
+
+        comm.gather_outcomes(lambda: run.commit([w["view"] for w in written], manifest, overwrite),
+                             f"{what} (commit)")
+    except BaseException:
+        run.cleanup()
+        raise
+    return directory
+
+
+def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = True) -> Optional[Path]:
+    """Collective: copy committed checkpoint ``src`` (each rank's view of it) to ``dst``.
+
+    Every rank copies the data files it wrote (the manifest's ``files[...].rank``)
+    and checks their chunks after reading them back; the lowest rank of each view of
+    ``dst`` commits. Returns ``dst``, or None if it was already committed there.
+    """
+    src, dst = Path(src).absolute(), Path(dst).absolute()
+    what = f"copy of {str(src)!r} to {str(dst)!r}"
+    run = _Run(dst, comm)
+
+    def plan() -> Dict[str, Any]:
+        if comm.rank == 0:
+            if (dst / MANIFEST_NAME).exists():
+                return {"skip": True}
+            return {"tmp": run.make_tmp()}
+        return {}
+
+    try:
+        gathered = comm.gather_outcomes(plan, f"{what} (planning)")
+        if gathered[0].get("skip"):
+            return None
+        manifest_bytes = (src / MANIFEST_NAME).read_bytes()
+
+        def copy() -> Dict[str, Any]:
+            view = run.enter(gathered[0]["tmp"])
+            with CheckpointReader(src) as reader:
+                mine = [f.name for f in reader.manifest.files.values() if f.rank == comm.rank]
+            for name in mine:
+                run.files.append(run.tmp / name)
+                copy_file(src / name, run.tmp / name)
+            if verify:
+                with CheckpointReader(run.tmp, manifest=reader.manifest) as copied:
+                    copied.verify(files=set(mine))
+            return {"view": view}
+
+        copied = comm.gather_outcomes(copy, f"{what} (copying)")
+        comm.gather_outcomes(lambda: run.commit([c["view"] for c in copied],
+                                                lambda: manifest_bytes, False), f"{what} (commit)")
+    except BaseException:
+        run.cleanup()
+        raise
+    return dst
+
+
+class _Run:
+    """One rank's part in a collective commit of ``directory``, and its cleanup."""
+
+    def __init__(self, directory: Path, comm: Communicator) -> None:
+        self.directory = directory
+        self.comm = comm
+        self.tmp: Optional[Path] = None
+        self.created_tmp = False
+        self.files: List[Path] = []
+
+    def make_tmp(self) -> str:
+        """Rank 0: create the temporary directory, marked as the coordinator's."""
+        self.directory.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.directory.parent / f".{self.directory.name}{TMP_MARK}{secrets.token_hex(4)}"
+        self.tmp.mkdir()
+        self.created_tmp = True
+        fsutil.write_file_durably(self.tmp / COORDINATOR_MARK, b"")
+        return self.tmp.name
+
+    def enter(self, name: str) -> str:
+        """Find or create the temporary directory; return which copy of it this rank sees."""
+        self.tmp = self.directory.parent / name
+        sees_coordinator = (self.tmp / COORDINATOR_MARK).exists()
+        if not sees_coordinator:  # node-local storage: this node's copy of the directory
+            self.directory.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.tmp.mkdir()
+                self.created_tmp = True
+            except FileExistsError:
+                pass
+        st = os.stat(self.tmp)
+        return "coordinator" if sees_coordinator else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
+
+    def commit(self, views: List[str], manifest: Callable[[], bytes], overwrite: bool) -> None:
+        """The lowest rank of each view writes the manifest and renames the directory."""
+        rank = self.comm.rank
+        if views.index(views[rank]) != rank:
+            return
+        assert self.tmp is not None
+        data = manifest()
+        (self.tmp / COORDINATOR_MARK).unlink(missing_ok=True)
+        fsutil.write_file_durably(self.tmp / MANIFEST_NAME, data)
+        fsutil.fsync_dir(self.tmp)
+        publish(self.tmp, self.directory, overwrite)
+        self.created_tmp = False
+
+    def cleanup(self) -> None:
+        """After a failure: remove what this rank made (best effort; debris is also
+        removed by the next CheckpointManager on this root)."""
+        if self.tmp is None:
+            return
+        try:
+            for f in self.files:
+                f.unlink(missing_ok=True)
+            if self.created_tmp and self.tmp.exists() and not (self.tmp / MANIFEST_NAME).exists():
+                fsutil.remove_tree(self.tmp)
+        except OSError:
+            pass

@@ -1,0 +1,168 @@
+"""The plan of a save by many ranks, from one all-gather of each rank's metadata.
+
+Each rank describes its flattened state (:func:`local_metadata`): a digest of
+its tree, and per array leaf the dtype, the global shape and the box it holds
+(the whole array, unless it is a :class:`~uckpt.shard.Shard`). Every rank then
+runs :func:`global_plan` on the same gathered list and gets the same result:
+the state is checked to be consistent across ranks (same tree, same leaves,
+boxes that tile each array exactly, equal small replicated leaves) and every
+box is split into pieces given to the ranks holding it, balanced by bytes
+(:func:`uckpt.plan.plan_holdings`).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from . import dtypes, knobs
+from .adapter import DeviceArray
+from .checksum import crc32c
+from .errors import StateMismatchError
+from .plan import ArrayMeta, SavePlan, plan_holdings
+from .tree import Flat, unescape
+
+#: replicated arrays up to this size are compared across ranks (by checksum)
+COMPARE_BYTES = 1 << 16
+
+
+def _node_at(tree: Dict[str, Any], parts: Sequence[str]) -> Dict[str, Any]:
+    node = tree
+    for part in parts:
+        while node["type"] == "object":
+            node = node["state"]
+        node = node["items"][unescape(part)] if node["type"] == "dict" else node["items"][int(part)]
+    return node
+
+
+def shared_tree(flat: Flat) -> Dict[str, Any]:
+    """The skeleton with every PerRank subtree emptied: what all ranks must agree on."""
+    if not flat.per_rank:
+        return flat.skeleton
+    tree = copy.deepcopy(flat.skeleton)
+    for parts in flat.per_rank:
+        _node_at(tree, parts)["items"] = {}
+    return tree
+
+
+def digest(tree: Dict[str, Any]) -> str:
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def local_metadata(flat: Flat) -> Dict[str, Any]:
+    """What this rank tells the others before a save (JSON-able)."""
+    arrays = []
+    for path, arr in flat.arrays.items():
+        offsets, gshape = flat.boxes.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
+        small = None
+        if path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.nbytes <= COMPARE_BYTES:
+            small = crc32c(np.ascontiguousarray(dtypes.as_little_endian(arr)).reshape(-1).view(np.uint8))
+        arrays.append([path, dtypes.name_of(arr.dtype), list(gshape), list(offsets),
+                       list(arr.shape), small])
+    per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
+    tree = shared_tree(flat)
+    keys = {k: digest(v) for k, v in tree["items"].items()}  # names what differs, if anything
+    return {"tree": digest(tree), "keys": keys, "arrays": arrays, "per_rank": per_rank}
+
+
+@dataclass
+class GlobalPlan:
+    plan: SavePlan
+    metas: Dict[str, ArrayMeta]  # every array of every rank, in save order
+    #: path -> offsets of this rank's local array in the global one (sharded leaves)
+    origins: Dict[str, Tuple[int, ...]]
+
+
+def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0) -> GlobalPlan:
+    """Check the ranks' metadata against each other and plan the save (same on every rank)."""
+    world = len(gathered)
+    bad = [r for r, g in enumerate(gathered) if g["tree"] != gathered[0]["tree"]]
+    if bad:
+        first = gathered[bad[0]]["keys"]
+        ref = gathered[0]["keys"]
+        keys = sorted(k for k in set(first) | set(ref) if first.get(k) != ref.get(k))
+        raise StateMismatchError(
+            f"the state's structure or plain values differ between ranks: rank(s) "
+            f"{', '.join(map(str, bad))} differ from rank 0 (rank {bad[0]} in key(s) "
+            f"{', '.join(map(repr, keys))})",
+            hint="every rank must pass the same keys and the same plain values (step, "
+                 "epoch, hyper-parameters); wrap state that differs by rank, such as "
+                 "uckpt.RandomState(), in uckpt.PerRank(...)")
+    metas: Dict[str, ArrayMeta] = {}
+    boxes: Dict[str, Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], List[int]]] = {}
+    sums: Dict[str, Dict[int, List[int]]] = {}
+    for r, g in enumerate(gathered):
+        for path, dtype, gshape, start, shape, small in g["arrays"]:
+            meta = ArrayMeta(dtype, tuple(gshape))
+            if metas.setdefault(path, meta) != meta:
+                first = metas[path]
+                raise StateMismatchError(
+                    f"leaf {path!r} is {first.dtype} {list(first.shape)} on one rank and "
+                    f"{dtype} {list(gshape)} on rank {r}", leaf=path)
+            boxes.setdefault(path, {}).setdefault((tuple(start), tuple(shape)), []).append(r)
+            if small is not None:
+                sums.setdefault(path, {}).setdefault(small, []).append(r)
+    for path, by_sum in sums.items():
+        if len(by_sum) > 1:
+            groups = "; ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_sum.values())
+            raise StateMismatchError(
+                f"replicated leaf {path!r} holds different values on different ranks ({groups})",
+                leaf=path, hint="a plain array must be equal on every rank; wrap per-rank state "
+                "(e.g. uckpt.RandomState()) in uckpt.PerRank(...), or declare slices with "
+                "uckpt.Shard(...)")
+    for path, held in boxes.items():
+        _check_tiling(path, metas[path].shape, list(held))
+    held_by = {p: [(box, tuple(ranks)) for box, ranks in sorted(held.items())]
+               for p, held in boxes.items()}
+    total = sum(m.nbytes for m in metas.values())
+    if not piece_bytes:
+        piece_bytes = knobs.chunk_bytes if world == 1 else \
+            max(1 << 20, min(knobs.chunk_bytes, total // (8 * world)))
+    plan = plan_holdings(metas, held_by, world, piece_bytes)
+    origins = {path: tuple(start) for path, dtype, gshape, start, shape, small
+               in gathered[rank]["arrays"] if tuple(shape) != tuple(gshape)}
+    return GlobalPlan(plan, metas, origins)
+
+
+def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tuple]]) -> None:
+    """Distinct boxes must not overlap and must cover the array."""
+    covered = sum(math.prod(s) for _, s in held)
+    total = math.prod(shape)
+    if len(held) > 1:
+        starts = np.array([b[0] for b in held], dtype=np.int64).reshape(len(held), -1)
+        ends = starts + np.array([b[1] for b in held], dtype=np.int64).reshape(len(held), -1)
+        sizes = (ends - starts).prod(axis=1) if starts.shape[1] else np.ones(len(held), np.int64)
+        nonempty = sizes > 0
+        over = np.all((starts[:, None, :] < ends[None, :, :]) & (starts[None, :, :] < ends[:, None, :]),
+                      axis=2) & nonempty[:, None] & nonempty[None, :]
+        np.fill_diagonal(over, False)
+        if over.any():
+            i, j = map(int, np.argwhere(over)[0])
+            raise StateMismatchError(
+                f"sharded leaf {path!r}: the boxes at {list(held[i][0])} (shape "
+                f"{list(held[i][1])}) and at {list(held[j][0])} (shape {list(held[j][1])}) "
+                "overlap", leaf=path, hint="ranks holding the same data must declare the "
+                "same box; different boxes must be disjoint")
+    if covered != total:
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the ranks' boxes cover {covered} of its {total} elements "
+            f"(global shape {list(shape)})", leaf=path,
+            hint="every element of a sharded array must be held by some rank")
+
+
+def merged_tree(flat_skeleton: Dict[str, Any], gathered: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The manifest's tree: the shared skeleton with every rank's PerRank subtrees."""
+    tree = copy.deepcopy(flat_skeleton)
+    for g in gathered:
+        for parts, items in g["per_rank"]:
+            _node_at(tree, parts)["items"].update(items)
+    for parts, _ in gathered[0]["per_rank"]:
+        node = _node_at(tree, parts)
+        node["items"] = dict(sorted(node["items"].items(), key=lambda kv: int(kv[0])))
+    return tree

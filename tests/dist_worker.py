@@ -1,0 +1,220 @@
+"""Distributed saves and loads, run under mpiexec or as torch.distributed ranks.
+
+usage: dist_worker.py {mpi,torch} SCENARIO DIR [ARG]
+Run by tests/test_distributed.py; each rank prints ``RESULT <json>`` lines.
+
+The state is a real PyTorch model and Adam optimizer (replicated: the same on
+every rank) plus a ZeRO-style sharded tensor: rows split across the ranks on
+save, columns (or any other split) on load. Every value derives from fixed
+seeds, so a loader of any size can rebuild what was saved and compare bits.
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+SHARD_SHAPE = (24, 40)
+
+
+def report(**kw):
+    print("\nRESULT " + json.dumps(kw), flush=True)
+
+
+def init(backend, timeout=60.0):
+    if backend == "torch":
+        from datetime import timedelta
+
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+    else:
+        from mpi4py import MPI  # noqa: F401  (detection: mpi4py imported -> MPI)
+    from uckpt.comm import get_communicator
+    return get_communicator(None, timeout=timeout)
+
+
+def model_and_optimizer(seed):
+    import torch
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    return model, opt
+
+
+def trained(seed=0):
+    """The model and optimizer after two steps: what every rank saves."""
+    import torch
+    model, opt = model_and_optimizer(seed)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        x = torch.randn(16, 64, generator=g)
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    return model, opt
+
+
+def full_shard():
+    return np.random.default_rng(5).standard_normal(SHARD_SHAPE).astype(np.float32)
+
+
+def bounds(n, parts, i):
+    edges = np.linspace(0, n, parts + 1).round().astype(int)
+    return int(edges[i]), int(edges[i + 1])
+
+
+def save_state(rank, size):
+    import uckpt
+    model, opt = trained()
+    lo, hi = bounds(SHARD_SHAPE[0], size, rank)
+    zero = uckpt.Shard(full_shard()[lo:hi].copy(), SHARD_SHAPE, (lo, 0))
+    return {"model": model, "optimizer": opt, "zero": zero, "step": 7,
+            "rank_state": uckpt.PerRank({"seed": np.array([100 + rank])})}
+
+
+def tensors_equal(a, b):
+    import torch
+    return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def check_loaded(directory, rank, size, split):
+    """Load into fresh objects (another seed) on this job's ranks, slicing the
+    sharded tensor by ``split`` ("rows" or "cols"); compare bits with the original."""
+    import uckpt
+    model, opt = model_and_optimizer(seed=123)
+    ref_model, ref_opt = trained()
+    axis = 0 if split == "rows" else 1
+    lo, hi = bounds(SHARD_SHAPE[axis], size, rank)
+    local = np.zeros((hi - lo, SHARD_SHAPE[1]) if axis == 0 else (SHARD_SHAPE[0], hi - lo), np.float32)
+    offsets = (lo, 0) if axis == 0 else (0, lo)
+    state = {"model": model, "optimizer": opt, "zero": uckpt.Shard(local, SHARD_SHAPE, offsets),
+             "step": None}
+    if rank < uckpt.manifest(directory).world_size:  # per-rank state exists for this rank
+        state["rank_state"] = uckpt.PerRank({"seed": np.zeros(1, np.int64)})
+    out = uckpt.load(directory, state, strict=False)
+    want = full_shard()[lo:hi] if axis == 0 else full_shard()[:, lo:hi]
+    opt_ok = all(tensors_equal([s[k] for s in sorted_state(opt)], [s[k] for s in sorted_state(ref_opt)])
+                 for k in ("exp_avg", "exp_avg_sq", "step"))
+    return {
+        "model": tensors_equal(model.state_dict().values(), ref_model.state_dict().values()),
+        "optimizer": opt_ok and opt.state_dict()["param_groups"] == ref_opt.state_dict()["param_groups"],
+        "zero": bool(np.array_equal(local.view(np.uint32), want.view(np.uint32))),
+        "step": out["step"],
+        "rank_state": int(state["rank_state"].value["seed"][0]) if "rank_state" in state else None,
+    }
+
+
+def sorted_state(opt):
+    sd = opt.state_dict()["state"]
+    return [sd[k] for k in sorted(sd)]
+
+
+def big_state(mb):
+    """Replicated arrays, ``mb`` MB in all, of several sizes (the same on every rank)."""
+    rng = np.random.default_rng(3)
+    sizes = [int(mb * 2 ** 20 * f) // 4 for f in (0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05)]
+    out = {f"w{i}": rng.standard_normal(n, dtype=np.float32) for i, n in enumerate(sizes)}
+    out.update({f"b{i}": np.full(100 + i, i, np.float32) for i in range(40)})
+    return out
+
+
+def main():
+    backend, scenario, directory = sys.argv[1], sys.argv[2], sys.argv[3]
+    arg = sys.argv[4] if len(sys.argv) > 4 else None
+    timeout = float(os.environ.get("DIST_TIMEOUT", "60"))
+    c = init(backend, timeout)
+    rank, size = c.rank, c.size
+    import uckpt
+    from uckpt.errors import UckptError
+
+    if scenario == "save":
+        uckpt.save(directory, save_state(rank, size), step=7)
+        report(rank=rank, saved=True)
+    elif scenario == "load":
+        report(rank=rank, **check_loaded(directory, rank, size, arg))
+    elif scenario == "balance":
+        uckpt.save(directory, big_state(float(arg)))
+        back = uckpt.load(directory)
+        ok = all(np.array_equal(v, back[k]) for k, v in big_state(float(arg)).items())
+        report(rank=rank, ok=ok)
+    elif scenario in ("mismatch", "badobj", "differs"):
+        state = {"w": np.arange(10.0), "step": 7}
+        if scenario == "mismatch" and rank == 1:
+            state["step"] = 8
+        if scenario == "badobj" and rank == 2:
+            state["bad"] = object()
+        elif scenario == "badobj":
+            state["bad"] = None
+        if scenario == "differs":
+            state["seed"] = np.array([rank])
+        out = {"raised": None}
+        try:
+            uckpt.save(directory, state)
+        except UckptError as e:
+            out = {"raised": type(e).__name__, "msg": str(e), "failures": getattr(e, "failures", None)}
+        c.barrier()
+        report(rank=rank, committed=os.path.exists(directory), debris=sorted(
+            n for n in os.listdir(os.path.dirname(directory)) if "uckpt-tmp" in n), **out)
+    elif scenario == "kill":
+        # step 1 commits; during step 2 the test SIGKILLs rank 2 (once its data file appears)
+        with open(f"{directory}.pid-{rank}", "w") as f:
+            f.write(str(os.getpid()))
+        with uckpt.CheckpointManager(directory, comm=c) as m:
+            m.save(1, save_state(rank, size))
+            state = save_state(rank, size)
+            state["big"] = big_state(float(arg))
+            t0 = time.monotonic()
+            try:
+                m.save(2, state)
+                report(rank=rank, raised=None)
+            except UckptError as e:
+                report(rank=rank, raised=type(e).__name__, msg=str(e),
+                       elapsed=time.monotonic() - t0)
+        sys.stdout.flush()
+        time.sleep(0.5)
+        os._exit(0)  # the job is broken: MPI_Finalize / gloo teardown could wait for the dead rank
+    elif scenario == "tiers":
+        fast, durable = directory + "/fast", directory + "/durable"
+        with uckpt.CheckpointManager(tiers=[fast, durable], keep_last=2, async_save=True,
+                                     comm=c) as m:
+            for step in (1, 2, 3):
+                state = save_state(rank, size)
+                state["step"] = step
+                h = m.save(step, state)
+                assert not isinstance(h, (str, os.PathLike)), h  # async: a handle
+            m.wait()
+            fast_steps = [s for s in m.steps() if "fast" in m.tiers_of(s)]
+            durable_steps = [s for s in m.steps() if "durable" in m.tiers_of(s)]
+        c.barrier()
+        if rank == 0:  # node loss: the fast tier is gone
+            import shutil
+            shutil.rmtree(fast)
+        c.barrier()
+        with uckpt.CheckpointManager(tiers=[fast, durable], comm=c) as m:
+            got = check_loaded_manager(m, rank, size)
+        report(rank=rank, fast=fast_steps, durable=durable_steps, **got)
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    if backend == "torch":
+        import torch.distributed as dist
+        dist.destroy_process_group()
+
+
+def check_loaded_manager(m, rank, size):
+    import uckpt
+    model, opt = model_and_optimizer(seed=9)
+    ref_model, _ = trained()
+    lo, hi = bounds(SHARD_SHAPE[0], size, rank)
+    local = np.zeros((hi - lo, SHARD_SHAPE[1]), np.float32)
+    state = {"model": model, "optimizer": opt, "zero": uckpt.Shard(local, SHARD_SHAPE, (lo, 0)),
+             "step": None, "rank_state": uckpt.PerRank({"seed": np.zeros(1, np.int64)})}
+    step = m.restore(state)
+    return {"restored": step, "step": state["step"],
+            "model": tensors_equal(model.state_dict().values(), ref_model.state_dict().values()),
+            "zero": bool(np.array_equal(local, full_shard()[lo:hi])),
+            "rank_state": int(state["rank_state"].value["seed"][0])}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Distributed saves and loads on real processes: mpiexec -n 4 and torch.distributed (gloo).
+
+Every run has a hard timeout (tests/multiproc.py): a hang fails the test.
+"""
+import glob
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import uckpt
+from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch missing")
+
+
+def run(backend, n, *args, **kw):
+    launch = run_mpi if backend == "mpi" else run_torch
+    return launch(n, WORKER, backend, *map(str, args), timeout=kw.pop("timeout", 120), **kw)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Checkpoints of the same training state written by 4, 3 and 1 ranks."""
+    root = tmp_path_factory.mktemp("dist")
+    out = {}
+    for n, backend in ((4, "mpi"), (3, "torch"), (1, "mpi")):
+        out[n] = root / f"by{n}"
+        r = run(backend, n, "save", out[n]).check()
+        assert sorted(r.results) == list(range(n))
+    return out
+
+
+def chunk_bytes_per_file(directory):
+    per_file, chunks = Counter(), Counter()
+    for entry in uckpt.manifest(directory).arrays.values():
+        for c in entry.chunks:
+            per_file[c.file] += c.length
+            chunks[c.file] += 1
+    return per_file, chunks
+
+
+@needs_mpi
+@needs_torch
+def test_every_rank_writes_its_own_file(saved):
+    m = uckpt.manifest(saved[4])
+    assert m.world_size == 4 and sorted(m.files) == [f"data-{r:05d}.bin" for r in range(4)]
+    per_file, _ = chunk_bytes_per_file(saved[4])
+    assert len(per_file) == 4 and min(per_file.values()) > 0
+    # the sharded tensor's rows come from the ranks that held them
+    zero = m.arrays["zero"]
+    assert sorted((c.start[0], c.shape[0], c.file) for c in zero.chunks) == \
+        [(0, 6, "data-00000.bin"), (6, 6, "data-00001.bin"), (12, 6, "data-00002.bin"),
+         (18, 6, "data-00003.bin")]
+    # per-rank state is saved once per rank, by that rank
+    assert [m.arrays[f"rank_state/{r}/seed"].chunks[0].file for r in range(4)] == \
+        [f"data-{r:05d}.bin" for r in range(4)]
+    assert uckpt.verify(saved[4]) is not None
+
+
+@needs_mpi
+@needs_torch
+@pytest.mark.parametrize("written,loaders,backend,split", [
+    (4, 1, "mpi", "cols"), (4, 2, "torch", "rows"), (4, 3, "mpi", "cols"),
+    (1, 4, "torch", "cols"), (3, 4, "mpi", "rows")])
+def test_reshard_model_optimizer_and_sharded_tensor(saved, written, loaders, backend, split):
+    """N ranks wrote, M ranks read: model and optimizer bitwise equal to the original on
+    every rank, and each rank's slice of the sharded tensor (rows written, rows or
+    columns read) equal to the consolidated original's."""
+    r = run(backend, loaders, "load", saved[written], split).check()
+    assert sorted(r.results) == list(range(loaders))
+    for rank, res in r.results.items():
+        assert res["model"] and res["optimizer"] and res["zero"], res
+        assert res["step"] == 7
+        # rank r gets what rank r saved, when rank r existed
+        assert res["rank_state"] == (100 + rank if rank < written else None), res
+
+
+def test_reshard_consolidated_view(saved):
+    """One process without any communicator sees the whole (consolidated) tree."""
+    if not saved:
+        pytest.skip("no checkpoints")
+    tree = uckpt.load(saved[4])
+    ref = uckpt.load(saved[1])
+    assert np.array_equal(tree["zero"], ref["zero"])
+    for key in ("model", "optimizer"):
+        a, b = tree[key], ref[key]
+        assert repr(type(a)) == repr(type(b))
+    assert sorted(tree["rank_state"]) == [0, 1, 2, 3] and sorted(ref["rank_state"]) == [0]
+
+
+@needs_mpi
+def test_replicated_bytes_written_once_and_balanced(tmp_path):
+    directory = tmp_path / "ckpt"
+    r = run("mpi", 4, "balance", directory, 40).check()
+    assert all(res["ok"] for res in r.results.values()) and len(r.results) == 4
+    m = uckpt.manifest(directory)
+    for entry in m.arrays.values():  # exactly once: chunks tile each array (no overlap, no gap)
+        assert sum(int(np.prod(c.shape)) for c in entry.chunks) == int(np.prod(entry.shape))
+    per_file, chunks = chunk_bytes_per_file(directory)
+    assert sum(per_file.values()) == sum(e.nbytes for e in m.arrays.values())
+    assert len(per_file) == 4 and min(chunks.values()) >= 4
+    mean = sum(per_file.values()) / 4
+    assert all(abs(b - mean) / mean <= 0.10 for b in per_file.values()), per_file
+
+
+@needs_mpi
+@pytest.mark.parametrize("scenario,error,names", [
+    ("mismatch", "StateMismatchError", "rank(s) 1 differ from rank 0 (rank 1 in key(s) 'step')"),
+    ("badobj", "DistributedError", "rank 2: uckpt.errors.UnsupportedObjectError"),
+    ("differs", "StateMismatchError", "replicated leaf 'seed' holds different values"),
+])
+def test_inconsistent_state_is_refused_on_every_rank(tmp_path, scenario, error, names):
+    directory = tmp_path / "ckpt"
+    r = run("mpi", 4, scenario, directory, timeout=60).check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for res in r.results.values():
+        assert res["raised"] == error and names in res["msg"], res
+        assert not res["committed"] and res["debris"] == [], res
+    assert not directory.exists()
+    assert not glob.glob(str(tmp_path / ".ckpt.uckpt-tmp-*"))
+
+
+@needs_mpi
+@needs_torch
+def test_async_two_tiers_node_loss_restore(tmp_path):
+    """Async saves by 4 ranks, copied by every rank to the durable tier; after the fast
+    tier is lost, all ranks restore the newest step from the durable one."""
+    r = run("mpi", 4, "tiers", tmp_path).check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for rank, res in r.results.items():
+        assert res["fast"] == [2, 3] and res["durable"] == [2, 3], res  # keep_last=2 on both
+        assert res["restored"] == 3 and res["step"] == 3, res
+        assert res["model"] and res["zero"] and res["rank_state"] == 100 + rank, res
+    assert uckpt.verify(tmp_path / "durable" / "step_00000003").world_size == 4
+
+
+def _kill_rank_when_writing(directory, rank, killed):
+    def monitor():
+        if not killed and glob.glob(f"{directory}/.step_00000002.uckpt-tmp-*/data-{rank:05d}.bin"):
+            os.kill(int(Path(f"{directory}.pid-{rank}").read_text()), signal.SIGKILL)
+            killed.append(rank)
+    return monitor
+
+
+@needs_torch
+def test_rank_killed_mid_save_gloo(tmp_path):
+    """Rank 2 is SIGKILLed while it writes its data file: the survivors raise at once,
+    nothing is committed, no debris is left, and step 1 loads on any number of ranks."""
+    directory = tmp_path / "ckpt"
+    killed = []
+    r = run("torch", 4, "kill", directory, 400, env={"DIST_TIMEOUT": "20"},
+            monitor=_kill_rank_when_writing(directory, 2, killed))
+    assert killed == [2] and r.returncodes[2] == -signal.SIGKILL
+    assert sorted(r.results) == [0, 1, 3]
+    for res in r.results.values():
+        assert res["raised"] in ("CommunicationError", "CollectiveTimeoutError"), res
+        assert "save of step 2" in res["msg"], res
+        assert res["elapsed"] < 20, res
+    assert sorted(os.listdir(directory)) == ["step_00000001"]
+    _previous_checkpoint_loads(directory / "step_00000001")
+
+
+@needs_mpi
+@needs_torch
+def test_rank_killed_mid_save_mpi(tmp_path):
+    """Under MPICH a SIGKILLed rank ends the whole job (no survivor can raise, nobody
+    hangs); nothing is committed and step 1 still loads on any number of ranks."""
+    directory = tmp_path / "ckpt"
+    killed = []
+    r = run("mpi", 4, "kill", directory, 400, env={"DIST_TIMEOUT": "20"},
+            monitor=_kill_rank_when_writing(directory, 2, killed))
+    assert killed == [2] and r.returncodes[0] != 0
+    assert r.results == {} and r.wall < 60
+    assert [n for n in os.listdir(directory) if not n.startswith(".")] == ["step_00000001"]
+    with uckpt.CheckpointManager(directory) as m:  # removes the killed save's debris
+        assert m.steps() == [1]
+    assert os.listdir(directory) == ["step_00000001"]
+    _previous_checkpoint_loads(directory / "step_00000001")
+
+
+def _previous_checkpoint_loads(step_dir):
+    for n, backend in ((1, "mpi"), (3, "torch")):
+        r = run(backend, n, "load", step_dir, "rows").check()
+        assert sorted(r.results) == list(range(n))
+        assert all(res["model"] and res["optimizer"] and res["zero"] for res in r.results.values())
