@@ -74,7 +74,7 @@ def _entry(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Any:
         name = dtypes.name_of(dtype)
     except UnsupportedDtypeError as e:
         raise UnsupportedDtypeError(f"{where}: {e.args[0]}", leaf=key) from None
-    require_fits(start + count * dtype.itemsize, info.file_size, f"array {key!r}",
+    require_fits(count * dtype.itemsize, info.file_size - start, f"array {key!r}",
                  archive.where)
     read_shape = shape[::-1] if fortran else shape
 

@@ -14,6 +14,7 @@ their own.
 """
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import pickle
 from typing import Any, Callable, Dict, Mapping, Optional
@@ -31,6 +32,11 @@ class RestrictedUnpickler(pickle.Unpickler):
         self.allowed, self.where, self.persistent = allowed, where, persistent
 
     def find_class(self, module: str, name: str) -> Any:
+        # Python 2 names (``__builtin__.exec``) as Python 3 ones, as pickle itself maps them
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         key = f"{module}.{name}"
         if key in self.allowed:
             return self.allowed[key]
