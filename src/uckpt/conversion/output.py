@@ -18,6 +18,7 @@ from typing import Callable
 from .. import fsutil
 from ..commit import TMP_MARK, check_target, publish
 from ..errors import CheckpointExistsError
+from ..format import MANIFEST_NAME
 
 HINT = "pass --force (force=True) to replace it, or choose another name"
 
@@ -25,7 +26,10 @@ HINT = "pass --force (force=True) to replace it, or choose another name"
 def check_output(dst: Path, directory: bool, force: bool) -> None:
     """Refuse early what must not be replaced."""
     if directory:
-        check_target(dst, force)  # a committed checkpoint (unless force), a file, a full dir
+        if (dst / MANIFEST_NAME).exists() and not force:
+            raise CheckpointExistsError(f"{str(dst)!r} already holds a committed checkpoint",
+                                        path=str(dst), hint=HINT)
+        check_target(dst, force)  # a file, or a directory that is not a checkpoint
         return
     if dst.is_dir():
         raise CheckpointExistsError(f"{str(dst)!r} is a directory; refusing to replace it with "
