@@ -49,6 +49,10 @@ def _is_torch_group(obj: Any) -> bool:
     return dist is not None and hasattr(dist, "ProcessGroup") and isinstance(obj, dist.ProcessGroup)
 
 
+def _is_horovod(obj: Any) -> bool:
+    return getattr(obj, "__name__", None) in _HOROVOD_MODULES and type(obj).__name__ == "module"
+
+
 def _from_horovod(hvd: Any, timeout: Optional[float]) -> Communicator:
     """Horovod: uckpt talks over MPI COMM_WORLD, which is Horovod's world when it runs on MPI."""
     if not hvd.is_initialized():
@@ -56,11 +60,17 @@ def _from_horovod(hvd: Any, timeout: Optional[float]) -> Communicator:
     if not hvd.mpi_enabled():
         raise ValueError(f"{hvd.__name__} runs on Gloo, not MPI; uckpt needs MPI under Horovod "
                          "(launch with horovodrun --mpi or mpirun), or pass a torch process group")
+    if importlib.util.find_spec("mpi4py") is None:
+        raise ValueError("uckpt talks to the ranks of a Horovod job over MPI through mpi4py, "
+                         "which is not installed: pip install 'uckpt[mpi]'")
     from .mpi import MPICommunicator
     c = MPICommunicator(None, timeout)
-    if c.size != hvd.size() or c.rank != hvd.rank():
-        raise ValueError(f"MPI COMM_WORLD (rank {c.rank} of {c.size}) is not Horovod's world "
-                         f"(rank {hvd.rank()} of {hvd.size()}); pass an mpi4py communicator instead")
+    # agree on every rank (a mismatch on some ranks only must not leave the others waiting)
+    mismatched = [r for r, (h, hs) in enumerate(c.all_gather([hvd.rank(), hvd.size()]))
+                  if h != r or hs != c.size]
+    if mismatched:
+        raise ValueError(f"MPI COMM_WORLD is not Horovod's world (ranks {mismatched} are "
+                         "numbered differently); pass an mpi4py communicator instead")
     return c
 
 
@@ -100,6 +110,8 @@ def get_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Co
         if _mpi_launched():
             return _cached(("mpi", timeout), "world", lambda: make_communicator(None, timeout=timeout))
         return SingleProcess()
+    if _is_horovod(comm):  # Horovod's world is MPI's: one communicator, whichever module
+        return _cached(("mpi", timeout), "world", lambda: make_communicator(comm, timeout=timeout))
     return _cached((id(comm), timeout), comm, lambda: make_communicator(comm, timeout=timeout))
 
 
@@ -133,7 +145,7 @@ def make_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> C
     if _is_torch_group(comm):
         from .torch import TorchCommunicator
         return TorchCommunicator(comm, timeout)
-    if getattr(comm, "__name__", None) in _HOROVOD_MODULES and type(comm).__name__ == "module":
+    if _is_horovod(comm):
         return _from_horovod(comm, timeout)
     raise TypeError(f"comm must be None, a uckpt Communicator, an mpi4py communicator, a "
                     f"torch.distributed ProcessGroup or the horovod.torch module; got "

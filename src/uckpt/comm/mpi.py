@@ -104,6 +104,11 @@ class MPICommunicator(Communicator):
         return got, pending
 
     def _wrap(self, op: str, fn, *args):
+        if self._MPI.Is_finalized():  # e.g. hvd.shutdown(), or Horovod's exit handler, ran
+            raise CommunicationError(
+                f"MPI is finalized: collective {op!r} cannot run on rank {self._rank}",
+                hint="when Horovod initializes MPI, hvd.shutdown() (also run at exit) finalizes "
+                     "it; finish saves first (manager.close()), or import mpi4py before hvd.init()")
         try:
             return fn(*args)
         except self._MPI.Exception as e:
