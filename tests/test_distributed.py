@@ -189,3 +189,32 @@ def _previous_checkpoint_loads(step_dir):
         r = run(backend, n, "load", step_dir, "rows").check()
         assert sorted(r.results) == list(range(n))
         assert all(res["model"] and res["optimizer"] and res["zero"] for res in r.results.values())
+
+
+@needs_mpi
+@needs_torch
+def test_consolidate_then_convert_to_torch_save(saved, tmp_path):
+    """A checkpoint written by 4 ranks -> one single-process checkpoint -> a torch.save file
+    that torch.load(weights_only=True) reads, with the model bitwise equal to the original."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from dist_worker import trained
+
+    single = uckpt.consolidate(saved[4], tmp_path / "single")
+    m = uckpt.manifest(single)
+    assert m.world_size == 1 and all(len(e.chunks) == 1 for e in m.arrays.values())
+    assert m.tree == uckpt.manifest(saved[4]).tree and m.step == 7
+    assert np.array_equal(uckpt.load(single)["zero"], uckpt.load(saved[4])["zero"])
+    out = tmp_path / "model.pt"
+    r = subprocess.run([sys.executable, "-m", "uckpt.cli", "convert", "--quiet", str(single), str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    loaded = torch.load(out, weights_only=True)
+    model, _ = trained()
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    fresh.load_state_dict(loaded["model"], strict=True)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(),
+                                                 model.state_dict().values()))

@@ -9,7 +9,7 @@ from . import errors
 from ._version import __version__
 from .adapter import Adapter, ArraySpec, RNGProvider
 from . import policies
-from .api import load, manifest, save, verify
+from .api import consolidate, load, manifest, save, verify
 from .engine import SaveHandle
 from .manager import CheckpointManager
 from .policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery, KeepLast,
@@ -19,7 +19,7 @@ from .rng import RandomState
 from .shard import PerRank, Shard
 from .tiers import Tier
 
-__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "EveryNSteps",
+__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate", "EveryNSteps",
            "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "PerRank", "RNGProvider",
            "RandomState", "SaveHandle", "Shard", "Tier", "__version__", "errors", "load", "manifest",
            "policies", "register_adapter", "save", "verify"]

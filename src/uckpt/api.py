@@ -115,6 +115,17 @@ def _load_local(directory, state, strict: bool, rank: int) -> Dict[str, Any]:
         return restore_into(reader, state, strict=strict, rank=rank)
 
 
+def consolidate(src, dst, *, overwrite: bool = False) -> Path:
+    """Rewrite checkpoint ``src`` (written by any number of ranks) as a single-process one
+    at ``dst``: one data file, each array in one piece, the same tree (adapters, classes,
+    PerRank subtrees), step and metadata. ``uckpt convert`` takes either."""
+    with CheckpointReader(src) as reader:
+        m = reader.manifest
+        arrays = reader.read_arrays({p: None for p in m.arrays})
+    return write_checkpoint(dst, Flat(m.tree, arrays), step=m.step, metadata=m.metadata,
+                            overwrite=overwrite)
+
+
 def verify(directory) -> Manifest:
     """Re-check the manifest and every chunk's checksum; returns the manifest or raises."""
     with CheckpointReader(directory) as reader:
