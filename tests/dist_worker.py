@@ -174,6 +174,22 @@ def main():
         sys.stdout.flush()
         time.sleep(0.5)
         os._exit(0)  # the job is broken: MPI_Finalize / gloo teardown could wait for the dead rank
+    elif scenario == "signal":
+        # SIGTERM reaches rank 1 only, at step 5: every rank must save the same step, exit 0
+        import signal
+        policy = uckpt.EveryNSteps(1000) | uckpt.OnSignal()
+        with uckpt.CheckpointManager(directory, comm=c, save_policy=policy, async_save=True) as m:
+            state = save_state(rank, size)
+            try:
+                for step in range(1, 40):
+                    if rank == 1 and step == 5:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                    state["step"] = step
+                    if m.should_save(step):
+                        m.save(step, state)
+                report(rank=rank, exited=None)
+            except SystemExit as e:
+                report(rank=rank, exited=e.code, step=step, steps=m.steps())
     elif scenario == "tiers":
         fast, durable = directory + "/fast", directory + "/durable"
         with uckpt.CheckpointManager(tiers=[fast, durable], keep_last=2, async_save=True,

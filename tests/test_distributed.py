@@ -140,6 +140,17 @@ def test_async_two_tiers_node_loss_restore(tmp_path):
     assert uckpt.verify(tmp_path / "durable" / "step_00000003").world_size == 4
 
 
+@needs_torch
+def test_signal_to_one_rank_stops_every_rank_after_one_save(tmp_path):
+    """SIGTERM delivered to rank 1 only: with OnSignal the ranks agree to save the same
+    step and all exit 0 once it is committed."""
+    r = run("torch", 4, "signal", tmp_path / "ckpt").check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for res in r.results.values():
+        assert res["exited"] == 0 and res["step"] == 5 and res["steps"] == [5], res
+    assert uckpt.verify(tmp_path / "ckpt" / "step_00000005").world_size == 4
+
+
 def _kill_rank_when_writing(directory, rank, killed):
     def monitor():
         if not killed and glob.glob(f"{directory}/.step_00000002.uckpt-tmp-*/data-{rank:05d}.bin"):

@@ -131,6 +131,7 @@ class CheckpointManager:
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
         self._lock = threading.RLock()
         self._saves = 0
+        self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
         for tier in self.tiers:
             tier.path.mkdir(parents=True, exist_ok=True)
@@ -181,8 +182,19 @@ class CheckpointManager:
         return [t.name for t in self.tiers if (t.path / step_dir_name(step) / MANIFEST_NAME).exists()]
 
     def should_save(self, step: int) -> bool:
-        """Whether the save policy asks for a checkpoint at ``step``."""
-        return self.save_policy.should_save(step, time.monotonic())
+        """Whether the save policy asks for a checkpoint at ``step``.
+
+        With several ranks and a policy that does not depend on the step alone
+        (``EveryNSeconds``, ``OnSignal``), this is collective: the ranks agree (one
+        small all-gather) to save, and to exit after the save, if any rank wants to,
+        so that a signal delivered to one rank stops every rank at the same step.
+        """
+        want = self.save_policy.should_save(step, time.monotonic())
+        if self.comm.size == 1 or self.save_policy.step_determined:
+            return want
+        votes = self.comm.all_gather([bool(want), bool(self.save_policy.pending_exit)])
+        self._exit_agreed = any(exit_ for _, exit_ in votes)
+        return any(w for w, _ in votes)
 
     # -- save --------------------------------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any], *, metadata: Optional[Dict[str, Any]] = None,
@@ -267,7 +279,7 @@ class CheckpointManager:
             self._retain(0)
             return path
 
-        exiting = self.save_policy.pending_exit
+        exiting = self._exit_agreed  # the same on every rank (should_save agreed on it)
         if self._saver is not None and not exiting:
             result: Union[Path, SaveHandle] = self._track(submit_collective(
                 self._saver, flat, lambda staged: commit(staged, self._save_comm),

@@ -97,6 +97,10 @@ class SavePolicy(abc.ABC):
     :class:`AnyOf`.
     """
 
+    #: True when ``should_save`` depends on the step alone (then every rank of a job
+    #: decides alike without talking; otherwise the manager makes the ranks agree)
+    step_determined = False
+
     @abc.abstractmethod
     def should_save(self, step: int, now: float) -> bool:
         """Whether the manager should save at ``step``; ``now`` is ``time.monotonic()``."""
@@ -127,6 +131,8 @@ class SavePolicy(abc.ABC):
 class Never(SavePolicy):
     """Never asks for a save: only explicit ``save()`` calls write checkpoints."""
 
+    step_determined = True
+
     def should_save(self, step: int, now: float) -> bool:
         return False
 
@@ -142,6 +148,8 @@ class EveryNSteps(SavePolicy):
     (as would ``offset=1500``). Step 0, the untrained state, is never saved by
     this policy. The answer depends only on ``step``, so every rank agrees.
     """
+
+    step_determined = True
 
     def __init__(self, n: int, offset: int = 0) -> None:
         self.n = _positive_int(n, "EveryNSteps: n")
@@ -353,6 +361,10 @@ class AnyOf(SavePolicy):
     @property
     def pending_exit(self) -> bool:
         return any(p.pending_exit for p in self.policies)
+
+    @property
+    def step_determined(self) -> bool:  # type: ignore[override]
+        return all(p.step_determined for p in self.policies)
 
     def close(self) -> None:
         first: Optional[BaseException] = None
