@@ -25,7 +25,7 @@ from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from .errors import UnsafeInputError
 from .fileio import RandomAccessFile, require_fits
-from .model import Leaf, Tree
+from .model import Leaf, Tree, reading
 from .torch_pickle import TORCH_DTYPES, OTHER_TORCH_DTYPES, TorchDtype, _refused_dtype, \
     load_archive, normalize, torch_size
 from .unpickler import restricted_load
@@ -134,8 +134,7 @@ def read(path, fmt: str = "dcp") -> Tree:
     if not isinstance(md, Record) or md.kind != "Metadata":
         raise CorruptCheckpointError(f"{where}: not DCP metadata", path=where)
     files = _Files(directory)
-    tree = Tree(None, fmt, closers=[files.close])
-    try:
+    with reading(fmt, files.close) as tree:
         storage: Dict[Tuple[Any, Any], Any] = {}
         for index, info in (md.get("storage_data") or {}).items():
             if not isinstance(index, Record) or not isinstance(info, Record):
@@ -155,9 +154,6 @@ def read(path, fmt: str = "dcp") -> Tree:
                 raise CorruptCheckpointError(f"{where}: {fqn!r} has metadata of kind "
                                              f"{meta.kind}", path=where)
         tree.root = _nest(items, md.get("planner_data"), tree.notes, where)
-    except BaseException:
-        tree.close()
-        raise
     return tree
 
 

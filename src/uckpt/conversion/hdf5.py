@@ -31,8 +31,8 @@ from ..tree import escape, join
 from . import rawbits, skeleton
 from .errors import UnsafeInputError, missing
 from .fileio import MAX_DEFLATE_RATIO, require_fits
-from .model import Leaf, Tree
-from .npz import NATIVE, marked, marks_for, rawbits_note, value_array
+from .model import Leaf, Tree, reading
+from .npz import NATIVE, marks_for, rawbits_note, value_array
 from .progress import Progress
 
 RECORD_ATTR = "uckpt"
@@ -179,8 +179,8 @@ class _Reader:
         leaf = Leaf(stored, shape, read)
         mark = ds.attrs.get(DTYPE_ATTR)
         if mark is not None:
-            leaf = marked(leaf, mark.decode() if isinstance(mark, bytes) else str(mark),
-                          f"{self.path}: {full}")
+            leaf = rawbits.unmark(leaf, mark.decode() if isinstance(mark, bytes) else
+                                  str(mark), f"{self.path}: {full}")
         return leaf
 
     def check_size(self, ds, full: str, declared: int) -> None:
@@ -198,23 +198,13 @@ def read(path, fmt: str = "hdf5") -> Tree:
     h5py = h5py_module()
     path = os.fspath(path)
     f = h5py.File(path, "r")
-    tree = Tree(None, fmt, closers=[f.close])
-    try:
+    with reading(fmt, f.close) as tree:
         reader = _Reader(h5py, f, path, tree)
         raw = reader.group(f, [], [], [f])
         record = _record(f, path)
         tree.root = raw
         if record is not None:
-            marks = record.get("dtypes", {})
-            stored = {k: (marked(v, marks[k], path) if k in marks and isinstance(v, Leaf) and
-                          v.dtype != marks[k] else v) for k, v in reader.stored.items()}
-            root = skeleton.rebuild(record, stored, path, tree.notes)
-            if root is not None:
-                tree.root = root
-                tree.extras = dict(record.get("extras", {}))
-    except BaseException:
-        tree.close()
-        raise
+            skeleton.restore(tree, record, list(reader.stored.items()), path)
     return tree
 
 

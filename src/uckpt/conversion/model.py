@@ -19,6 +19,7 @@ joined with ``/``, ``~`` and ``/`` inside a component written ``~0`` and ``~1``.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -98,6 +99,17 @@ class Tree:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+@contextmanager
+def reading(fmt: str, *closers: Callable[[], None]) -> Iterator[Tree]:
+    """An empty tree for a reader to fill; closed (files released) if reading fails."""
+    tree = Tree(None, fmt, closers=list(closers))
+    try:
+        yield tree
+    except BaseException:
+        tree.close()
+        raise
 
 
 def where(parts: List[str]) -> str:

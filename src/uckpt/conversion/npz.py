@@ -26,7 +26,7 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError
 from . import rawbits, skeleton
 from .errors import UnsafeInputError
 from .fileio import RandomAccessFile, ZipArchive, require_fits
-from .model import Leaf, Tree, nest
+from .model import Leaf, Tree, reading
 from .progress import Progress
 from .zipout import ZipOut
 
@@ -97,8 +97,7 @@ def marked(leaf: Leaf, dtype: str, where: str) -> Leaf:
 
 def read(path, fmt: str = "npz") -> Tree:
     raf = RandomAccessFile(path)
-    tree = Tree(None, fmt, closers=[raf.close])
-    try:
+    with reading(fmt, raf.close) as tree:
         archive = ZipArchive(raf)
         tree.closers.append(archive.close)
         items: List[Tuple[str, Any]] = []
@@ -112,18 +111,7 @@ def read(path, fmt: str = "npz") -> Tree:
                 record = skeleton.loads(_record_bytes(archive, info), raf.path)
                 continue
             items.append((key, _entry(archive, info, key)))
-        if record is not None:
-            marks = record.get("dtypes", {})
-            items = [(k, marked(v, marks[k], raf.path) if k in marks and isinstance(v, Leaf)
-                      else v) for k, v in items]
-            tree.root = skeleton.rebuild(record, dict(items), raf.path, tree.notes)
-            if tree.root is not None:
-                tree.extras.update(record.get("extras", {}))
-        if tree.root is None:
-            tree.root = nest(items, tree.notes, raf.path)
-    except BaseException:
-        tree.close()
-        raise
+        skeleton.settle(tree, record, items, raf.path)
     return tree
 
 

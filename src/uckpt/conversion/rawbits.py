@@ -13,7 +13,8 @@ from typing import Collection, Tuple
 import numpy as np
 
 from .. import dtypes
-from .model import contiguous
+from ..errors import CorruptCheckpointError, UnsupportedDtypeError
+from .model import Leaf, contiguous
 
 _BITS = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 
@@ -56,3 +57,13 @@ def logical(stored_dtype: str, stored_shape: Tuple[int, ...], dtype: str) -> Tup
         return tuple(stored_shape[:-1])
     raise ValueError(f"a {stored_dtype} array of shape {tuple(stored_shape)} cannot hold the "
                      f"bits of a {dtype} array")
+
+
+def unmark(leaf: Leaf, dtype: str, where: str) -> Leaf:
+    """The leaf of marked ``dtype`` whose raw bits ``leaf`` holds."""
+    try:
+        shape = logical(leaf.dtype, leaf.shape, dtype)
+        dtypes.to_numpy(dtype)
+    except (ValueError, UnsupportedDtypeError) as e:
+        raise CorruptCheckpointError(f"{where}: {e}", path=where) from None
+    return Leaf(dtype, shape, lambda: decode(leaf.read(), dtype, shape), leaf.kind)

@@ -21,8 +21,8 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError
 from ..format.manifest import strict_json_loads
 from . import rawbits, skeleton
 from .fileio import RandomAccessFile, require_fits
-from .model import Leaf, Tree, nest
-from .npz import marked, marks_for, rawbits_note
+from .model import Leaf, Tree, reading
+from .npz import marks_for, rawbits_note
 from .progress import Progress
 from .zipout import write_pieces
 
@@ -70,8 +70,7 @@ def _entries(header: Dict[str, Any], data_len: int, path: str) -> List[Tuple[str
 
 def read(path, fmt: str = "safetensors") -> Tree:
     raf = RandomAccessFile(path)
-    tree = Tree(None, fmt, closers=[raf.close])
-    try:
+    with reading(fmt, raf.close) as tree:
         if raf.size < 8:
             _fail(raf.path, "the file is shorter than 8 bytes")
         n = int.from_bytes(raf.pread(8, 0), "little")
@@ -91,18 +90,8 @@ def read(path, fmt: str = "safetensors") -> Tree:
             np_dtype = dtypes.to_numpy(dtype)
             items.append((name, Leaf(dtype, shape, lambda s=shape, d=np_dtype, o=base + begin:
                                      raf.read_into(np.empty(s, dtype=d), o))))
-        if RECORD_KEY in meta:
-            record = skeleton.loads(meta[RECORD_KEY], raf.path)
-            marks = record.get("dtypes", {})
-            items = [(k, marked(v, marks[k], raf.path) if k in marks else v) for k, v in items]
-            tree.root = skeleton.rebuild(record, dict(items), raf.path, tree.notes)
-            if tree.root is not None:
-                tree.extras.update(record.get("extras", {}))
-        if tree.root is None:
-            tree.root = nest(items, tree.notes, raf.path)
-    except BaseException:
-        tree.close()
-        raise
+        record = skeleton.loads(meta[RECORD_KEY], raf.path) if RECORD_KEY in meta else None
+        skeleton.settle(tree, record, items, raf.path)
     return tree
 
 

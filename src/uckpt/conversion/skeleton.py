@@ -27,7 +27,8 @@ import numpy as np
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.manifest import strict_json_loads
 from ..tree import MAX_DEPTH, escape, join
-from .model import Leaf, Obj, check_plain, where
+from . import rawbits
+from .model import Leaf, Obj, check_plain, nest, where
 
 VERSION = 1
 ROOT_KEY = "root"  # a root that is not a dict is stored under this key
@@ -283,3 +284,29 @@ def rebuild(doc: Dict[str, Any], stored: Dict[str, Any], where_: str,
                      f"(e.g. {', '.join(map(repr, diff))}); using the file's own layout")
         return None
     return unwrap(build(doc["tree"], stored.__getitem__, where_), doc)
+
+
+def restore(tree, record: Dict[str, Any], items: List[Tuple[str, Any]], where_: str
+            ) -> List[Tuple[str, Any]]:
+    """Apply a structure record to a file's entries (name, leaf or value): arrays stored as
+    raw bits get their marked dtypes back, and when the record matches the entries, its tree
+    and extras replace ``tree.root`` and ``tree.extras``. Returns the entries, unmarked."""
+    marks = record.get("dtypes", {})
+    items = [(k, rawbits.unmark(v, marks[k], where_)
+              if k in marks and isinstance(v, Leaf) and v.dtype != marks[k] else v)
+             for k, v in items]
+    root = rebuild(record, dict(items), where_, tree.notes)
+    if root is not None:
+        tree.root = root
+        tree.extras = dict(record.get("extras", {}))
+    return items
+
+
+def settle(tree, record: Optional[Dict[str, Any]], items: List[Tuple[str, Any]],
+           where_: str) -> None:
+    """The tree of a format of named entries (NPZ, safetensors): the record's when there is
+    one that matches, else the names nested on ``/``."""
+    if record is not None:
+        items = restore(tree, record, items, where_)
+    if tree.root is None:
+        tree.root = nest(items, tree.notes, where_)

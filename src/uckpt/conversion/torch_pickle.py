@@ -28,7 +28,7 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedO
 from . import skeleton
 from .errors import UnsafeInputError
 from .fileio import RandomAccessFile, Window, ZipArchive, require_fits
-from .model import Leaf, Tree, check_plain, where
+from .model import Leaf, Tree, check_plain, reading, where
 from .unpickler import GENERIC, OrderedDictStandIn, restricted_load
 
 #: ``torch.<Name>Storage`` -> neutral dtype
@@ -320,8 +320,7 @@ def _jsonable_or_none(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
 
 def read(path, fmt: str = "pickle") -> Tree:
     raf = RandomAccessFile(path)
-    tree = Tree(None, fmt, closers=[raf.close])
-    try:
+    with reading(fmt, raf.close) as tree:
         head = raf.pread(min(4, raf.size), 0)
         record = None
         if head.startswith(b"PK"):
@@ -332,9 +331,6 @@ def read(path, fmt: str = "pickle") -> Tree:
         tree.root = normalize(raw, [], tree.extras)
         if record is not None:
             apply_record(tree, record, raf.path)
-    except BaseException:
-        tree.close()
-        raise
     return tree
 
 
@@ -342,9 +338,4 @@ def apply_record(tree: Tree, record: dict, where_: str) -> None:
     """Use a structure record (written by uckpt beside the pickle) to restore what a pickle
     cannot say: NumPy scalars, framework objects, HDF5 attributes."""
     lay = skeleton.layout(tree.root)
-    stored: Dict[str, Any] = dict(lay.values)
-    stored.update(lay.arrays)
-    root = skeleton.rebuild(record, stored, where_, tree.notes)
-    if root is not None:
-        tree.root = root
-        tree.extras.update(record.get("extras", {}))
+    skeleton.restore(tree, record, lay.values + lay.arrays, where_)

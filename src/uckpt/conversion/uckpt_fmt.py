@@ -29,7 +29,7 @@ from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data
 from ..fsutil import fsync_dir, preallocate, write_file_durably
 from ..reader import CheckpointReader
 from . import skeleton
-from .model import Leaf, Tree
+from .model import Leaf, Tree, reading
 from .progress import Progress
 from .zipout import write_pieces
 
@@ -39,8 +39,7 @@ STEP, METADATA = "uckpt.step", "uckpt.metadata"
 
 def read(path, fmt: str = "uckpt") -> Tree:
     reader = CheckpointReader(path)
-    tree = Tree(None, fmt, closers=[reader.close])
-    try:
+    with reading(fmt, reader.close) as tree:
         m = reader.manifest
         cache: Dict[str, Leaf] = {}
 
@@ -59,9 +58,6 @@ def read(path, fmt: str = "uckpt") -> Tree:
         tree.extras.setdefault("", {}).update({STEP: m.step, METADATA: metadata})
         root = skeleton.build(m.tree, leaf_of, str(reader.directory))
         tree.root = skeleton.unwrap(root, own)
-    except BaseException:
-        tree.close()
-        raise
     return tree
 
 
