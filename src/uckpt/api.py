@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
-from .collective import save_collective
+from .collective import prepare_collective, save_collective, submit_async_share
 from .comm import Communicator, background_communicator, get_communicator
 from .commit import check_metadata, check_target, write_checkpoint
 from .engine import SaveHandle, default_saver, submit_collective
@@ -73,10 +73,12 @@ def _save_collective(directory, flat, c: Communicator, step, metadata, overwrite
                 flat = e
         return save_collective(directory, flat, c, step=step, metadata=metadata,
                                overwrite=overwrite)
-    bg = background_communicator(c)
-    return submit_collective(default_saver(), flat, lambda staged: save_collective(
-        directory, staged, bg, step=step, metadata=metadata, overwrite=overwrite),
-        f"save to {str(directory)!r}")
+    # the plan exchange runs here (so only this rank's share is snapshotted, straight
+    # into the layout of its data file); the write and commit run in the background
+    prepared = prepare_collective(directory, flat, c, step=step, metadata=metadata,
+                                  overwrite=overwrite)
+    return submit_async_share(default_saver(), prepared, c, background_communicator(c),
+                              f"save to {str(directory)!r}")
 
 
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,

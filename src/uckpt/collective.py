@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from dataclasses import dataclass
 import socket
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
@@ -32,8 +33,10 @@ from . import fsutil
 from .comm import Communicator
 from .commit import TMP_MARK, assemble_manifest, check_metadata, check_target, publish
 from .format import MANIFEST_NAME, Chunk
-from .global_plan import global_plan, local_metadata, merged_tree
+from .global_plan import GlobalPlan, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader
+from .engine import submit_collective
+from .staging import snapshot_share
 from .tiers import copy_file
 from .tree import Flat
 from .writer import write_data_file
@@ -49,9 +52,33 @@ def save_collective(directory, flat: Union[Flat, BaseException], comm: Communica
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
+    prepared = prepare_collective(directory, flat, comm, step=step, metadata=metadata,
+                                  overwrite=overwrite, what=what)
+    assert isinstance(flat, Flat)
+    return finish_collective(prepared, flat, comm)
+
+
+@dataclass
+class Prepared:
+    """A collective save after its plan exchange: what the write and commit need."""
+
+    run: "_Run"
+    flat: Flat
+    gathered: List[Dict[str, Any]]
+    plan: GlobalPlan
+    step: Optional[int]
+    metadata: Dict[str, Any]
+    overwrite: bool
+    what: str
+
+
+def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Communicator, *,
+                       step: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None,
+                       overwrite: bool = False, what: Optional[str] = None) -> Prepared:
+    """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
     directory = Path(directory).absolute()
     what = what or f"save to {str(directory)!r}"
-    run = _Run(directory, comm)
+    run = _Run(directory)
 
     def plan() -> Dict[str, Any]:
         if isinstance(flat, BaseException):
@@ -69,32 +96,68 @@ def save_collective(directory, flat: Union[Flat, BaseException], comm: Communica
         gathered = comm.gather_outcomes(plan, f"{what} (planning)")
         assert isinstance(flat, Flat)
         gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
+    except BaseException:
+        run.cleanup()
+        raise
+    run.tmp = directory.parent / gathered[0]["tmp"]
+    return Prepared(run, flat, gathered, gp, step, metadata or {}, overwrite, what)
 
+
+def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator) -> Path:
+    """Collective, steps 2 and 3 (write, commit), over ``comm`` (the plan's ranks, e.g. a
+    background duplicate). ``staged`` is this rank's data (a snapshot of its share, or
+    the flat state), or the error the snapshot failed with."""
+    run, gp = p.run, p.plan
+    try:
         def write() -> Dict[str, Any]:
-            view = run.enter(gathered[0]["tmp"])
+            if isinstance(staged, BaseException):
+                raise staged
+            view = run.enter()
             file, size = gp.plan.file_sizes[comm.rank]
             run.files.append(run.tmp / file)
             chunks = write_data_file(run.tmp, file, size, gp.plan.for_rank(comm.rank),
-                                     flat.arrays, origins=gp.origins)
+                                     staged.arrays, image=staged.images.get(file),
+                                     origins=gp.origins)
             return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
                     "view": view}
 
-        written = comm.gather_outcomes(write, f"{what} (writing)")
+        written = comm.gather_outcomes(write, f"{p.what} (writing)")
 
         def manifest() -> bytes:
             ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order sums arrived in
             sums = [s for w in written for s in w["sums"]]
             chunks = {it: Chunk(it.file, it.offset, it.length, it.start, it.shape, "raw", s)
                       for it, s in zip(ordered, sums)}
-            return assemble_manifest(merged_tree(flat.skeleton, gathered), gp.metas, gp.plan,
-                                     chunks, step, metadata or {}).to_bytes()
+            return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
+                                     chunks, p.step, p.metadata).to_bytes()
 
-        comm.gather_outcomes(lambda: run.commit([w["view"] for w in written], manifest, overwrite),
-                             f"{what} (commit)")
+        views = [w["view"] for w in written]
+        comm.gather_outcomes(lambda: run.commit(comm.rank, views, manifest, p.overwrite),
+                             f"{p.what} (commit)")
     except BaseException:
         run.cleanup()
         raise
-    return directory
+    return run.directory
+
+
+def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,
+                       description: str, then: Optional[Callable[[Path], Any]] = None,
+                       failed: Optional[Callable[[], None]] = None):
+    """Snapshot this rank's share of a prepared save into ``saver``'s staging memory and
+    finish the save (write, commit, then ``then(path)``; ``failed()`` if it raised) in
+    the background over ``background``; returns the :class:`~uckpt.engine.SaveHandle`."""
+    def job(staged):
+        try:
+            path = finish_collective(prepared, staged, background)
+        except BaseException:
+            if failed is not None:
+                failed()
+            raise
+        return then(path) if then is not None else path
+
+    gp = prepared.plan
+    return submit_collective(saver, prepared.flat, job, description, take=lambda pool: snapshot_share(
+        prepared.flat, gp.plan, comm.rank, gp.origins, pool))
 
 
 def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = True) -> Optional[Path]:
@@ -106,7 +169,7 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
     """
     src, dst = Path(src).absolute(), Path(dst).absolute()
     what = f"copy of {str(src)!r} to {str(dst)!r}"
-    run = _Run(dst, comm)
+    run = _Run(dst)
 
     def plan() -> Dict[str, Any]:
         if comm.rank == 0:
@@ -121,8 +184,10 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
             return None
         manifest_bytes = (src / MANIFEST_NAME).read_bytes()
 
+        run.tmp = dst.parent / gathered[0]["tmp"]
+
         def copy() -> Dict[str, Any]:
-            view = run.enter(gathered[0]["tmp"])
+            view = run.enter()
             with CheckpointReader(src) as reader:
                 mine = [f.name for f in reader.manifest.files.values() if f.rank == comm.rank]
             for name in mine:
@@ -134,7 +199,7 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
             return {"view": view}
 
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
-        comm.gather_outcomes(lambda: run.commit([c["view"] for c in copied],
+        comm.gather_outcomes(lambda: run.commit(comm.rank, [c["view"] for c in copied],
                                                 lambda: manifest_bytes, False), f"{what} (commit)")
     except BaseException:
         run.cleanup()
@@ -145,9 +210,8 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
 class _Run:
     """One rank's part in a collective commit of ``directory``, and its cleanup."""
 
-    def __init__(self, directory: Path, comm: Communicator) -> None:
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.comm = comm
         self.tmp: Optional[Path] = None
         self.created_tmp = False
         self.files: List[Path] = []
@@ -161,9 +225,9 @@ class _Run:
         fsutil.write_file_durably(self.tmp / COORDINATOR_MARK, b"")
         return self.tmp.name
 
-    def enter(self, name: str) -> str:
+    def enter(self) -> str:
         """Find or create the temporary directory; return which copy of it this rank sees."""
-        self.tmp = self.directory.parent / name
+        assert self.tmp is not None
         sees_coordinator = (self.tmp / COORDINATOR_MARK).exists()
         if not sees_coordinator:  # node-local storage: this node's copy of the directory
             self.directory.parent.mkdir(parents=True, exist_ok=True)
@@ -175,9 +239,9 @@ class _Run:
         st = os.stat(self.tmp)
         return "coordinator" if sees_coordinator else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
 
-    def commit(self, views: List[str], manifest: Callable[[], bytes], overwrite: bool) -> None:
+    def commit(self, rank: int, views: List[str], manifest: Callable[[], bytes],
+               overwrite: bool) -> None:
         """The lowest rank of each view writes the manifest and renames the directory."""
-        rank = self.comm.rank
         if views.index(views[rank]) != rank:
             return
         assert self.tmp is not None

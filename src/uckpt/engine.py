@@ -133,8 +133,10 @@ class AsyncSaver:
         self._handles: list = []
         self._lock = threading.Lock()
 
-    def submit(self, flat: Flat, job: Callable[[Flat], Any], description: str) -> SaveHandle:
-        snap: Snapshot = snapshot(flat, self.pool)  # the only blocking part
+    def submit(self, flat: Flat, job: Callable[[Flat], Any], description: str,
+               take: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
+        """``take(pool)``, if given, makes the snapshot (default: every array of ``flat``)."""
+        snap: Snapshot = take(self.pool) if take else snapshot(flat, self.pool)  # the only blocking part
         handle = self.chain.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
         with self._lock:
             self._handles = [h for h in self._handles if not (h.done() and h.reported)]
@@ -161,7 +163,8 @@ class AsyncSaver:
 
 
 def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
-                      job: Callable[[Any], Any], description: str) -> SaveHandle:
+                      job: Callable[[Any], Any], description: str,
+                      take: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
     """Submit a save whose background job is collective (every rank runs it, in order).
 
     If this rank cannot take part (``flat`` is the error it failed with before
@@ -172,7 +175,7 @@ def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
     error = flat if isinstance(flat, BaseException) else None
     if error is None:
         try:
-            return saver.submit(flat, job, description)
+            return saver.submit(flat, job, description, take)
         except Exception as e:  # noqa: BLE001 - told to the other ranks, raised below
             error = e
     saver.run(lambda: job(error), description).reported = True

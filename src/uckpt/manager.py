@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from . import fsutil
 from .api import load
 from .commit import DEL_MARK, OLD_MARK, TMP_MARK, check_metadata, check_target, write_checkpoint
-from .collective import copy_collective, save_collective
+from .collective import copy_collective, prepare_collective, save_collective, submit_async_share
 from .comm import get_communicator
 from .engine import AsyncSaver, Chain, SaveHandle, submit_collective
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
@@ -266,33 +266,36 @@ class CheckpointManager:
         if copy:
             self._pin(step)
 
-        def commit(staged, comm):
-            try:
-                path = save_collective(self.path(step), staged, comm, step=step, metadata=meta,
-                                       overwrite=overwrite, what=f"save of step {step}")
-            except BaseException:
-                if copy:
-                    self._unpin(step)
-                raise
+        def committed(path):
             if copy:
                 self._schedule_copy(step)
             self._retain(0)
             return path
 
         exiting = self._exit_agreed  # the same on every rank (should_save agreed on it)
-        if self._saver is not None and not exiting:
-            result: Union[Path, SaveHandle] = self._track(submit_collective(
-                self._saver, flat, lambda staged: commit(staged, self._save_comm),
-                f"save of step {step}"))
-        else:
-            if self._saver is not None:
-                self._saver.join()  # the final save follows the ones in flight
-            if not isinstance(flat, BaseException):
-                try:
-                    flat = snapshot(flat, None).ready()
-                except Exception as e:  # noqa: BLE001 - shared as above
-                    flat = e
-            result = commit(flat, self.comm)
+        try:
+            if self._saver is not None and not exiting:
+                prepared = prepare_collective(self.path(step), flat, self.comm, step=step,
+                                              metadata=meta, overwrite=overwrite,
+                                              what=f"save of step {step}")
+                result: Union[Path, SaveHandle] = self._track(submit_async_share(
+                    self._saver, prepared, self.comm, self._save_comm, f"save of step {step}",
+                    then=committed, failed=(lambda: self._unpin(step)) if copy else None))
+            else:
+                if self._saver is not None:
+                    self._saver.join()  # the final save follows the ones in flight
+                if not isinstance(flat, BaseException):
+                    try:
+                        flat = snapshot(flat, None).ready()
+                    except Exception as e:  # noqa: BLE001 - shared as above
+                        flat = e
+                result = committed(save_collective(self.path(step), flat, self.comm, step=step,
+                                                   metadata=meta, overwrite=overwrite,
+                                                   what=f"save of step {step}"))
+        except BaseException:
+            if copy:
+                self._unpin(step)
+            raise
         self.save_policy.saved(step, time.monotonic())
         if exiting:
             self.close()
@@ -414,6 +417,8 @@ class CheckpointManager:
 
     def _unpin(self, step: int) -> None:
         with self._lock:
+            if step not in self._pins:  # a failed async save may unpin from both threads
+                return
             self._pins[step] -= 1
             if not self._pins[step]:
                 del self._pins[step]

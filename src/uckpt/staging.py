@@ -181,6 +181,38 @@ def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
                     waits, arena, pool)
 
 
+def snapshot_share(flat: Flat, plan: SavePlan, rank: int, origins: Dict[str, tuple],
+                   pool: StagingPool) -> Snapshot:
+    """Copy only the pieces ``rank`` writes under ``plan`` into an arena laid out as its
+    data file (so the writer sends it to storage in one piece). With device arrays,
+    falls back to copying every array (and no file image)."""
+    if any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
+        snap = snapshot(flat, pool)
+        snap.flat = dataclasses.replace(snap.flat, images={}, plan=None)
+        return snap
+    file, size = plan.file_sizes[rank]
+    arena = pool.acquire(round_up(size))
+    try:
+        buf = arena.buffer
+        jobs, end = [], 0
+        for it in sorted(plan.for_rank(rank), key=lambda it: it.offset):
+            buf[end:it.offset] = 0  # padding between arrays is zero in the file
+            src = flat.arrays[it.path]
+            origin = origins.get(it.path, (0,) * src.ndim)
+            box = tuple(slice(s - o, s - o + n) for s, o, n in zip(it.start, origin, it.shape))
+            dtype = src.dtype.newbyteorder("<") if src.dtype.byteorder == ">" else src.dtype
+            dst = buf[it.offset:it.offset + it.length].view(dtype).reshape(it.shape)
+            jobs.append((src[box + (...,)], dst))
+            end = it.offset + it.length
+        buf[end:round_up(size)] = 0
+        _copy_all(jobs)
+    except BaseException:
+        pool.release(arena)
+        raise
+    staged = dataclasses.replace(flat, plan=plan, images={file: buf[:round_up(size)]})
+    return Snapshot(staged, [], arena, pool)
+
+
 def _materialize(flat: Flat) -> Snapshot:
     """Synchronous saves write straight from live host memory; device arrays are copied."""
     if not any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
