@@ -93,7 +93,7 @@ def test_dry_run_lists_and_writes_nothing(tmp_path, small):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("fmt", TARGETS)
+@pytest.mark.parametrize("fmt", ["npz", "uckpt"])  # every file target shares the file path
 def test_existing_output_needs_force(tmp_path, small, fmt):
     dst = target(tmp_path, "out", fmt)
     assert_ok(cli("convert", small, dst))
