@@ -14,7 +14,7 @@ import uckpt
 from convert_common import TARGETS, rich_state, target
 from convert_sources import (assert_chainer_equal, assert_keras_equal, chainer_trainer,
                              keras_model, trained_keras_model)
-from uckpt.conversion import UnknownFormatError, convert, diff
+from uckpt.conversion import ConvertWarning, UnknownFormatError, convert, diff
 
 pytestmark = pytest.mark.filterwarnings("ignore::uckpt.conversion.ConvertWarning")
 
@@ -114,6 +114,23 @@ def test_torch_shared_storage_is_kept(tmp_path):
     convert(tmp_path / "u", tmp_path / "back.pt")
     back = torch.load(tmp_path / "back.pt", weights_only=True)
     assert back["emb.weight"].data_ptr() == back["head.weight"].data_ptr()
+
+
+def test_framework_objects_written_to_pickle_are_named(tmp_path):
+    """A uckpt checkpoint of torch objects: tensors stay tensors silently, a module becomes its
+    state dict with a warning naming it, and the way back restores the object nodes."""
+    import torch
+
+    model = torch.nn.Linear(2, 3)
+    uckpt.save(tmp_path / "a", {"sd": model.state_dict(), "model": model})
+    with pytest.warns(ConvertWarning) as caught:
+        convert(tmp_path / "a", tmp_path / "b.pt")
+    (message,) = [str(w.message) for w in caught]
+    assert message.endswith(": model (torch.nn.modules.linear.Linear)")
+    back = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert torch.equal(back["model"]["weight"], model.weight.detach())
+    convert(tmp_path / "b.pt", tmp_path / "c")
+    assert uckpt.manifest(tmp_path / "c").tree == uckpt.manifest(tmp_path / "a").tree
 
 
 def _free_port():

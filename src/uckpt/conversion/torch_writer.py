@@ -26,6 +26,8 @@ from .zipout import ZipOut
 PREFIX = "archive/"
 _STORAGE_OF = {d: n for n, d in TYPED_STORAGES.items()}
 _BATCH = 1000  # items per SETITEMS / APPENDS, as pickle does
+#: uckpt object nodes that a torch.save file holds as what they are: tensors
+TENSOR_CLASSES = ("torch.Tensor", "torch.nn.parameter.Parameter")
 
 
 def _global(module: str, name: str) -> bytes:
@@ -167,10 +169,12 @@ def _child(parts: Optional[List[str]], name: str) -> Optional[List[str]]:
 
 def plan(tree: Tree) -> skeleton.Layout:
     lay = skeleton.layout(tree.root)
-    if lay.objects:
+    objects = [(p, c) for p, c in lay.objects if c not in TENSOR_CLASSES]
+    if objects:
         lay.notes.append("framework objects are written as their state (a torch.save file "
                          "holds no uckpt object nodes; the structure record keeps them): " +
-                         ", ".join(f"{p} ({c})" for p, c in lay.objects[:10]))
+                         ", ".join(f"{p} ({c})" for p, c in objects[:10]) +
+                         (", ..." if len(objects) > 10 else ""))
     return lay
 
 
