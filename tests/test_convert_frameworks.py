@@ -41,6 +41,23 @@ def test_keras_legacy_h5_round_trip(tmp_path, fmt):
     assert diff(tmp_path / "m.h5", tmp_path / "back.h5").identical
 
 
+def test_keras_legacy_save_weights_h5(tmp_path):
+    """The weights-only legacy layout (what tf.keras' save_weights wrote to .h5: layer groups
+    at the root, layer_names on the file) -> NPZ -> Pickle -> .h5: load_weights accepts it."""
+    import h5py
+    from keras.src.legacy.saving import legacy_h5_format
+
+    model = trained_keras_model()
+    with h5py.File(tmp_path / "w.h5", "w") as f:
+        legacy_h5_format.save_weights_to_hdf5_group(f, model)
+    convert(tmp_path / "w.h5", tmp_path / "w.npz")
+    convert(tmp_path / "w.npz", tmp_path / "w.pt")
+    convert(tmp_path / "w.pt", tmp_path / "back.h5")
+    again = keras_model()
+    again.load_weights(tmp_path / "back.h5")
+    assert_keras_equal(model, again, optimizer=False)
+
+
 def test_keras_archive_is_named(tmp_path):
     model = keras_model()
     model.save(tmp_path / "m.keras")
