@@ -63,3 +63,21 @@ def assert_bitwise(a, b):
 
 def float_bits(values):
     return [int(np.float32(v).view(np.uint32)) for v in values]
+
+
+def compiled_cnn(seed=0, lr=0.01):
+    """``small_cnn()`` from Keras seed ``seed``, compiled for ``fit`` (Adam, no XLA)."""
+    keras.utils.set_random_seed(seed)
+    model = small_cnn()
+    model.compile(optimizer=keras.optimizers.Adam(lr),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    return model
+
+
+def numpy_rng_digest():
+    """A short digest of NumPy's global generator state (to compare it across processes)."""
+    import hashlib
+
+    _, keys, pos, *_ = np.random.get_state()
+    return hashlib.sha256(keys.tobytes() + str(pos).encode()).hexdigest()[:16]

@@ -29,12 +29,29 @@ deterministic (``uckpt_tf.make_deterministic``).
 Saves happen at the end of every ``every_n_epochs``-th epoch, after every
 ``every_n_steps``-th batch, and whenever the manager's save policy asks
 (``manager.should_save(step)``, e.g. ``uckpt.OnSignal()`` for preemption).
+
+Several ranks (a manager whose ``comm`` has more than one rank, e.g. Horovod's
+``hvd.DistributedOptimizer`` training, one process per rank): every rank uses
+the callback with the same ``every_n_*`` arguments and runs the same number of
+batches per epoch, and every rank saves (each writes its part). The model and
+optimizer are replicated state: they must be equal on every rank, which
+gradient averaging gives. The callback keeps its own calls collective:
+
+* ``rng`` is each process's own global random state: it is saved as
+  ``uckpt.PerRank(uckpt.RandomState())`` and every rank gets its own back;
+* ``manager.should_save`` is asked after every batch on every rank (for
+  ``EveryNSeconds`` or ``OnSignal`` the manager makes the ranks agree there, so
+  a signal that reaches one rank makes every rank save that step);
+* an epoch's metrics in the metadata are rank 0's (use Horovod's
+  ``MetricAverageCallback`` before this callback for averaged ones);
+* ``restore`` agrees on the steps to try (those every rank sees), so every
+  rank restores the same checkpoint.
 """
 from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import keras
 
@@ -90,8 +107,9 @@ class Checkpoint(keras.callbacks.Callback):
         out: Dict[str, Any] = {"model": model}
         if getattr(model, "optimizer", None) is not None:
             out["optimizer"] = model.optimizer
-        out.update({"rng": uckpt.RandomState(), "epoch": self.epoch, "batch": self.batch,
-                    "step": self.step})
+        rng = uckpt.RandomState()
+        out.update({"rng": uckpt.PerRank(rng) if self._distributed() else rng,
+                    "epoch": self.epoch, "batch": self.batch, "step": self.step})
         extra = self.extra() if callable(self.extra) else self.extra
         if extra:
             clash = sorted(set(extra) & set(RESERVED))
@@ -100,6 +118,9 @@ class Checkpoint(keras.callbacks.Callback):
                                  f"{list(RESERVED)}; rename them")
             out.update(extra)
         return out
+
+    def _distributed(self) -> bool:
+        return self.manager.comm.size > 1
 
     def _model_or_none(self):
         try:
@@ -114,24 +135,40 @@ class Checkpoint(keras.callbacks.Callback):
 
         Returns 0 and changes nothing when there is no checkpoint. With
         ``at_epoch_end``, the newest checkpoint saved at the end of an epoch.
+        With several ranks this is collective, like ``manager.restore``.
         """
-        state = self.state(model)
-        if step is not None:
-            candidates = [step]
-        elif at_epoch_end:
-            candidates = [s for s in reversed(self.manager.steps()) if self._at_epoch_end(s)]
-            if not candidates and self.manager.steps():
-                warnings.warn("uckpt: no checkpoint was saved at the end of an epoch; nothing "
-                              "restored, training starts from scratch", UserWarning, stacklevel=2)
+        prepared: Dict[str, Any] = {}
+
+        def prepare() -> List[int]:
+            # what can fail on one rank only: raised on every rank (below) when distributed
+            prepared["state"] = self.state(model)
+            if step is not None:
+                return [step]
+            self.manager.wait()
+            steps = list(reversed(self.manager.steps()))
+            if at_epoch_end:
+                steps = [s for s in steps if self._at_epoch_end(s)]
+            return steps
+
+        if self._distributed():
+            # every rank must try the same steps in the same order (ranks may see different
+            # steps, e.g. on node-local storage): those that every rank sees, newest first
+            views = self.manager.comm.gather_outcomes(prepare, "Keras checkpoint restore")
+            common = set(views[0]).intersection(*map(set, views[1:]))
+            candidates = [s for s in views[0] if s in common]
         else:
-            candidates = [None]
+            candidates = prepare()
+        state = prepared["state"]
+        if at_epoch_end and step is None and not candidates and self.manager.steps():
+            warnings.warn("uckpt: no checkpoint was saved at the end of an epoch; nothing "
+                          "restored, training starts from scratch", UserWarning, stacklevel=2)
         restored = None
         for i, s in enumerate(candidates):
             try:
-                restored = self.manager.restore(state, step=s)
+                restored = self._restore_step(state, s)
                 break
             except CorruptCheckpointError:
-                if s is None or i == len(candidates) - 1:
+                if i == len(candidates) - 1:
                     raise
                 warnings.warn(f"uckpt: checkpoint step {s} is damaged; trying an older one",
                               RuntimeWarning, stacklevel=2)
@@ -149,6 +186,42 @@ class Checkpoint(keras.callbacks.Callback):
                 "twice). restore(at_epoch_end=True) resumes exactly from the newest "
                 "end-of-epoch checkpoint instead.", UserWarning, stacklevel=2)
         return self.epoch
+
+    def _restore_step(self, state: Dict[str, Any], step: int) -> Optional[int]:
+        """``manager.restore`` of ``step``, with ``rng`` in the form the checkpoint has it.
+
+        A checkpoint saved by several ranks holds each rank's random state (PerRank);
+        one saved by a single process holds one. Any job restores either: a rank
+        restores its own random state where the checkpoint has one for it, the single
+        one where there is only that, and none (a warning) where the job grew.
+        """
+        node = None
+        for tier in range(len(self.manager.tiers)):
+            try:
+                node = uckpt.manifest(self.manager.path(step, tier)).tree["items"].get("rng")
+            except UckptError:
+                continue
+            break
+        # in place: manager.restore writes the plain values (epoch, step...) back into state
+        rng = uckpt.RandomState()
+        state["rng"] = uckpt.PerRank(rng) if self._distributed() else rng
+        strict = True
+        if node is not None:
+            rank = self.manager.comm.rank
+            if node.get("type") == "dict" and node.get("key_type") == "int":
+                if str(rank) in node.get("items", {}):
+                    state["rng"] = uckpt.PerRank(rng)
+                else:
+                    del state["rng"]
+                    strict = False  # the checkpoint's rng (other ranks') stays unread
+                    warnings.warn(
+                        f"uckpt: checkpoint step {step} holds the random state of ranks "
+                        f"{', '.join(sorted(node.get('items', {}), key=int))}, not of rank "
+                        f"{rank}; this rank's global random generators are not restored",
+                        UserWarning, stacklevel=3)
+            else:
+                state["rng"] = rng
+        return self.manager.restore(state, step=step, strict=strict)
 
     def _at_epoch_end(self, step: int) -> bool:
         for tier in range(len(self.manager.tiers)):
@@ -171,7 +244,10 @@ class Checkpoint(keras.callbacks.Callback):
         self.batch = batch + 1
         steps_due = self.every_n_steps is not None and \
             self.step // self.every_n_steps > before // self.every_n_steps
-        if not (steps_due or self.manager.should_save(self.step)):
+        # asked at every batch, on every rank: with several ranks this is collective (the
+        # ranks agree to save, and to exit after the save, if any rank's policy says so)
+        policy_due = self.manager.should_save(self.step)
+        if not (steps_due or policy_due):
             return
         if self.batch == (self.params or {}).get("steps") and self._epoch_save_due(self.epoch):
             return  # the last batch of an epoch that is saved at its end anyway
@@ -183,6 +259,10 @@ class Checkpoint(keras.callbacks.Callback):
         if self._epoch_save_due(epoch):
             metrics = {k: float(v) for k, v in (logs or {}).items()
                        if isinstance(v, numbers.Real) and not isinstance(v, bool)}
+            if self._distributed():
+                # each rank's logs are its own unless averaged; the manifest (one per view
+                # of the directory) and retention (KeepBest) must not depend on the rank
+                metrics = self.manager.comm.broadcast(metrics, root=0)
             self._save(metrics=metrics)
 
     def on_train_end(self, logs=None):
@@ -198,3 +278,4 @@ class Checkpoint(keras.callbacks.Callback):
                                               "step": self.step}},
                           metrics=metrics or None, overwrite=overwrite)
         self._last_saved = self.step
+
