@@ -76,6 +76,15 @@ def test_malicious_pickle_is_refused_by_name(tmp_path, cls, name, container):
     assert not (tmp_path / "out").exists() and not leftovers(tmp_path)
 
 
+@pytest.mark.parametrize("target", [b"c_codecs\nencode\n", b"ctorch\nFloatStorage\n",
+                                    b"ctorch\nfloat32\n", b"ctorch._utils\n_rebuild_tensor_v2\n"])
+def test_pickle_may_not_change_the_stand_ins(tmp_path, target):
+    """BUILD (set attributes) on an allowed global, which could otherwise rewire it, fails."""
+    torch_zip(tmp_path / "a.pt", b"\x80\x02" + target + b"}X\x02\x00\x00\x00fnNsb.")
+    with pytest.raises(CorruptCheckpointError, match="a pickle may not change a"):
+        convert(tmp_path / "a.pt", tmp_path / "out")  # ^ {"fn": None}, then BUILD
+
+
 def test_cli_refuses_malicious_pickle(tmp_path):
     marker = tmp_path / "MARKER"
     (tmp_path / "evil.pkl").write_bytes(pickle.dumps([SystemCall(marker)], protocol=4))

@@ -28,7 +28,7 @@ from .fileio import RandomAccessFile, require_fits
 from .model import Leaf, Tree, reading
 from .torch_pickle import TORCH_DTYPES, OTHER_TORCH_DTYPES, TorchDtype, _refused_dtype, \
     load_archive, normalize, torch_size
-from .unpickler import restricted_load
+from .unpickler import StandIn, restricted_load
 
 METADATA = ".metadata"
 _MD = "torch.distributed.checkpoint.metadata."
@@ -91,13 +91,13 @@ def allowed() -> Dict[str, Any]:
                                       "ChunkStorageMetadata", "TensorProperties", "MetadataIndex",
                                       "StorageMeta")}
     out["torch.distributed.checkpoint.filesystem._StorageInfo"] = _record("_StorageInfo")
-    out[_MD + "_MEM_FORMAT_ENCODING"] = _identity
-    out["torch.serialization._get_layout"] = _layout
-    out["torch.Size"] = torch_size
+    out[_MD + "_MEM_FORMAT_ENCODING"] = StandIn(_identity)
+    out["torch.serialization._get_layout"] = StandIn(_layout)
+    out["torch.Size"] = StandIn(torch_size)
     out.update({f"torch.{n}": TorchDtype(n) for n in TORCH_DTYPES})
     out.update({f"torch.{n}": _refused_dtype(n) for n in OTHER_TORCH_DTYPES})
     for cls in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"):
-        out[f"pathlib.{cls}"] = _path
+        out[f"pathlib.{cls}"] = StandIn(_path)
     return out
 
 

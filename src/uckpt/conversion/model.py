@@ -28,6 +28,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..tree import MAX_DEPTH, escape, join
+from .unpickler import Sealed
 
 PLAIN = (type(None), bool, int, float, str, bytes)
 
@@ -38,7 +39,7 @@ def contiguous(arr: np.ndarray) -> np.ndarray:
 
 
 @dataclass(eq=False)
-class Leaf:
+class Leaf(Sealed):
     """An array of neutral ``dtype`` and ``shape`` that ``reader()`` produces on demand.
 
     ``kind`` is ``"array"``, or ``"scalar"`` for a NumPy scalar (a 0-d array given

@@ -28,8 +28,9 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedO
 from . import skeleton
 from .errors import UnsafeInputError
 from .fileio import RandomAccessFile, Window, ZipArchive, require_fits
+from ..tree import MAX_DEPTH, escape, join
 from .model import Leaf, Tree, check_plain, reading, where
-from .unpickler import GENERIC, OrderedDictStandIn, restricted_load
+from .unpickler import GENERIC, OrderedDictStandIn, Sealed, StandIn, restricted_load
 
 #: ``torch.<Name>Storage`` -> neutral dtype
 TYPED_STORAGES = {
@@ -54,15 +55,19 @@ SIDECAR = ".data/uckpt.json"  # the structure record inside an archive uckpt wro
 MAX_PICKLE_BYTES = 1 << 30
 
 
-class StorageType:
+class StorageType(Sealed):
     """Stands in for ``torch.FloatStorage`` & co. and ``torch.storage.UntypedStorage``."""
+
+    __slots__ = ("name", "dtype")
 
     def __init__(self, name: str, dtype: Optional[str]) -> None:
         self.name, self.dtype = name, dtype  # dtype None: untyped (bytes)
 
 
-class TorchDtype:
+class TorchDtype(Sealed):
     """Stands in for ``torch.float32`` & co."""
+
+    __slots__ = ("name",)
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -73,15 +78,15 @@ def torch_size(dims=()) -> tuple:
     return tuple(int(d) for d in dims)
 
 
-def _refused_dtype(name: str) -> Callable[..., Any]:
+def _refused_dtype(name: str) -> StandIn:
     def refuse(*_a):
         raise UnsupportedDtypeError(f"torch.{name} tensors cannot be converted",
                                     hint=f"the uckpt format holds: {', '.join(dtypes.NAMES)}")
-    return refuse
+    return StandIn(refuse)
 
 
 @dataclass(eq=False)
-class Storage:
+class Storage(Sealed):
     """A storage of the archive: ``nbytes`` bytes that ``read_into(arr, byte_offset)`` reads."""
 
     key: str
@@ -102,11 +107,11 @@ class Tensors:
         out["torch.storage.UntypedStorage"] = StorageType("UntypedStorage", None)
         out.update({f"torch.{n}": TorchDtype(n) for n in TORCH_DTYPES})
         out.update({f"torch.{n}": _refused_dtype(n) for n in OTHER_TORCH_DTYPES})
-        out["torch.Size"] = torch_size
-        out["torch._utils._rebuild_tensor_v2"] = self.rebuild_v2
-        out["torch._utils._rebuild_tensor_v3"] = self.rebuild_v3
-        out["torch._utils._rebuild_parameter"] = self.rebuild_parameter
-        out["torch._utils._rebuild_parameter_with_state"] = self.rebuild_parameter
+        out["torch.Size"] = StandIn(torch_size)
+        out["torch._utils._rebuild_tensor_v2"] = StandIn(self.rebuild_v2)
+        out["torch._utils._rebuild_tensor_v3"] = StandIn(self.rebuild_v3)
+        out["torch._utils._rebuild_parameter"] = StandIn(self.rebuild_parameter)
+        out["torch._utils._rebuild_parameter_with_state"] = StandIn(self.rebuild_parameter)
         return out
 
     # the stand-ins, with torch's signatures
@@ -271,7 +276,8 @@ def load_legacy(raf: RandomAccessFile) -> Any:
 
     root = restricted_load(stream, tensors.allowed(), where_, persistent)
     keys = restricted_load(stream, {}, where_)
-    if not isinstance(keys, list) or set(keys) != set(found):
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys) or \
+            set(keys) != set(found):
         raise CorruptCheckpointError(f"{where_}: the storage list does not match the tensors",
                                      path=where_)
     offset = stream.tell()
@@ -287,8 +293,6 @@ def load_legacy(raf: RandomAccessFile) -> Any:
 def normalize(obj: Any, parts: List[str], extras: Dict[str, Dict[str, Any]], depth: int = 0
               ) -> Any:
     """Stand-in containers to plain ones; an OrderedDict's class and state go to ``extras``."""
-    from ..tree import MAX_DEPTH, escape, join
-
     if depth > MAX_DEPTH:
         raise CorruptCheckpointError(f"the pickle nests deeper than {MAX_DEPTH} levels at "
                                      f"{where(parts)!r}")

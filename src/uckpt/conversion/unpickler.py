@@ -78,6 +78,28 @@ def restricted_load(data, allowed: Mapping[str, Any], where: str,
 
 
 # -- generic stand-ins -----------------------------------------------------------------------
+class Sealed:
+    """An object a pickle may create or call, but not change: BUILD (which would otherwise
+    update its attributes) is refused."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise TypeError(f"a pickle may not change a {type(self).__name__}")
+
+
+class StandIn(Sealed):
+    """A function of the allowlist, wrapped so a pickle can call it but not modify it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+
 class OrderedDictStandIn(dict):
     """Stands in for ``collections.OrderedDict``: a dict that remembers it was one, and the
     attributes a BUILD gave it (``state_dict()._metadata``)."""
@@ -103,5 +125,5 @@ def codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
 
 GENERIC = {
     "collections.OrderedDict": OrderedDictStandIn,
-    "_codecs.encode": codecs_encode,
+    "_codecs.encode": StandIn(codecs_encode),
 }
