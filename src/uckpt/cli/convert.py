@@ -36,7 +36,8 @@ Ctrl-C leaves no partial output. An existing DST is replaced only with --force.
 Memory stays about the largest array. A progress bar is drawn on standard
 error for large inputs when it is a terminal (not with --quiet).
 
-Exit status: 0 converted (or listed, with --dry-run), 1 error, 2 usage error."""
+Exit status: 0 converted (or listed, with --dry-run), 1 error, 2 usage error,
+130 interrupted (Ctrl-C; nothing is left behind)."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
