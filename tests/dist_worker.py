@@ -138,7 +138,7 @@ def main():
         back = uckpt.load(directory)
         ok = all(np.array_equal(v, back[k]) for k, v in big_state(float(arg)).items())
         report(rank=rank, ok=ok)
-    elif scenario in ("mismatch", "badobj", "differs"):
+    elif scenario in ("mismatch", "badobj", "differs", "diverged"):
         state = {"w": np.arange(10.0), "step": 7}
         if scenario == "mismatch" and rank == 1:
             state["step"] = 8
@@ -148,6 +148,8 @@ def main():
             state["bad"] = None
         if scenario == "differs":
             state["seed"] = np.array([rank])
+        if scenario == "diverged":  # a large replica that drifted apart on rank 3
+            state["layer"] = np.random.default_rng(1 + (rank == 3)).standard_normal((512, 1024))
         out = {"raised": None}
         try:
             uckpt.save(directory, state)

@@ -114,6 +114,8 @@ def test_replicated_bytes_written_once_and_balanced(tmp_path):
     ("mismatch", "StateMismatchError", "rank(s) 1 differ from rank 0 (rank 1 in key(s) 'step')"),
     ("badobj", "DistributedError", "rank 2: uckpt.errors.UnsupportedObjectError"),
     ("differs", "StateMismatchError", "replicated leaf 'seed' holds different values"),
+    ("diverged", "StateMismatchError", "'layer' holds different values on different ranks "
+                                       "(ranks 0, 1, 2; ranks 3)"),
 ])
 def test_inconsistent_state_is_refused_on_every_rank(tmp_path, scenario, error, names):
     directory = tmp_path / "ckpt"

@@ -90,6 +90,7 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
                 raise ValueError(f"step must be a non-negative int, got {step!r}")
             check_target(directory, overwrite)
             out["tmp"] = run.make_tmp()
+            out["metadata"] = metadata or {}  # rank 0's: every view's manifest says the same
         return out
 
     try:
@@ -100,7 +101,7 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
         run.cleanup()
         raise
     run.tmp = directory.parent / gathered[0]["tmp"]
-    return Prepared(run, flat, gathered, gp, step, metadata or {}, overwrite, what)
+    return Prepared(run, flat, gathered, gp, step, gathered[0]["metadata"], overwrite, what)
 
 
 def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator) -> Path:

@@ -27,7 +27,8 @@ from .errors import StateMismatchError
 from .plan import ArrayMeta, SavePlan, plan_holdings
 from .tree import Flat, unescape
 
-#: replicated arrays up to this size are compared across ranks (by checksum)
+#: replicated arrays up to this size are compared across ranks whole (by checksum),
+#: larger ones by a sample of their elements
 COMPARE_BYTES = 1 << 16
 
 
@@ -61,14 +62,23 @@ def local_metadata(flat: Flat) -> Dict[str, Any]:
     for path, arr in flat.arrays.items():
         offsets, gshape = flat.boxes.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
         small = None
-        if path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.nbytes <= COMPARE_BYTES:
-            small = crc32c(np.ascontiguousarray(dtypes.as_little_endian(arr)).reshape(-1).view(np.uint8))
+        if path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.size:
+            small = crc32c(_sample(arr))
         arrays.append([path, dtypes.name_of(arr.dtype), list(gshape), list(offsets),
                        list(arr.shape), small])
     per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
     tree = shared_tree(flat)
     keys = {k: digest(v) for k, v in tree["items"].items()}  # names what differs, if anything
     return {"tree": digest(tree), "keys": keys, "arrays": arrays, "per_rank": per_rank}
+
+
+def _sample(arr: np.ndarray) -> np.ndarray:
+    """The bytes compared across ranks: all of a small array; of a larger one, 4096
+    elements spread evenly over it (diverged replicas differ almost everywhere)."""
+    arr = dtypes.as_little_endian(arr)
+    if arr.nbytes > COMPARE_BYTES:
+        arr = np.asarray(arr.flat[np.linspace(0, arr.size - 1, 4096).astype(np.int64)])
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
 
 
 @dataclass

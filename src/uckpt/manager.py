@@ -205,6 +205,10 @@ class CheckpointManager:
         ``metrics`` (numbers, e.g. ``{"val_loss": 0.31}``) are stored in the
         metadata under ``"metrics"`` and used by ``KeepBest``. Returns the path,
         or a :class:`~uckpt.engine.SaveHandle` with ``async_save``.
+
+        With several ranks this is collective; the checkpoint's metadata and
+        metrics are rank 0's. Whether to exit after the save (``OnSignal``) is
+        what the ranks agreed on in the latest ``should_save``.
         """
         self._check_open()
         self._raise_background_errors()
