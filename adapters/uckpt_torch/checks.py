@@ -2,9 +2,10 @@
 
 ``array_problem`` compares one checkpoint leaf (an :class:`~uckpt.adapter.ArraySpec`
 in ``prepare``, the loaded ``ndarray`` in ``restore``) with its destination
-tensor and ``raise_problems`` turns every problem found into one error;
-``check_class`` compares the class recorded by ``extract`` with the
-object's own.
+tensor (for a DTensor: the global shape in ``prepare``; in ``restore`` the
+loaded array may also be the local box it was read into) and
+``raise_problems`` turns every problem found into one error; ``check_class``
+compares the class recorded by ``extract`` with the object's own.
 """
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def _signature(leaf: Any):
     return None
 
 
+def _is_local_box(key: str, leaf: Any, t: torch.Tensor) -> bool:
+    """A loaded array with the shape of a DTensor's local tensor: the box it was given to
+    read into (``prepare`` compares the checkpoint's global shape with ``t.shape``)."""
+    from .dtensor import is_dtensor, layout
+
+    return isinstance(leaf, np.ndarray) and is_dtensor(t) and \
+        tuple(leaf.shape) == tuple(layout(t, key, "loaded into")[0].shape)
 
 
 def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
@@ -39,7 +47,7 @@ def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
         return StateMismatchError, \
             f"{key}: the checkpoint holds a {type(leaf).__name__}, not an array"
     dtype, shape = sig
-    if shape != tuple(t.shape):
+    if shape != tuple(t.shape) and not _is_local_box(key, leaf, t):
         return ShapeMismatchError, \
             f"{key}: shape {list(shape)} in the checkpoint, {list(t.shape)} in the object"
     if dtype != dtype_name(t.dtype):

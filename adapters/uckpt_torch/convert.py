@@ -80,15 +80,23 @@ def writable_view(t: torch.Tensor) -> Optional[np.ndarray]:
     is not on the CPU, not contiguous, not strided, or has a conjugate or
     negative bit, or whose dtype the format cannot hold.
     """
-    if (t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous()
-            or t.is_conj() or t.is_neg() or t.dtype not in _NAMES):
+    if (_is_wrapper(t) or t.device.type != "cpu" or t.layout != torch.strided
+            or not t.is_contiguous() or t.is_conj() or t.is_neg() or t.dtype not in _NAMES):
         return None
     return to_numpy(t)
 
 
+def _is_wrapper(t: torch.Tensor) -> bool:
+    """A tensor subclass without memory of its own (a DTensor): see :mod:`.dtensor`."""
+    from .dtensor import is_dtensor
+
+    return is_dtensor(t)
+
+
 def same_memory(arr: np.ndarray, t: torch.Tensor) -> bool:
     """True when ``arr`` is exactly the tensor's memory (same address, shape, strides, dtype)."""
-    if t.device.type != "cpu" or t.layout != torch.strided or t.dtype not in _NAMES:
+    if _is_wrapper(t) or t.device.type != "cpu" or t.layout != torch.strided or \
+            t.dtype not in _NAMES:
         return False
     dt = numpy_dtype(t.dtype)
     return (arr.dtype == dt and arr.shape == tuple(t.shape)
@@ -119,19 +127,21 @@ def from_numpy(arr: np.ndarray, like: Optional[torch.Tensor] = None) -> torch.Te
     return t
 
 
-def tree_to_numpy(x: Any) -> Any:
+def tree_to_numpy(x: Any, where: str = "") -> Any:
     """Every tensor in a nested dict/list/tuple replaced by its leaf (``device.to_leaf``:
-    a NumPy view, or a snapshot-time copy for CUDA tensors); containers rebuilt."""
+    a NumPy view, a snapshot-time copy for CUDA tensors, a Shard for DTensors); containers
+    rebuilt. ``where`` is the path of ``x``, for errors."""
     if isinstance(x, torch.Tensor):
         from .device import to_leaf
 
-        return to_leaf(x)
+        return to_leaf(x, where)
+    sub = (where + "/") if where else ""
     if isinstance(x, dict):
-        return {k: tree_to_numpy(v) for k, v in x.items()}
+        return {k: tree_to_numpy(v, f"{sub}{k}") for k, v in x.items()}
     if isinstance(x, list):
-        return [tree_to_numpy(v) for v in x]
+        return [tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x)]
     if isinstance(x, tuple):
-        return tuple(tree_to_numpy(v) for v in x)
+        return tuple(tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x))
     return x
 
 

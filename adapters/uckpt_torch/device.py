@@ -1,7 +1,8 @@
 """CUDA tensors as snapshot leaves: pinned host buffers, a side stream, no stall.
 
 ``to_leaf(t)`` is what ``extract`` returns for a tensor: a NumPy view for a CPU
-tensor, a :class:`uckpt.adapter.DeviceArray` for a CUDA tensor. When the core
+tensor, a :class:`uckpt.adapter.DeviceArray` for a CUDA tensor (for a DTensor, a
+:class:`uckpt.Shard` of its local tensor's leaf, see :mod:`.dtensor`). When the core
 snapshots it, ``copy_to(out)`` enqueues the device-to-host copy on a side
 stream that first waits for the work already queued on the current stream (so
 the copy sees the values at ``save()`` time); the current stream then waits for
@@ -68,8 +69,13 @@ def device_array(t: torch.Tensor) -> DeviceArray:
     return DeviceArray(tuple(t.shape), numpy_dtype(t.dtype), copy_to, key, allocator=pinned)
 
 
-def to_leaf(t: torch.Tensor):
-    """What ``extract`` returns for a tensor: a view (CPU) or a DeviceArray (CUDA)."""
+def to_leaf(t: torch.Tensor, where: str = ""):
+    """What ``extract`` returns for a tensor: a view (CPU) or a DeviceArray (CUDA); for a
+    DTensor, a :class:`uckpt.Shard` of its local tensor's leaf (``where`` names it in errors)."""
+    from .dtensor import is_dtensor, to_shard
+
+    if is_dtensor(t):
+        return to_shard(t, where, to_leaf)
     if t.device.type == "cuda" and t.layout == torch.strided:
         return device_array(t)
     return to_numpy(t)

@@ -10,6 +10,10 @@ reads straight into the parameters. ``restore`` then calls
 ``module.load_state_dict`` (hooks and ``_extra_state`` included), handing it the
 live tensor itself wherever the core already read into it, so only the other
 entries are copied and tied parameters stay tied.
+DTensor entries (``distribute_tensor``, FSDP2's ``fully_shard``) are saved as
+:class:`uckpt.Shard` leaves and loaded into this rank's box only (see
+:mod:`.dtensor`); ``restore`` completes the local tensor and hands
+``load_state_dict`` the live DTensor.
 """
 from __future__ import annotations
 
@@ -17,13 +21,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from uckpt.adapter import Adapter
+from uckpt.adapter import Adapter, ArraySpec
 from uckpt.errors import KeyMismatchError, StateMismatchError
 
 from .checks import array_problem, raise_problems
 from .convert import from_numpy, same_memory, tree_from_numpy, tree_to_numpy, \
     writable_view
 from .device import to_leaf
+from .dtensor import fill, is_dtensor, read_target
 
 _EXTRA = "_extra_state"
 
@@ -34,6 +39,16 @@ def _is_array(key: str, value) -> bool:
     return (isinstance(value, torch.Tensor)
             and not isinstance(value, nn.parameter.UninitializedTensorMixin)
             and key != _EXTRA and not key.endswith("." + _EXTRA))
+
+
+def _target(key: str, t, spec):
+    """The in-place read target of entry ``key``: the tensor's memory, this rank's box of a
+    DTensor (:mod:`.dtensor`), or None."""
+    if not _is_array(key, t):
+        return None
+    if is_dtensor(t):
+        return read_target(t, spec, key) if isinstance(spec, ArraySpec) else None
+    return writable_view(t)
 
 
 class ModuleAdapter(Adapter):
@@ -48,23 +63,27 @@ class ModuleAdapter(Adapter):
         for key, value in obj.state_dict(keep_vars=True).items():
             if isinstance(value, torch.Tensor):
                 if id(value) not in seen:
-                    seen[id(value)] = to_leaf(value)
+                    seen[id(value)] = to_leaf(value, key)
                 out[key] = seen[id(value)]
             else:
-                out[key] = tree_to_numpy(value)
+                out[key] = tree_to_numpy(value, key)
         return out
 
     def prepare(self, obj, spec):
         live = obj.state_dict(keep_vars=True)
         self._check(obj, live, spec)
-        return {key: writable_view(t) if _is_array(key, t) else None for key, t in live.items()}
+        return {key: _target(key, t, spec[key]) for key, t in live.items()}
 
     def restore(self, obj, tree):
         live = obj.state_dict(keep_vars=True)
         self._check(obj, live, tree)
         sd = {}
         for key, value in tree.items():
-            if isinstance(value, np.ndarray) and _is_array(key, live[key]):
+            if isinstance(value, np.ndarray) and _is_array(key, live[key]) and \
+                    is_dtensor(live[key]):
+                fill(live[key], value)  # load_state_dict then copies the DTensor onto itself
+                sd[key] = live[key]
+            elif isinstance(value, np.ndarray) and _is_array(key, live[key]):
                 sd[key] = live[key] if same_memory(value, live[key]) else from_numpy(value)
             else:
                 sd[key] = tree_from_numpy(value)

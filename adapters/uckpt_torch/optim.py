@@ -12,9 +12,18 @@ core to read into in place; otherwise the core reads into fresh arrays.
 ``restore`` converts the arrays to tensors (sharing their memory: the
 optimizer keeps them) and calls ``optimizer.load_state_dict``, which moves them
 to the parameters' devices.
+DTensor state (an optimizer over DTensor / FSDP2 parameters) is saved as
+:class:`uckpt.Shard` leaves. On load, an entry whose live state is a DTensor of
+the checkpoint's shape is read into that DTensor's local box in place; with no
+live state yet, an entry of its parameter's shape is read in the parameter's
+layout (mesh, placements) and becomes a new DTensor; any other entry (``step``)
+is a plain tensor, as saved.
 """
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import torch
 
 from uckpt.adapter import Adapter, ArraySpec
@@ -22,10 +31,27 @@ from uckpt.errors import StateMismatchError
 
 from .checks import check_class, class_name
 from .convert import _NAMES, tree_from_numpy, tree_to_numpy, writable_view
+from .dtensor import fill, is_dtensor, like, read_target
+
+
+def _layout_of(t, param, want: ArraySpec):
+    """The DTensor whose layout state entry ``want`` is loaded in, or None: the live entry
+    ``t`` when it is a DTensor of that shape; when there is no live entry yet, the
+    parameter, if it is a DTensor of that shape (moments are laid out as their parameter)."""
+    if t is None:
+        t = param
+    if is_dtensor(t) and tuple(t.shape) == tuple(want.shape):
+        return t
+    return None
 
 
 class OptimizerAdapter(Adapter):
     name = "torch.optimizer"
+
+    def __init__(self) -> None:
+        #: optimizer -> {(index, name): DTensor whose layout a state entry is read in},
+        #: from ``prepare`` to ``restore``
+        self._sharded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def handles(self, obj):
         return isinstance(obj, torch.optim.Optimizer)
@@ -36,22 +62,43 @@ class OptimizerAdapter(Adapter):
     def prepare(self, obj, spec):
         self._check(obj, spec)
         params = [p for g in obj.param_groups for p in g["params"]]
-        targets = {}
+        targets, sharded = {}, {}
         for index, entries in spec["state"].items():
-            live = obj.state.get(params[index], {}) if index < len(params) else {}
+            param = params[index] if index < len(params) else None
+            live = obj.state.get(param, {}) if param is not None else {}
             views = {}
             for name, want in entries.items():
+                if not isinstance(want, ArraySpec):
+                    continue
                 t = live.get(name)
-                if isinstance(want, ArraySpec) and isinstance(t, torch.Tensor) and \
+                ref = _layout_of(t, param, want)
+                if ref is not None:
+                    views[name] = read_target(ref, want, f"state/{index}/{name}",
+                                              in_place=ref is t)
+                    sharded[(index, name)] = ref
+                elif isinstance(t, torch.Tensor) and not is_dtensor(t) and \
                         tuple(t.shape) == tuple(want.shape) and _NAMES.get(t.dtype) == want.dtype:
                     views[name] = writable_view(t)
             targets[index] = views
+        self._sharded[obj] = sharded
         return {"state": targets}
 
     def restore(self, obj, tree):
         self._check(obj, tree)
+        sharded = self._sharded.pop(obj, {})
         sd = {k: v for k, v in tree.items() if k != "class"}
-        obj.load_state_dict(tree_from_numpy(sd))
+        state = {index: dict(entries) for index, entries in sd["state"].items()}
+        params = [p for g in obj.param_groups for p in g["params"]]
+        for (index, name), ref in sharded.items():
+            value = state.get(index, {}).get(name)
+            if not isinstance(value, np.ndarray):
+                continue
+            if ref is obj.state.get(params[index], {}).get(name):
+                fill(ref, value)  # the live state: read in place, or copied now
+                state[index][name] = ref
+            else:
+                state[index][name] = like(ref, value)
+        obj.load_state_dict(tree_from_numpy({**sd, "state": state}))
 
     @staticmethod
     def _check(obj, tree):
