@@ -83,6 +83,10 @@ def worker(size: str, directory: str, repeat: int) -> None:
                 shutil.rmtree(target, ignore_errors=True)
                 if os.path.exists(target + ".pt"):
                     os.remove(target + ".pt")
+                # settle the file system (the deletion's journal commit and writeback),
+                # so that no method's fsync pays for the previous one's clean-up
+                os.sync()
+                time.sleep(0.2)
     if rank == 0:
         nbytes = C.state_nbytes(C.flat_tensors(model, opt))
         print("BENCH " + json.dumps({"size": size, "n": n, "state_bytes": nbytes, "rows": rows}),
@@ -108,7 +112,7 @@ def report(results: list, env: dict, args) -> str:
              f"--ranks {args.ranks} --repeat {args.repeat}`; `mpiexec -n N` (MPICH), one "
              f"machine, {os.cpu_count()} cores, directory on {C.filesystem_of(args.dir)}. "
              f"Medians of {args.repeat} interleaved rounds after a warm-up round; every save "
-             "is fsynced. \"slowest rank\": until the checkpoint is durable on the slowest "
+             "is fsynced, and the file system is synced after each method's clean-up. \"slowest rank\": until the checkpoint is durable on the slowest "
              "rank; \"stall\": how long the slowest rank is blocked from training.", "",
              "| state | N | method | slowest rank (s) | stall (s) | MB written per rank "
              "(max / min) | slowest ÷ rank0 torch.save |", "|---|---|---|---|---|---|---|"]
@@ -156,7 +160,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="resnet50,vgg16")
     p.add_argument("--ranks", default="1,2,4")
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--dir", default=str(C.BENCH_DIR))
     p.add_argument("--results-dir", default=str(C.RESULTS_DIR))
     p.add_argument("--worker", nargs=3, metavar=("SIZE", "DIR", "REPEAT"), help=argparse.SUPPRESS)

@@ -77,7 +77,10 @@ def _sample(arr: np.ndarray) -> np.ndarray:
     elements spread evenly over it (diverged replicas differ almost everywhere)."""
     arr = dtypes.as_little_endian(arr)
     if arr.nbytes > COMPARE_BYTES:
-        arr = np.asarray(arr.flat[np.linspace(0, arr.size - 1, 4096).astype(np.int64)])
+        if arr.flags.c_contiguous:  # a strided view: no index array to build
+            arr = arr.reshape(-1)[::arr.size // 4096][:4096]
+        else:
+            arr = np.asarray(arr.flat[np.linspace(0, arr.size - 1, 4096).astype(np.int64)])
     return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
 
 
