@@ -33,7 +33,7 @@ from . import fsutil
 from .comm import Communicator
 from .commit import TMP_MARK, assemble_manifest, check_metadata, check_target, publish
 from .format import MANIFEST_NAME, Chunk
-from .global_plan import GlobalPlan, global_plan, local_metadata, merged_tree
+from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader
 from .engine import submit_collective
 from .staging import snapshot_share
@@ -80,10 +80,13 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
     what = what or f"save to {str(directory)!r}"
     run = _Run(directory)
 
+    meta: Dict[str, Any] = {}
+
     def plan() -> Dict[str, Any]:
         if isinstance(flat, BaseException):
             raise flat
-        out = local_metadata(flat)
+        meta.update(local_metadata(flat))
+        out = compact(meta, comm.rank)
         if comm.rank == 0:
             check_metadata(metadata)
             if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
@@ -96,6 +99,11 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
     try:
         gathered = comm.gather_outcomes(plan, f"{what} (planning)")
         assert isinstance(flat, Flat)
+        differ = expand(gathered)
+        if differ:  # rare: some rank's replicated leaves differ; fetch them to say which
+            full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
+            for r in differ:
+                gathered[r]["replicated"] = full[r]
         gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
     except BaseException:
         run.cleanup()

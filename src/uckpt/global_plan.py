@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,19 +57,47 @@ def digest(tree: Dict[str, Any]) -> str:
 
 
 def local_metadata(flat: Flat) -> Dict[str, Any]:
-    """What this rank tells the others before a save (JSON-able)."""
-    arrays = []
+    """What this rank tells the others before a save (JSON-able).
+
+    ``replicated`` lists the plain array leaves (equal on every rank, small ones
+    and samples of large ones checksummed), ``own`` this rank's :class:`Shard`
+    boxes and :class:`PerRank` leaves. See :func:`compact` for what is sent."""
+    mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
+    replicated, own = [], []
     for path, arr in flat.arrays.items():
         offsets, gshape = flat.boxes.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
         small = None
         if path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.size:
             small = crc32c(_sample(arr))
-        arrays.append([path, dtypes.name_of(arr.dtype), list(gshape), list(offsets),
-                       list(arr.shape), small])
+        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape), small]
+        (own if path in flat.boxes or path.startswith(mine) else replicated).append(entry)
     per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
     tree = shared_tree(flat)
     keys = {k: digest(v) for k, v in tree["items"].items()}  # names what differs, if anything
-    return {"tree": digest(tree), "keys": keys, "arrays": arrays, "per_rank": per_rank}
+    return {"tree": digest(tree), "keys": keys, "replicated": replicated, "own": own,
+            "per_rank": per_rank}
+
+
+def compact(meta: Dict[str, Any], rank: int) -> Dict[str, Any]:
+    """What ``rank`` sends: rank 0 all of its metadata, the others a digest of their
+    replicated leaves instead of the list (equal to rank 0's when all is well), so
+    that the all-gather grows as N, not N^2, with the number of ranks."""
+    if rank == 0:
+        return meta
+    out = dict(meta)
+    out["replicated"] = digest(out["replicated"])  # type: ignore[arg-type]
+    return out
+
+
+def expand(gathered: List[Dict[str, Any]]) -> Optional[List[int]]:
+    """Put rank 0's replicated leaves back in place of the ranks' matching digests;
+    returns the ranks whose digest differs (they must send their lists), or None."""
+    reference = digest(gathered[0]["replicated"])
+    differ = [r for r, g in enumerate(gathered) if r and g["replicated"] != reference]
+    for r, g in enumerate(gathered):
+        if r and r not in differ:
+            g["replicated"] = gathered[0]["replicated"]
+    return differ or None
 
 
 def _sample(arr: np.ndarray) -> np.ndarray:
@@ -111,7 +139,7 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0)
     boxes: Dict[str, Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], List[int]]] = {}
     sums: Dict[str, Dict[int, List[int]]] = {}
     for r, g in enumerate(gathered):
-        for path, dtype, gshape, start, shape, small in g["arrays"]:
+        for path, dtype, gshape, start, shape, small in g["replicated"] + g["own"]:
             meta = ArrayMeta(dtype, tuple(gshape))
             if metas.setdefault(path, meta) != meta:
                 first = metas[path]
@@ -139,7 +167,7 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0)
             max(1 << 20, min(knobs.chunk_bytes, total // (8 * world)))
     plan = plan_holdings(metas, held_by, world, piece_bytes)
     origins = {path: tuple(start) for path, dtype, gshape, start, shape, small
-               in gathered[rank]["arrays"] if tuple(shape) != tuple(gshape)}
+               in gathered[rank]["own"] if tuple(shape) != tuple(gshape)}
     return GlobalPlan(plan, metas, origins)
 
 
