@@ -142,3 +142,14 @@ def run_torch(n: int, script, *args, timeout: float = 60, env: Optional[Dict[str
                   "LOCAL_RANK": str(r), "WORLD_SIZE": str(n)}) for r in range(n)]
     cmd = [PYTHON, str(script), *map(str, args)]
     return _launch([cmd] * n, envs, timeout, monitor)
+
+
+def assert_rank_2_failure_reported(res: Dict[str, Any], rank: int, n: int) -> None:
+    """What every rank reports after rank 2 failed with "disk full on rank two" in a
+    ``comm.check(..., what="save")`` (comm_worker.py / horovod_worker.py, scenario fail2)."""
+    assert res["raised"] == "DistributedError"
+    assert "rank 2: ValueError: disk full on rank two" in res["msg"]
+    assert f"save failed on 1 of {n} rank(s): 2" in res["msg"]
+    assert res["failures"] == {"2": "ValueError: disk full on rank two"}
+    assert res["cause"] == ("ValueError" if rank == 2 else None)
+    assert res["after"] == list(range(n))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
+from multiproc import HAVE_MPI, HAVE_TORCH, assert_rank_2_failure_reported, run_mpi, run_torch
 from uckpt.comm import (CollectiveTimeoutError, Communicator, DistributedError, SingleProcess,
                         get_communicator)
 from uckpt.errors import UckptError
@@ -41,12 +41,7 @@ def test_failure_on_rank_2_is_raised_on_every_rank(backend):
     r = RUNNERS[backend](N, WORKER, backend, "fail2", 20, timeout=60).check()
     assert sorted(r.results) == list(range(N))
     for rank, res in r.results.items():
-        assert res["raised"] == "DistributedError"
-        assert "rank 2: ValueError: disk full on rank two" in res["msg"]
-        assert "save failed on 1 of 4 rank(s): 2" in res["msg"]
-        assert res["failures"] == {"2": "ValueError: disk full on rank two"}
-        assert res["cause"] == ("ValueError" if rank == 2 else None)
-        assert res["after"] == list(range(N))
+        assert_rank_2_failure_reported(res, rank, N)
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
