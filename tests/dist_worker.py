@@ -192,6 +192,31 @@ def main():
                 report(rank=rank, exited=None)
             except SystemExit as e:
                 report(rank=rank, exited=e.code, step=step, steps=m.steps())
+    elif scenario == "two_steps":
+        with uckpt.CheckpointManager(directory, comm=c) as m:
+            for step in (1, 2):
+                state = save_state(rank, size)
+                state["step"] = step
+                m.save(step, state)
+        report(rank=rank, saved=True)
+    elif scenario == "restore":
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with uckpt.CheckpointManager(directory, comm=c) as m:
+                got = check_loaded_manager(m, rank, size)
+        report(rank=rank, warnings=[str(w.message) for w in caught], **got)
+    elif scenario == "bad_target":  # rank 2's destination has the wrong shape
+        lo, hi = bounds(SHARD_SHAPE[0], size, rank)
+        rows = hi - lo + (1 if rank == 2 else 0)
+        local = np.zeros((rows, SHARD_SHAPE[1]), np.float32)
+        try:
+            uckpt.load(directory, {"zero": uckpt.Shard(local, (SHARD_SHAPE[0] + (rank == 2),
+                                                              SHARD_SHAPE[1]), (lo, 0))},
+                       strict=False)
+            report(rank=rank, raised=None)
+        except UckptError as e:
+            report(rank=rank, raised=type(e).__name__, msg=str(e), untouched=not local.any())
     elif scenario == "tiers":
         fast, durable = directory + "/fast", directory + "/durable"
         with uckpt.CheckpointManager(tiers=[fast, durable], keep_last=2, async_save=True,

@@ -153,6 +153,36 @@ def test_signal_to_one_rank_stops_every_rank_after_one_save(tmp_path):
     assert uckpt.verify(tmp_path / "ckpt" / "step_00000005").world_size == 4
 
 
+@needs_mpi
+@needs_torch
+def test_restore_falls_back_together_past_a_damaged_checkpoint(tmp_path):
+    """Step 2 is damaged in rank 1's data file only: every rank skips it (with a warning
+    naming it) and all restore step 1, the same step."""
+    run("mpi", 4, "two_steps", tmp_path).check()
+    data = tmp_path / "step_00000002" / "data-00001.bin"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    r = run("torch", 3, "restore", tmp_path).check()
+    assert sorted(r.results) == [0, 1, 2]
+    for rank, res in r.results.items():
+        assert res["restored"] == 1 and res["step"] == 1 and res["model"] and res["zero"], res
+        assert res["rank_state"] == 100 + rank
+        assert any("skipping checkpoint step 2" in w and "ChecksumMismatchError" in w
+                   for w in res["warnings"]), res["warnings"]
+
+
+@needs_mpi
+@needs_torch
+def test_load_mismatch_on_one_rank_raises_on_every_rank(saved):
+    r = run("mpi", 4, "bad_target", saved[4]).check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for res in r.results.values():
+        assert res["raised"] == "DistributedError", res
+        assert "failed on 1 of 4 rank(s): 2" in res["msg"] and "ShapeMismatchError" in res["msg"]
+    assert r.results[2]["untouched"]
+
+
 def _kill_rank_when_writing(directory, rank, killed):
     def monitor():
         if not killed and glob.glob(f"{directory}/.step_00000002.uckpt-tmp-*/data-{rank:05d}.bin"):
