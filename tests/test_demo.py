@@ -43,3 +43,16 @@ def test_chainer_demo_resumes_bitwise(tmp_path):
     assert len(verdicts) == 2, output  # the custom loop and the Trainer
     assert all(same == total and int(total) > 0 for same, total in verdicts), output
     assert "all runs bitwise identical after restart" in proc.stdout, output
+
+
+@pytest.mark.timeout(300)
+def test_distributed_demo_resumes_bitwise_and_loads_on_half_the_ranks():
+    demo = DEMO.with_name("distributed_demo.py")
+    proc = subprocess.run([sys.executable, str(demo), "--ranks", "4", "--steps", "20"],
+                          capture_output=True, text=True, timeout=280)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "rank 3 SIGKILLed at step 13" in proc.stdout, output
+    assert "committed: steps [5, 10]; step 10 was written by 4 ranks" in proc.stdout, output
+    assert "steps 11..20 bitwise identical to the reference run on every rank" in proc.stdout, output
+    assert "loaded on 2 ranks: final model identical" in proc.stdout, output
