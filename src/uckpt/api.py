@@ -4,15 +4,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
-from .collective import prepare_collective, save_collective, submit_async_share
+from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
 from .comm import Communicator, background_communicator, get_communicator
 from .commit import check_metadata, check_target, write_checkpoint
-from .engine import SaveHandle, default_saver, submit_collective
+from .engine import SaveHandle, default_saver
 from .staging import snapshot
 from .format import Manifest
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
-from .tree import Flat, flatten
+from .tree import Flat
 
 
 def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
@@ -44,12 +44,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     """
     default_saver().raise_unreported()  # an earlier background save's error is never lost
     c = get_communicator(comm)
-    try:
-        flat: Union[Flat, BaseException] = flatten(state, rank=c.rank)
-    except Exception as e:  # noqa: BLE001 - with other ranks, they must learn it too
-        if c.size == 1:
-            raise
-        flat = e
+    flat = flatten_shared(state, c)
     if c.size > 1 or (isinstance(flat, Flat) and flat.boxes):
         return _save_collective(directory, flat, c, step, metadata, overwrite, blocking)
     if blocking:
@@ -66,11 +61,6 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
 
 def _save_collective(directory, flat, c: Communicator, step, metadata, overwrite, blocking):
     if blocking:
-        if isinstance(flat, Flat):
-            try:
-                flat = snapshot(flat, None).ready()
-            except Exception as e:  # noqa: BLE001 - reported to the other ranks
-                flat = e
         return save_collective(directory, flat, c, step=step, metadata=metadata,
                                overwrite=overwrite)
     # the plan exchange runs here (so only this rank's share is snapshotted, straight

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from dataclasses import dataclass
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -34,11 +34,11 @@ from .comm import Communicator
 from .commit import TMP_MARK, assemble_manifest, check_metadata, check_target, publish
 from .format import MANIFEST_NAME, Chunk
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
-from .reader import CheckpointReader
 from .engine import submit_collective
-from .staging import snapshot_share
+from .reader import CheckpointReader
+from .staging import snapshot, snapshot_share
 from .tiers import copy_file
-from .tree import Flat
+from .tree import Flat, flatten
 from .writer import write_data_file
 
 COORDINATOR_MARK = ".uckpt-coordinator"
@@ -55,7 +55,22 @@ def save_collective(directory, flat: Union[Flat, BaseException], comm: Communica
     prepared = prepare_collective(directory, flat, comm, step=step, metadata=metadata,
                                   overwrite=overwrite, what=what)
     assert isinstance(flat, Flat)
-    return finish_collective(prepared, flat, comm)
+    try:  # device arrays to host memory (host arrays are written in place)
+        staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
+    except Exception as e:  # noqa: BLE001 - reported to the other ranks in the write step
+        staged = e
+    return finish_collective(prepared, staged, comm)
+
+
+def flatten_shared(state, comm: Communicator) -> Union[Flat, BaseException]:
+    """``flatten(state)`` for a collective save: with several ranks, an error is returned
+    (to be told to the other ranks by the plan exchange), not raised here alone."""
+    try:
+        return flatten(state, rank=comm.rank)
+    except Exception as e:  # noqa: BLE001 - see above
+        if comm.size == 1:
+            raise
+        return e
 
 
 @dataclass

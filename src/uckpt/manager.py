@@ -29,9 +29,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from . import fsutil
 from .api import load
 from .commit import DEL_MARK, OLD_MARK, TMP_MARK, check_metadata, check_target, write_checkpoint
-from .collective import copy_collective, prepare_collective, save_collective, submit_async_share
+from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
+                         submit_async_share)
 from .comm import get_communicator
-from .engine import AsyncSaver, Chain, SaveHandle, submit_collective
+from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, UckptError)
 from .format import MANIFEST_NAME
@@ -261,10 +262,7 @@ class CheckpointManager:
     def _save_collective(self, step: int, state: Mapping[str, Any], meta: Dict[str, Any],
                          overwrite: bool) -> Union[Path, SaveHandle]:
         """``save`` with several ranks: errors before the save are shared, not raised alone."""
-        try:
-            flat: Any = flatten(state, rank=self.comm.rank)
-        except Exception as e:  # noqa: BLE001 - the other ranks learn it in the plan exchange
-            flat = e
+        flat = flatten_shared(state, self.comm)  # an error is told to the other ranks
         self._saves += 1
         copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
         if copy:
@@ -288,11 +286,6 @@ class CheckpointManager:
             else:
                 if self._saver is not None:
                     self._saver.join()  # the final save follows the ones in flight
-                if not isinstance(flat, BaseException):
-                    try:
-                        flat = snapshot(flat, None).ready()
-                    except Exception as e:  # noqa: BLE001 - shared as above
-                        flat = e
                 result = committed(save_collective(self.path(step), flat, self.comm, step=step,
                                                    metadata=meta, overwrite=overwrite,
                                                    what=f"save of step {step}"))

@@ -159,26 +159,15 @@ def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
     arena = pool.acquire(round_up(size), allocator)
     try:
         buf = arena.buffer
-        staged: Dict[str, np.ndarray] = {}
-        jobs = []
-        end = 0
-        for path, arr in sorted(flat.arrays.items(), key=lambda kv: offsets[kv[0]]):
-            off = offsets[path]
-            if arr.nbytes:
-                buf[end:off] = 0  # padding between arrays is zero in the file
-                end = off + arr.nbytes
-            dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
-            staged[path] = buf[off:off + arr.nbytes].view(dtype).reshape(arr.shape)
-            jobs.append((arr, staged[path]))
-        buf[end:round_up(size)] = 0
-        waits = _copy_all(jobs)
+        paths = list(flat.arrays)
+        views, waits = _fill(buf, size, [(offsets[p], flat.arrays[p], flat.arrays[p].shape)
+                                         for p in paths])
     except BaseException:
         pool.release(arena)
         raise
     images = {data_file_name(0): buf[:round_up(size)]} if is_image else {}
-    return Snapshot(dataclasses.replace(flat, arrays={p: staged[p] for p in flat.arrays},
-                                        plan=plan, images=images),
-                    waits, arena, pool)
+    return Snapshot(dataclasses.replace(flat, arrays=dict(zip(paths, views)), plan=plan,
+                                        images=images), waits, arena, pool)
 
 
 def snapshot_share(flat: Flat, plan: SavePlan, rank: int, origins: Dict[str, tuple],
@@ -194,23 +183,36 @@ def snapshot_share(flat: Flat, plan: SavePlan, rank: int, origins: Dict[str, tup
     arena = pool.acquire(round_up(size))
     try:
         buf = arena.buffer
-        jobs, end = [], 0
-        for it in sorted(plan.for_rank(rank), key=lambda it: it.offset):
-            buf[end:it.offset] = 0  # padding between arrays is zero in the file
+        places = []
+        for it in plan.for_rank(rank):
             src = flat.arrays[it.path]
             origin = origins.get(it.path, (0,) * src.ndim)
             box = tuple(slice(s - o, s - o + n) for s, o, n in zip(it.start, origin, it.shape))
-            dtype = src.dtype.newbyteorder("<") if src.dtype.byteorder == ">" else src.dtype
-            dst = buf[it.offset:it.offset + it.length].view(dtype).reshape(it.shape)
-            jobs.append((src[box + (...,)], dst))
-            end = it.offset + it.length
-        buf[end:round_up(size)] = 0
-        _copy_all(jobs)
+            places.append((it.offset, src[box + (...,)], it.shape))
+        _fill(buf, size, places)
     except BaseException:
         pool.release(arena)
         raise
     staged = dataclasses.replace(flat, plan=plan, images={file: buf[:round_up(size)]})
     return Snapshot(staged, [], arena, pool)
+
+
+def _fill(buf: np.ndarray, size: int, places) -> Tuple[List[np.ndarray], List[Any]]:
+    """Copy each ``(offset, source, shape)`` into ``buf`` at ``offset`` (little-endian,
+    C order), zero the gaps and the tail up to a page; returns the staged views (in
+    the order given) and the device copies to wait for."""
+    views: List[np.ndarray] = [None] * len(places)  # type: ignore[list-item]
+    end = 0
+    for i in sorted(range(len(places)), key=lambda i: places[i][0]):
+        off, src, shape = places[i]
+        dtype = src.dtype.newbyteorder("<") if src.dtype.byteorder == ">" else src.dtype
+        nbytes = dtype.itemsize * int(np.prod(shape))
+        if nbytes:
+            buf[end:off] = 0  # padding between arrays is zero in the file
+            end = off + nbytes
+        views[i] = buf[off:off + nbytes].view(dtype).reshape(shape)
+    buf[end:round_up(size)] = 0
+    return views, _copy_all(list(zip((p[1] for p in places), views)))
 
 
 def _materialize(flat: Flat) -> Snapshot:
