@@ -273,17 +273,9 @@ def writev_all(fd: int, buffers: Sequence) -> int:
     total = 0
     i = 0
     while i < len(views):
-        batch = views[i:i + _IOV_MAX]
-        n = os.writev(fd, batch)
+        n = os.writev(fd, views[i:i + _IOV_MAX])
         total += n
-        # advance past what was written (the kernel caps one call at ~2 GiB)
-        while n and i < len(views):
-            if n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, n)  # the kernel caps one call at ~2 GiB
     return total
 
 
@@ -298,14 +290,21 @@ def preadv_all(fd: int, buffers: Sequence, offset: int = 0) -> int:
         if n == 0:
             raise EOFError(f"file ended after {total} bytes")
         total += n
-        while n and i < len(views):
-            if n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, n)
     return total
+
+
+def _advance(views: list, i: int, n: int) -> int:
+    """After a vectored call moved ``n`` bytes from ``views[i:]``: the first view not
+    done (a partly done one is trimmed in place)."""
+    while n and i < len(views):
+        if n >= len(views[i]):
+            n -= len(views[i])
+            i += 1
+        else:
+            views[i] = views[i][n:]
+            n = 0
+    return i
 
 
 # --------------------------------------------------------------------------
