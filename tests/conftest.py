@@ -20,6 +20,14 @@ def small_chunks(monkeypatch):
     return knobs
 
 
+def entries(root: Path) -> list:
+    """Names under a checkpoint root, less the writer's lock file (always there once a
+    manager has saved to it)."""
+    from uckpt.leases import LOCK_NAME
+
+    return sorted(p.name for p in root.iterdir() if p.name != LOCK_NAME)
+
+
 def flip_byte(path: Path, offset: int) -> None:
     """Corrupt one byte of a file in place."""
     with open(path, "r+b") as f:

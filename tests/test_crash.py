@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from conftest import entries
 
 KILLS = int(os.environ.get("UCKPT_CRASH_KILLS", "50"))
 SAVER = Path(__file__).with_name("crash_saver.py")
@@ -40,7 +41,7 @@ def run_kills(roots, extra_args, rnd, kills):
             if line.startswith("committed"):
                 last = max(last, int(line.split()[1]))
         p.wait()
-        interrupted += any(q.name.startswith(".") for r in roots if r.exists() for q in r.iterdir())
+        interrupted += any(q.startswith(".") for r in roots if r.exists() for q in entries(r))
         yield last
     assert interrupted >= kills // 4, f"only {interrupted} kills landed inside a save"
 
@@ -50,14 +51,15 @@ def test_sigkill_at_random_moments(tmp_path):
     root = tmp_path / "ck"
     previous = 0
     for last in run_kills([root], [], random.Random(1234), KILLS):
-        mgr = uckpt.CheckpointManager(root)  # also removes debris of the killed save
+        mgr = uckpt.CheckpointManager(root, role="writer")  # removes debris of the killed save
         latest = mgr.latest_step()
         # everything reported as committed is visible; at most one more (committed, not
         # printed) past what this round reported or the previous round left
         assert last <= latest <= max(last, previous) + 1
         previous = latest
         check_step(mgr.path(latest), latest)
-        assert not [p for p in root.iterdir() if p.name.startswith(".")]
+        assert not [p for p in entries(root) if p.startswith(".")]
+        mgr.close()
 
 
 @pytest.mark.timeout(600)

@@ -4,7 +4,7 @@ import pytest
 
 import uckpt
 from uckpt import errors
-from conftest import flip_byte
+from conftest import flip_byte, entries
 
 
 def state_for(step):
@@ -31,7 +31,7 @@ def test_keep_last(tmp_path):
     for s in range(5):
         mgr.save(s, state_for(s))
         assert mgr.steps() == list(range(max(0, s - 1), s + 1))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
+    assert entries(tmp_path) == ["step_00000003", "step_00000004"]
 
 
 def test_same_step_twice_refused_unless_overwrite(tmp_path):
@@ -84,7 +84,10 @@ def test_interrupted_saves_are_invisible_and_cleaned(tmp_path):
     (debris / "data-00000.bin").write_bytes(b"partial")
     (tmp_path / "step_00000003").mkdir()  # no manifest: never committed
     assert mgr.steps() == [1]
-    uckpt.CheckpointManager(tmp_path)  # a new manager (e.g. after a crash) removes debris
+    mgr.close()
+    reader = uckpt.CheckpointManager(tmp_path)  # a reader never removes anything
+    assert debris.exists() and reader.steps() == [1]
+    uckpt.CheckpointManager(tmp_path, role="writer")  # the next writer (e.g. after a crash) does
     assert not debris.exists()
 
 
@@ -106,14 +109,16 @@ def test_half_finished_overwrite_is_rolled_back(tmp_path):
     mgr.path(5).rename(aside)
     new = tmp_path / ".step_00000005.uckpt-tmp-0badf00d"
     new.mkdir()
-    assert uckpt.CheckpointManager(tmp_path).steps() == [5]
+    mgr.close()
+    assert uckpt.CheckpointManager(tmp_path, role="writer").steps() == [5]
     assert uckpt.load(mgr.path(5))["step"] == 5
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000005"]
+    assert entries(tmp_path) == ["step_00000005"]
 
 
 def test_half_finished_deletion_is_finished(tmp_path):
     mgr = uckpt.CheckpointManager(tmp_path)
     mgr.save(1, state_for(1))
     mgr.path(1).rename(tmp_path / ".step_00000001.uckpt-del-0badf00d")
-    assert uckpt.CheckpointManager(tmp_path).steps() == []
-    assert list(tmp_path.iterdir()) == []
+    mgr.close()
+    assert uckpt.CheckpointManager(tmp_path, role="writer").steps() == []
+    assert entries(tmp_path) == []

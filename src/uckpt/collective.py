@@ -23,7 +23,6 @@ temporary directory is removed by the survivors or, failing that, by the next
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import fsutil
 from .comm import Communicator
-from .commit import TMP_MARK, assemble_manifest, check_metadata, check_target, publish
+from .commit import assemble_manifest, check_metadata, check_target, make_parent_and_tmp, publish
+from .leases import TmpLease, lease_dir
 from .format import MANIFEST_NAME, Chunk
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .engine import submit_collective
@@ -161,6 +161,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
     except BaseException:
         run.cleanup()
         raise
+    run.release()  # a rank that made its node's copy but did not commit it
     return run.directory
 
 
@@ -228,6 +229,7 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
     except BaseException:
         run.cleanup()
         raise
+    run.release()
     return dst
 
 
@@ -238,13 +240,13 @@ class _Run:
         self.directory = directory
         self.tmp: Optional[Path] = None
         self.created_tmp = False
+        self.lease: Optional[TmpLease] = None
         self.files: List[Path] = []
 
     def make_tmp(self) -> str:
         """Rank 0: create the temporary directory, marked as the coordinator's."""
-        self.directory.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.directory.parent / f".{self.directory.name}{TMP_MARK}{secrets.token_hex(4)}"
-        self.tmp.mkdir()
+        self.lease = make_parent_and_tmp(self.directory)
+        self.tmp = self.lease.path
         self.created_tmp = True
         (self.tmp / COORDINATOR_MARK).touch()  # seen by the others; never needs to be durable
         return self.tmp.name
@@ -258,10 +260,17 @@ class _Run:
             try:
                 self.tmp.mkdir()
                 self.created_tmp = True
+                self.lease = lease_dir(self.tmp)
             except FileExistsError:
                 pass
         st = os.stat(self.tmp)
         return "coordinator" if sees_coordinator else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
+
+    def release(self) -> None:
+        """Drop this rank's lock on the temporary directory (after commit or cleanup)."""
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
 
     def commit(self, rank: int, views: List[str], manifest: Callable[[], bytes],
                overwrite: bool) -> None:
@@ -275,10 +284,11 @@ class _Run:
         fsutil.fsync_dir(self.tmp)
         publish(self.tmp, self.directory, overwrite)
         self.created_tmp = False
+        self.release()
 
     def cleanup(self) -> None:
         """After a failure: remove what this rank made (best effort; debris is also
-        removed by the next CheckpointManager on this root)."""
+        removed by the root's writer once no live save holds it)."""
         if self.tmp is None:
             return
         try:
@@ -288,3 +298,5 @@ class _Run:
                 fsutil.remove_tree(self.tmp)
         except OSError:
             pass
+        finally:
+            self.release()

@@ -5,7 +5,8 @@ chunk records between steps 3 and 4):
 
 1. refuse early if ``directory`` holds a committed checkpoint (unless
    ``overwrite``) or anything that is not a checkpoint;
-2. create ``.<name>.uckpt-tmp-<random>`` beside ``directory``;
+2. create ``.<name>.uckpt-tmp-<random>`` beside ``directory``, locked for the life of
+   the save (``leases.make_tmp_dir``: a writer's debris removal never touches it);
 3. write and fsync every data file (space is preallocated, so a full disk fails
    before data is written);
 4. write and fsync ``manifest.json``, fsync the temporary directory;
@@ -18,6 +19,7 @@ Any failure removes the temporary directory and raises.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import secrets
@@ -26,15 +28,14 @@ from typing import Any, Dict, Optional
 
 from ._version import __version__ as _version
 from . import fsutil
-from .errors import CheckpointExistsError, ManifestError, SaveError, StorageFullError
+from .errors import (CheckpointExistsError, ManifestError, SaveError, StorageAccessError,
+                     StorageFullError, UckptError)
 from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest
+from .leases import DEL_MARK, OLD_MARK, TMP_MARK, make_tmp_dir  # noqa: F401 (re-exported)
 from .plan import SavePlan, metas, plan_save
 from .tree import Flat
 from .writer import write_data_file
 
-TMP_MARK = ".uckpt-tmp-"  # a save in progress (or killed): never visible
-OLD_MARK = ".uckpt-old-"  # a committed checkpoint being replaced by overwrite=True
-DEL_MARK = ".uckpt-del-"  # a checkpoint being deleted by retention
 
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -79,11 +80,11 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
     if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     check_target(directory, overwrite)
-    directory.parent.mkdir(parents=True, exist_ok=True)
     plan = plan or flat.plan or plan_save(metas(flat.arrays))
-    tmp = directory.parent / f".{directory.name}{TMP_MARK}{secrets.token_hex(4)}"
-    tmp.mkdir()
+    lease = None
     try:
+        lease = make_parent_and_tmp(directory)
+        tmp = lease.path
         chunks = {}
         for rank, (file, size) in enumerate(plan.file_sizes):
             chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays,
@@ -93,16 +94,16 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         fsutil.fsync_dir(tmp)
         publish(tmp, directory, overwrite)
     except BaseException as e:
-        fsutil.remove_tree(tmp)
-        if fsutil.is_enospc(e):
-            raise StorageFullError(
-                f"no space left on the device while writing checkpoint {str(directory)!r} "
-                f"({flat.nbytes} bytes of arrays)", path=str(directory),
-                hint="free space or choose another location; earlier checkpoints are intact") from e
-        if isinstance(e, OSError) and not isinstance(e, CheckpointExistsError):
-            raise SaveError(f"writing checkpoint {str(directory)!r} failed: {e}",
-                            path=str(directory)) from e
-        raise
+        if lease is not None:
+            fsutil.remove_tree(lease.path)
+        err = save_failure(e, f"writing checkpoint {str(directory)!r}", directory,
+                           f" ({flat.nbytes} bytes of arrays)")
+        if err is e:
+            raise
+        raise err from e
+    finally:
+        if lease is not None:
+            lease.release()
     return directory
 
 
@@ -123,12 +124,37 @@ def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata)
                     step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
 
 
+def make_parent_and_tmp(directory: Path):
+    """Create ``directory``'s parent if needed and a locked temporary directory beside it."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    return make_tmp_dir(directory)
+
+
+def save_failure(e: BaseException, doing: str, directory: Path, detail: str = "") -> BaseException:
+    """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one)."""
+    if fsutil.is_enospc(e):
+        return StorageFullError(f"no space left on the device while {doing}{detail}",
+                                path=str(directory),
+                                hint="free space or choose another location; earlier "
+                                     "checkpoints are intact")
+    if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and \
+            not isinstance(e, UckptError):
+        where = e.filename or directory
+        return StorageAccessError(
+            f"{doing} failed: {str(where)!r} cannot be written ({os.strerror(e.errno)})",
+            path=str(where), errno=e.errno,
+            hint="check that the file system is mounted read-write and that this user may "
+                 "write there; earlier checkpoints are intact")
+    if isinstance(e, OSError) and not isinstance(e, UckptError):
+        return SaveError(f"{doing} failed: {e}", path=str(directory))
+    return e
+
+
 def publish(tmp: Path, directory: Path, overwrite: bool) -> None:
     """Make ``tmp`` visible as ``directory`` (step 5)."""
     if directory.exists() and (directory / MANIFEST_NAME).exists():
         if not overwrite:  # appeared since check_target: never clobber
-            raise CheckpointExistsError(f"{str(directory)!r} was committed by someone else "
-                                        "during this save", path=str(directory))
+            raise _committed_meanwhile(directory)
         if not fsutil.exchange(tmp, directory):
             old = directory.parent / f".{directory.name}{OLD_MARK}{secrets.token_hex(4)}"
             os.rename(directory, old)
@@ -140,5 +166,20 @@ def publish(tmp: Path, directory: Path, overwrite: bool) -> None:
     try:
         os.rename(tmp, directory)  # replaces an empty directory atomically
     except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another saver committed it first
+            raise _committed_meanwhile(directory) from None
+        if e.errno == errno.ENOENT and not tmp.exists():
+            raise SaveError(
+                f"could not commit {str(directory)!r}: its temporary directory {tmp.name!r} "
+                "was removed by another process during the save", path=str(directory),
+                hint="only the root's writer removes interrupted saves, and never a live one; "
+                     "something outside uckpt deleted it") from None
         raise SaveError(f"could not commit {str(directory)!r}: {e}", path=str(directory)) from e
     fsutil.fsync_dir(directory.parent)
+
+
+def _committed_meanwhile(directory: Path) -> CheckpointExistsError:
+    return CheckpointExistsError(f"{str(directory)!r} was committed by another save during "
+                                 "this one", path=str(directory),
+                                 hint="two savers wrote the same step; the first one's "
+                                      "checkpoint is kept, this one is discarded")

@@ -10,14 +10,16 @@ directory.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
-import sys
 import threading
 from typing import Any, Callable, Optional
 
 from . import knobs
 from .staging import Snapshot, StagingPool, snapshot
 from .tree import Flat
+
+log = logging.getLogger("uckpt.engine")
 
 
 class SaveHandle:
@@ -203,5 +205,5 @@ def _report_default() -> None:
     try:
         _default.raise_unreported()
     except BaseException as e:  # noqa: B902 - nobody is left to raise it to
-        print(f"uckpt: a background save failed and was never reported: "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
+        log.error("uckpt: a background save failed and was never reported: %s: %s",
+                  type(e).__name__, e)

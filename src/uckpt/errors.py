@@ -138,6 +138,18 @@ class SaveError(UckptError, RuntimeError):
     """A save failed for a reason that is not one of the more specific errors."""
 
 
+class StorageAccessError(_OSFlavoured, PermissionError):
+    """The storage refused to be written: a read-only file system, or no permission."""
+
+
+class RootLockedError(_OSFlavoured, BlockingIOError):
+    """Another writer holds the checkpoint root (``holder``: its host, pid, job, mode)."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.EWOULDBLOCK)
+        super().__init__(message, **kw)
+
+
 # --- distributed ------------------------------------------------------------------------------
 class DistributedError(UckptError, RuntimeError):
     """One or more ranks failed; raised on every rank.

@@ -29,3 +29,6 @@ parallel_copy_bytes: int = _env_int("parallel_copy_bytes", 4 << 20)
 background_nice: int = _env_int("background_nice", 10)
 #: seconds a collective of the communicator may take before it is declared failed
 comm_timeout: float = float(os.environ.get("UCKPT_COMM_TIMEOUT", "300"))
+#: where directories cannot be locked (some network file systems), a hidden temporary
+#: directory older than this many seconds counts as an interrupted save's debris
+debris_expiry_s: float = float(os.environ.get("UCKPT_DEBRIS_EXPIRY_S", "3600"))

@@ -10,15 +10,22 @@ Call order, from one process: ``should_save`` / ``save`` / ``restore`` /
 ``async_save=True``, ``save`` returns once the state is snapshotted to host
 memory; ``wait`` blocks until every save and copy so far is done. An error from
 background work is raised by the next ``save``, ``wait`` or ``close``.
+
+Who may open a root for what (docs/architecture.md, "A root shared by many
+processes"): one writer job and any number of readers at once. A manager is a
+reader until its first ``save`` (``role="auto"``), when it takes the root's
+writer lock and removes what dead saves left; a reader never creates, renames or
+deletes anything, so evaluation jobs may open managers on a training job's root
+at any time.
 """
 from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import logging
 import os
 import re
 import secrets
-import sys
 import threading
 import time
 import warnings
@@ -28,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import fsutil
 from .api import load
-from .commit import DEL_MARK, OLD_MARK, TMP_MARK, check_metadata, check_target, write_checkpoint
+from .commit import check_metadata, check_target, write_checkpoint
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
@@ -36,6 +43,7 @@ from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, UckptError)
 from .format import MANIFEST_NAME
+from .leases import DEL_MARK, WriterLock, claim_roots, remove_debris
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .reader import read_manifest
 from .staging import snapshot
@@ -46,6 +54,8 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
 _DAMAGE = (CorruptCheckpointError, ManifestError, CheckpointNotFoundError, NotACheckpointError)
 _open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
+log = logging.getLogger("uckpt.manager")
+_ROLES = ("auto", "writer", "reader")
 
 
 def step_dir_name(step: int) -> str:
@@ -59,9 +69,14 @@ def committed_steps(root: Path) -> List[int]:
         with os.scandir(root) as it:
             for e in it:
                 m = _STEP_DIR.match(e.name)
-                if m and e.is_dir() and os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
+                if not m:
+                    continue
+                if e.is_symlink():  # never a checkpoint of this root (docs/architecture.md)
+                    log.debug("ignored %s: a symlink, not a checkpoint directory", e.path)
+                elif e.is_dir(follow_symlinks=False) and \
+                        os.path.lexists(os.path.join(e.path, MANIFEST_NAME)):
                     out.append(int(m.group(1)))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(out)
 
@@ -96,12 +111,27 @@ class CheckpointManager:
         same order. Each rank writes its part; a tier may be node-local (each
         node's copy holds that node's files) or shared; copies to the durable
         tiers are made by every rank for its own files.
+    role
+        ``"auto"`` (default): a reader until the first ``save``, which makes this
+        manager the writer of its tiers. ``"writer"``: become the writer now (fails
+        at once if another job writes there). ``"reader"``: never write; ``save``
+        raises. Becoming the writer takes ``<tier>/.uckpt-writer.lock``
+        (:class:`~uckpt.errors.RootLockedError`, naming the holder's host and pid,
+        if another job holds it) and removes the debris of dead saves (never a
+        live save's). Readers never create, rename or delete anything: they see
+        only committed checkpoints, and a ``restore`` that races with the
+        writer's retention falls back to the next checkpoint.
+    concurrent_writers
+        opt in to sharing the tiers with other writers that opted in too (each
+        must save different steps; retention of each applies to every step of
+        the root). An exclusive writer and a concurrent one refuse each other.
     """
 
     def __init__(self, root=None, *, tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
                  keep_last: Optional[int] = None, keep: Any = None,
                  save_policy: Optional[SavePolicy] = None, async_save: bool = False,
-                 max_inflight: int = 1, durable_every: int = 1, comm: Any = None) -> None:
+                 max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
+                 role: str = "auto", concurrent_writers: bool = False) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -110,6 +140,11 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if not isinstance(durable_every, int) or durable_every < 1:
             raise ValueError(f"durable_every must be a positive int, got {durable_every!r}")
+        if role not in _ROLES:
+            raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
+        self.role = role
+        self.concurrent_writers = bool(concurrent_writers)
+        self._locks: List[WriterLock] = []
         self.tiers: List[Tier] = [as_tier(t) for t in (tiers if tiers is not None else [root])]
         if not self.tiers:
             raise ValueError("tiers must name at least one directory")
@@ -134,12 +169,9 @@ class CheckpointManager:
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
-        for tier in self.tiers:
-            tier.path.mkdir(parents=True, exist_ok=True)
-            _remove_debris(tier.path)
-        if distributed:  # no rank may start a save while another still removes debris
-            self.comm.barrier()
         _open_managers.add(self)
+        if role == "writer":
+            self._become_writer()
 
     # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> "CheckpointManager":
@@ -158,6 +190,26 @@ class CheckpointManager:
             self._closed = True
             self.save_policy.close()
             _open_managers.discard(self)
+            for lock in self._locks:
+                lock.release()
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this manager holds its tiers as their writer (see ``role``)."""
+        return bool(self._locks)
+
+    def _become_writer(self) -> None:
+        """Collective: take every tier's writer lock, then remove dead saves' debris."""
+        if self._locks:
+            return
+        if self.role == "reader":
+            raise PermissionError("this CheckpointManager was opened with role='reader': it "
+                                  "never writes; open one with role='auto' or 'writer' to save")
+        self._locks = claim_roots([t.path for t in self.tiers], self.comm, self.concurrent_writers)
+        for tier in self.tiers:
+            remove_debris(tier.path, MANIFEST_NAME)
+        if self.comm.size > 1:  # no rank may start a save while another still removes debris
+            self.comm.barrier()
 
     def wait(self) -> None:
         """Block until every save and copy so far is done; raise a background error."""
@@ -223,6 +275,7 @@ class CheckpointManager:
                 raise ValueError(f"metrics must map names to numbers, got {bad!r}")
             meta["metrics"] = {k: float(v) for k, v in metrics.items()}
         check_metadata(meta)
+        self._become_writer()
         if self.comm.size > 1:
             return self._save_collective(step, state, meta, overwrite)
         check_target(self.path(step), overwrite)
@@ -253,10 +306,7 @@ class CheckpointManager:
             result = commit(snapshot(flat, None).ready())
         self.save_policy.saved(step, time.monotonic())
         if exiting:
-            self.close()  # the final checkpoint is committed and copied before we leave
-            print(f"uckpt: saved step {step} after a preemption signal; exiting",
-                  file=sys.stderr, flush=True)
-            raise SystemExit(0)
+            self._exit_after_final_save(step)
         return result
 
     def _save_collective(self, step: int, state: Mapping[str, Any], meta: Dict[str, Any],
@@ -295,11 +345,13 @@ class CheckpointManager:
             raise
         self.save_policy.saved(step, time.monotonic())
         if exiting:
-            self.close()
-            print(f"uckpt: saved step {step} after a preemption signal; exiting",
-                  file=sys.stderr, flush=True)
-            raise SystemExit(0)
+            self._exit_after_final_save(step)
         return result
+
+    def _exit_after_final_save(self, step: int) -> None:
+        self.close()  # the final checkpoint is committed and copied before we leave
+        log.warning("uckpt: saved step %d after a preemption signal; exiting", step)
+        raise SystemExit(0)
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
@@ -323,6 +375,10 @@ class CheckpointManager:
                 try:
                     load(self.path(s, i), state, strict=strict)
                 except _DAMAGE as e:
+                    if not os.path.lexists(self.path(s, i)):  # retention deleted it meanwhile
+                        log.info("step %d on tier %r was deleted while being restored; "
+                                 "trying the next one", s, tier.name)
+                        continue
                     warnings.warn(f"uckpt: skipping checkpoint step {s} on tier {tier.name!r} "
                                   f"({self.path(s, i)}): {e}", RuntimeWarning, stacklevel=2)
                     failures.append((s, tier.name, e))
@@ -460,6 +516,8 @@ class CheckpointManager:
         except FileNotFoundError:
             return  # another rank sharing this tier deleted it first
         fsutil.remove_tree(hidden)
+        log.info("deleted step %d from tier %r: not kept by its retention policy",
+                 step, self.tiers[tier].name)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -468,27 +526,6 @@ class CheckpointManager:
     def __repr__(self) -> str:
         tiers = ", ".join(f"{t.name}={str(t.path)!r}" for t in self.tiers)
         return f"CheckpointManager({tiers}, async_save={self._saver is not None})"
-
-
-def _remove_debris(root: Path) -> None:
-    """Remove what killed saves and deletions left; put back a half-replaced checkpoint.
-
-    An overwrite without atomic exchange renames the old checkpoint aside
-    before moving the new one in; if the process died in between, the old one
-    is renamed back.
-    """
-    with os.scandir(root) as it:
-        entries = [e for e in it if e.name.startswith(".step_")]
-    for e in entries:  # other ranks sharing the root may be doing the same: races are fine
-        name = e.name[1:].split(".uckpt-")[0]
-        try:
-            if OLD_MARK in e.name and not (root / name).exists() and \
-                    os.path.exists(os.path.join(e.path, MANIFEST_NAME)):
-                os.rename(e.path, root / name)
-            elif TMP_MARK in e.name or OLD_MARK in e.name or DEL_MARK in e.name:
-                fsutil.remove_tree(e.path)
-        except FileNotFoundError:
-            pass
 
 
 def _files_present(directory: Path) -> bool:
@@ -508,5 +545,5 @@ def _report_unclosed() -> None:
         try:
             manager.wait()
         except BaseException as e:  # noqa: B902 - nobody is left to raise it to
-            print(f"uckpt: a background save failed and was never reported: "
-                  f"{type(e).__name__}: {e}", file=sys.stderr)
+            log.error("uckpt: a background save failed and was never reported: %s: %s",
+                  type(e).__name__, e)

@@ -9,15 +9,14 @@ renamed into place, so it never counts as durable before it verifiably is.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from . import fsutil
-from .commit import TMP_MARK, publish
-from .errors import CheckpointExistsError, SaveError, StorageFullError
+from .commit import make_parent_and_tmp, publish, save_failure
+from .errors import CheckpointExistsError
 from .format import MANIFEST_NAME
 from .reader import CheckpointReader
 
@@ -75,12 +74,12 @@ def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]
     """
     if (dst / MANIFEST_NAME).exists():
         return None
-    dst.parent.mkdir(parents=True, exist_ok=True)
     with CheckpointReader(src) as reader:  # validates the source manifest first
         files = list(reader.manifest.files)
-    tmp = dst.parent / f".{dst.name}{TMP_MARK}{secrets.token_hex(4)}"
-    tmp.mkdir()
+    lease = None
     try:
+        lease = make_parent_and_tmp(dst)
+        tmp = lease.path
         for name in files:
             copy_file(src / name, tmp / name)
         copy_file(src / MANIFEST_NAME, tmp / MANIFEST_NAME)
@@ -90,15 +89,17 @@ def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]
                 copy.verify()
         publish(tmp, dst, overwrite=False)
     except CheckpointExistsError:
-        fsutil.remove_tree(tmp)
+        if lease is not None:
+            fsutil.remove_tree(lease.path)
         return None
     except BaseException as e:
-        fsutil.remove_tree(tmp)
-        if fsutil.is_enospc(e):
-            raise StorageFullError(f"no space left while copying {str(src)!r} to {str(dst)!r}",
-                                   path=str(dst)) from e
-        if isinstance(e, OSError):
-            raise SaveError(f"copying {str(src)!r} to tier {str(dst.parent)!r} failed: {e}",
-                            path=str(dst)) from e
-        raise
+        if lease is not None:
+            fsutil.remove_tree(lease.path)
+        err = save_failure(e, f"copying {str(src)!r} to tier {str(dst.parent)!r}", dst)
+        if err is e:
+            raise
+        raise err from e
+    finally:
+        if lease is not None:
+            lease.release()
     return dst
