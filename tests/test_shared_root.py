@@ -1,0 +1,326 @@
+"""A root shared by one writer and many readers (docs/architecture.md, "A root shared by
+many processes"): readers never remove or see anything partial, a second writer is
+refused unless it opts in, and a restore that races with retention falls back."""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import uckpt
+from conftest import PYTHON, entries
+from uckpt import errors
+from uckpt.leases import LOCK_NAME
+
+WORKER = Path(__file__).with_name("shared_root_worker.py")
+SAVES = int(os.environ.get("UCKPT_SHARED_ROOT_SAVES", "1000"))
+READERS = 3
+
+
+def start_readers(tmp_path: Path, roots):
+    stop = tmp_path / "stop"
+    procs = []
+    for i in range(READERS):
+        out = tmp_path / f"reader{i}.json"
+        procs.append((subprocess.Popen([PYTHON, str(WORKER), "read", str(stop), str(out),
+                                        *map(str, roots)]), out))
+    return stop, procs
+
+
+def stop_readers(stop: Path, procs):
+    stop.touch()
+    summaries = []
+    for p, out in procs:
+        assert p.wait(timeout=60) == 0
+        summaries.append(json.loads(out.read_text()))
+    return summaries
+
+
+def check_readers(summaries):
+    for s in summaries:
+        assert s["errors"] == [], s["errors"][:3]
+        assert s["warnings"] == [], s["warnings"][:3]  # no damaged checkpoint was ever seen
+    assert sum(s["restores"] for s in summaries) > 0
+
+
+def no_empty_step_dirs(root: Path):
+    for p in root.iterdir():
+        if p.name.startswith("step_"):
+            assert (p / "manifest.json").is_file(), f"{p} is visible but not committed"
+
+
+def check_steps(root: Path, steps):
+    for s in steps:
+        tree = uckpt.load(root / f"step_{s:08d}")
+        assert (tree["w"] == s).all() and tree["meta"]["step"] == s
+
+
+def acked(stdout: str):
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("acked")]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("mode", ["sync", "async", "tiers"])
+def test_one_saver_three_readers(tmp_path, mode):
+    roots = [tmp_path / "fast"] + ([tmp_path / "durable"] if mode == "tiers" else [])
+    stop, readers = start_readers(tmp_path, roots)
+    saver = subprocess.run([PYTHON, str(WORKER), "save", mode, str(SAVES), "0", *map(str, roots)],
+                           capture_output=True, text=True, timeout=800)
+    summaries = stop_readers(stop, readers)
+    assert saver.returncode == 0, saver.stderr
+    done = acked(saver.stdout)
+    assert done == list(range(SAVES))  # every save succeeded: no reader disturbed one
+    check_readers(summaries)
+    for root in roots:
+        no_empty_step_dirs(root)
+        assert not [n for n in entries(root) if n.startswith(".")], entries(root)[:5]
+    final = roots[-1]
+    kept = {"sync": done, "async": done[-5:], "tiers": done}[mode]
+    assert uckpt.CheckpointManager(final).steps() == kept  # nothing acknowledged was lost
+    check_steps(final, kept)
+
+
+@pytest.mark.timeout(900)
+def test_saver_killed_at_random_with_readers(tmp_path):
+    roots = [tmp_path / "fast", tmp_path / "durable"]
+    stop, readers = start_readers(tmp_path, roots)
+    rnd = random.Random(4321)
+    step, kills, done = 0, 0, []
+    while step < SAVES // 4:
+        p = subprocess.Popen([PYTHON, str(WORKER), "save", "tiers", str(SAVES // 4), str(step),
+                              *map(str, roots)], stdout=subprocess.PIPE, text=True)
+        time.sleep(rnd.uniform(0.5, 2.0))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            kills += 1
+        out, _ = p.communicate(timeout=300)
+        done += acked(out)
+        mgr = uckpt.CheckpointManager(tiers=roots)
+        latest = mgr.latest_step()
+        mgr.close()
+        step = 0 if latest is None else latest + 1
+    summaries = stop_readers(stop, readers)
+    check_readers(summaries)
+    assert kills >= 3
+    durable = uckpt.CheckpointManager(roots[1]).steps()
+    assert set(done) <= set(durable)  # every acknowledged copy is there
+    check_steps(roots[1], durable)
+    for root in roots:
+        no_empty_step_dirs(root)
+
+
+def state(step):
+    return {"w": np.full(16, step, np.float32)}
+
+
+def test_second_writer_is_refused_naming_the_holder(tmp_path):
+    first = uckpt.CheckpointManager(tmp_path)
+    first.save(1, state(1))
+    assert first.is_writer
+    code = ("import numpy as np, uckpt\n"
+            f"m = uckpt.CheckpointManager({str(tmp_path)!r})\n"
+            "m.save(2, {'w': np.zeros(16, np.float32)})\n")
+    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "RootLockedError" in r.stderr
+    assert f"process {os.getpid()} on host {socket.gethostname()}" in r.stderr
+    with pytest.raises(errors.RootLockedError) as ei:  # also a second manager in this process
+        uckpt.CheckpointManager(tmp_path, role="writer")
+    assert isinstance(ei.value, BlockingIOError) and ei.value.holder["pid"] == os.getpid()
+    assert "concurrent_writers=True" in str(ei.value)
+    assert uckpt.CheckpointManager(tmp_path).steps() == [1]  # nothing was removed or added
+    first.close()
+    second = uckpt.CheckpointManager(tmp_path, role="writer")  # free once the first closed
+    second.save(2, state(2))
+    second.close()
+
+
+def test_concurrent_writers_opt_in(tmp_path):
+    code = ("import sys, numpy as np, uckpt\n"
+            f"m = uckpt.CheckpointManager({str(tmp_path)!r}, concurrent_writers=True)\n"
+            "for s in range(int(sys.argv[1]), 40, 2):\n"
+            "    m.save(s, {'w': np.full(16, s, np.float32)})\n"
+            "m.close()\n")
+    procs = [subprocess.Popen([PYTHON, "-c", code, str(k)]) for k in (0, 1)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert uckpt.CheckpointManager(tmp_path).steps() == list(range(40))
+    for s in range(40):
+        assert (uckpt.load(tmp_path / f"step_{s:08d}")["w"] == s).all()
+    shared = uckpt.CheckpointManager(tmp_path, concurrent_writers=True, role="writer")
+    with pytest.raises(errors.RootLockedError, match="shared writer"):
+        uckpt.CheckpointManager(tmp_path, role="writer")  # exclusive refused by a shared one
+    shared.close()
+    exclusive = uckpt.CheckpointManager(tmp_path, role="writer")
+    with pytest.raises(errors.RootLockedError, match="exclusive writer"):
+        uckpt.CheckpointManager(tmp_path, concurrent_writers=True, role="writer")
+    exclusive.close()
+
+
+def test_reader_role_and_readers_create_nothing(tmp_path):
+    root = tmp_path / "never-made"
+    reader = uckpt.CheckpointManager(root)
+    assert reader.steps() == [] and reader.restore({"w": np.zeros(16, np.float32)}) is None
+    assert not root.exists()  # a reader creates nothing
+    ro = uckpt.CheckpointManager(tmp_path, role="reader")
+    with pytest.raises(PermissionError, match="role='reader'"):
+        ro.save(1, state(1))
+    with pytest.raises(ValueError, match="role"):
+        uckpt.CheckpointManager(tmp_path, role="owner")
+
+
+def test_live_save_directory_survives_a_new_writer(tmp_path):
+    """The bug this replaces: a manager opened during a save removed its directory."""
+    from uckpt.leases import make_tmp_dir, remove_debris
+
+    lease = make_tmp_dir(tmp_path / "step_00000007")  # a save in flight, this process
+    dead = tmp_path / ".step_00000008.uckpt-tmp-0badf00d"  # an interrupted one
+    dead.mkdir()
+    code = ("import sys, pathlib\nfrom uckpt.leases import remove_debris\n"
+            "print(remove_debris(pathlib.Path(sys.argv[1]), 'manifest.json'))\n")
+    r = subprocess.run([PYTHON, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                       timeout=60, check=True)
+    assert dead.name in r.stdout and lease.path.name not in r.stdout
+    assert lease.path.is_dir() and not dead.exists()  # locked by a live save: kept
+    assert remove_debris(tmp_path, "manifest.json") == []  # same process: kept too
+    lease.release()
+    assert remove_debris(tmp_path, "manifest.json") == [lease.path.name]
+
+
+def test_debris_symlinks_are_unlinked_not_followed(tmp_path):
+    from uckpt.leases import remove_debris
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / ".step_00000001.uckpt-tmp-deadbeef").symlink_to(outside)
+    (root / ".step_00000002.uckpt-del-deadbeef").symlink_to(outside)
+    assert len(remove_debris(root, "manifest.json")) == 2
+    assert (outside / "precious").read_text() == "x" and entries(root) == []
+
+
+def test_symlinked_step_directory_is_not_a_checkpoint_of_the_root(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    with uckpt.CheckpointManager(root, keep_last=1) as mgr:
+        elsewhere = tmp_path / "elsewhere"
+        uckpt.save(elsewhere, state(5))
+        (root / "step_00000005").symlink_to(elsewhere, target_is_directory=True)
+        assert mgr.steps() == []  # not listed, not restored ...
+        mgr.save(6, state(6))
+        mgr.save(7, state(7))
+    assert (elsewhere / "manifest.json").is_file()  # ... and never deleted through the link
+    assert entries(root) == ["step_00000005", "step_00000007"]
+
+
+class _no_warnings:
+    """Fails the block if it emitted any warning (a damaged checkpoint seen)."""
+
+    def __enter__(self):
+        self._cm = warnings.catch_warnings(record=True)
+        self.caught = self._cm.__enter__()
+        warnings.simplefilter("always")
+        return self
+
+    def __exit__(self, *exc):
+        self._cm.__exit__(*exc)
+        assert not [str(w.message) for w in self.caught]
+
+
+def test_restore_racing_with_retention_falls_back(tmp_path):
+    root = tmp_path / "root"
+    writer = uckpt.CheckpointManager(root, keep_last=2)
+    writer.save(0, state(0))
+    stop = threading.Event()
+
+    def keep_saving():
+        s = 1
+        while not stop.is_set():
+            writer.save(s, state(s))
+            s += 1
+
+    t = threading.Thread(target=keep_saving)
+    t.start()
+    restored = []
+    try:
+        with _no_warnings():
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                w = np.zeros(16, np.float32)
+                s = uckpt.CheckpointManager(root).restore({"w": w})
+                assert s is not None and (w == s).all()
+                restored.append(s)
+    finally:
+        stop.set()
+        t.join()
+        writer.close()
+    assert len(set(restored)) > 3
+
+
+def test_two_savers_of_one_step(tmp_path):
+    from uckpt.commit import publish
+
+    target = tmp_path / "ck"
+    results = []
+
+    def save():
+        try:
+            results.append(uckpt.save(target, {"w": np.ones((512, 1024), np.float32)}))
+        except errors.CheckpointExistsError as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=save) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, errors.CheckpointExistsError) for r in results) == 1
+    late = tmp_path / ".ck.uckpt-tmp-late0000"  # a saver that lost the race at the rename
+    late.mkdir()
+    (late / "manifest.json").write_text("{}")
+    with pytest.raises(errors.CheckpointExistsError, match="committed by another save"):
+        publish(late, target, overwrite=False)
+    assert (uckpt.load(target)["w"] == 1).all()
+
+
+@pytest.fixture
+def ro_fs(tmp_path):
+    mnt = tmp_path / "ro"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_read_only_file_system(ro_fs, tmp_path):
+    uckpt.save(ro_fs / "root" / "step_00000001", state(1), step=1)
+    subprocess.run(["mount", "-o", "remount,ro", str(ro_fs)], check=True)
+    try:
+        reader = uckpt.CheckpointManager(ro_fs / "root")  # evaluation jobs on a read-only mount
+        w = np.zeros(16, np.float32)
+        assert reader.restore({"w": w}) == 1 and (w == 1).all()
+        for call in (lambda: uckpt.save(ro_fs / "new" / "ck", state(2)),
+                     lambda: uckpt.save(ro_fs / "root" / "step_00000002", state(2)),
+                     lambda: uckpt.CheckpointManager(ro_fs / "root").save(2, state(2))):
+            with pytest.raises(errors.StorageAccessError) as ei:
+                call()
+            assert ei.value.errno == 30 and isinstance(ei.value, PermissionError)
+            assert "read-write" in str(ei.value)
+        mgr = uckpt.CheckpointManager(tiers=[tmp_path / "fast", ro_fs / "root"])
+        with pytest.raises(errors.StorageAccessError):
+            mgr.save(3, state(3))  # the durable tier's root cannot be claimed
+    finally:
+        subprocess.run(["mount", "-o", "remount,rw", str(ro_fs)], check=True)
