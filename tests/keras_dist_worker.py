@@ -103,7 +103,8 @@ def run_mismatch(root):
             out = {"raised": type(e).__name__, "msg": str(e), "leaf": getattr(e, "leaf", None)}
         steps = manager.steps()
     COMM.barrier()
-    return {"steps": steps, "listing": sorted(os.listdir(root)), **out}
+    listing = sorted(n for n in os.listdir(root) if n != ".uckpt-writer.lock")
+    return {"steps": steps, "listing": listing, **out}
 
 
 class SignalRank0(keras.callbacks.Callback):

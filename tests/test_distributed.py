@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from conftest import entries
 from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -205,7 +206,7 @@ def test_rank_killed_mid_save_gloo(tmp_path):
         assert res["raised"] in ("CommunicationError", "CollectiveTimeoutError"), res
         assert "save of step 2" in res["msg"], res
         assert res["elapsed"] < 20, res
-    assert sorted(os.listdir(directory)) == ["step_00000001"]
+    assert entries(directory) == ["step_00000001"]
     _previous_checkpoint_loads(directory / "step_00000001")
 
 
@@ -220,10 +221,14 @@ def test_rank_killed_mid_save_mpi(tmp_path):
             monitor=_kill_rank_when_writing(directory, 2, killed))
     assert killed == [2] and r.returncodes[0] != 0
     assert r.results == {} and r.wall < 60
-    assert [n for n in os.listdir(directory) if not n.startswith(".")] == ["step_00000001"]
-    with uckpt.CheckpointManager(directory) as m:  # removes the killed save's debris
+    assert [n for n in entries(directory) if not n.startswith(".")] == ["step_00000001"]
+    assert any(n.startswith(".step_00000002") for n in entries(directory))  # the killed save's
+    with uckpt.CheckpointManager(directory) as m:  # a reader: removes nothing
         assert m.steps() == [1]
-    assert os.listdir(directory) == ["step_00000001"]
+    assert len(entries(directory)) == 2
+    with uckpt.CheckpointManager(directory, role="writer") as m:  # the next writer cleans up
+        assert m.steps() == [1]
+    assert entries(directory) == ["step_00000001"]
     _previous_checkpoint_loads(directory / "step_00000001")
 
 
