@@ -10,6 +10,7 @@ import pytest
 
 import uckpt
 from uckpt import errors
+from uckpt.format import integrity
 from conftest import flip_byte
 
 STATE = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(8), "epoch": 2}
@@ -39,9 +40,14 @@ def assert_intact(good):
 
 
 def edit_manifest(path, fn):
-    m = json.loads((path / "manifest.json").read_text())
+    """Edit a manifest as JSON and write it back as the writer would, its checksum (format
+    version 2) computed anew, so that the edit reaches the parser behind the check."""
+    m = json.loads((path / "manifest.json").read_bytes())
+    sealed = m.pop(integrity.FIELD, None) is not None
     fn(m)
-    (path / "manifest.json").write_text(json.dumps(m))
+    text = json.dumps(m, separators=(",", ":"), ensure_ascii=False)
+    data = integrity.seal(text[:-1].encode()) if sealed else (text + "\n").encode()
+    (path / "manifest.json").write_bytes(data)
 
 
 @pytest.fixture

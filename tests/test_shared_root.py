@@ -24,6 +24,7 @@ from uckpt.leases import LOCK_NAME
 WORKER = Path(__file__).with_name("shared_root_worker.py")
 SAVES = int(os.environ.get("UCKPT_SHARED_ROOT_SAVES", "1000"))
 READERS = 3
+KILLS = 10
 
 
 def start_readers(tmp_path: Path, roots):
@@ -94,28 +95,34 @@ def test_saver_killed_at_random_with_readers(tmp_path):
     roots = [tmp_path / "fast", tmp_path / "durable"]
     stop, readers = start_readers(tmp_path, roots)
     rnd = random.Random(4321)
-    step, kills, done = 0, 0, []
-    while step < SAVES // 4:
-        p = subprocess.Popen([PYTHON, str(WORKER), "save", "tiers", str(SAVES // 4), str(step),
+    step, done, interrupted = 0, [], 0
+    for kill in range(KILLS + 1):
+        end = step + (10_000 if kill < KILLS else 50)  # the last run ends by itself
+        p = subprocess.Popen([PYTHON, str(WORKER), "save", "tiers", str(end), str(step),
                               *map(str, roots)], stdout=subprocess.PIPE, text=True)
-        time.sleep(rnd.uniform(0.5, 2.0))
-        if p.poll() is None:
+        if kill < KILLS:
+            first = p.stdout.readline()  # saving has started
+            assert first.startswith("acked"), first
+            done.append(int(first.split()[1]))
+            time.sleep(rnd.uniform(0.0, 0.5))
             p.send_signal(signal.SIGKILL)
-            kills += 1
         out, _ = p.communicate(timeout=300)
+        assert p.returncode == (-signal.SIGKILL if kill < KILLS else 0)
         done += acked(out)
+        interrupted += any(n.startswith(".step_") for r in roots for n in entries(r))
         mgr = uckpt.CheckpointManager(tiers=roots)
-        latest = mgr.latest_step()
+        step = mgr.latest_step() + 1  # resume after the newest committed step
         mgr.close()
-        step = 0 if latest is None else latest + 1
     summaries = stop_readers(stop, readers)
     check_readers(summaries)
-    assert kills >= 3
+    assert interrupted >= KILLS // 4, f"only {interrupted} kills landed inside a save or copy"
     durable = uckpt.CheckpointManager(roots[1]).steps()
     assert set(done) <= set(durable)  # every acknowledged copy is there
+    assert done[-1] == durable[-1] == step - 1
     check_steps(roots[1], durable)
     for root in roots:
         no_empty_step_dirs(root)
+        assert not [n for n in entries(root) if n.startswith(".")]  # the last writer cleaned
 
 
 def state(step):

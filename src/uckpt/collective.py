@@ -37,7 +37,7 @@ from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadat
 from .engine import submit_collective
 from .reader import CheckpointReader
 from .staging import snapshot, snapshot_share
-from .tiers import copy_file
+from .tiers import Source
 from .tree import Flat, flatten
 from .writer import write_data_file
 
@@ -207,25 +207,25 @@ def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = Tru
         gathered = comm.gather_outcomes(plan, f"{what} (planning)")
         if gathered[0].get("skip"):
             return None
-        manifest_bytes = (src / MANIFEST_NAME).read_bytes()
-
         run.tmp = dst.parent / gathered[0]["tmp"]
+        manifest_bytes: List[bytes] = []
 
         def copy() -> Dict[str, Any]:
             view = run.enter()
-            with CheckpointReader(src) as reader:
-                mine = [f.name for f in reader.manifest.files.values() if f.rank == comm.rank]
-            for name in mine:
-                run.files.append(run.tmp / name)
-                copy_file(src / name, run.tmp / name)
+            with Source(src) as source:  # this rank's view of the source (node-local tiers)
+                manifest_bytes.append(source.manifest_bytes)
+                mine = [f.name for f in source.manifest.files.values() if f.rank == comm.rank]
+                for name in mine:
+                    run.files.append(run.tmp / name)
+                    source.copy_file(name, run.tmp / name)
             if verify:
-                with CheckpointReader(run.tmp, manifest=reader.manifest) as copied:
+                with CheckpointReader(run.tmp, manifest=source.manifest) as copied:
                     copied.verify(files=set(mine))
             return {"view": view}
 
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         comm.gather_outcomes(lambda: run.commit(comm.rank, [c["view"] for c in copied],
-                                                lambda: manifest_bytes, False), f"{what} (commit)")
+                                                lambda: manifest_bytes[0], False), f"{what} (commit)")
     except BaseException:
         run.cleanup()
         raise

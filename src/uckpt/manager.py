@@ -535,7 +535,7 @@ def _files_present(directory: Path) -> bool:
         files = read_manifest(directory).files
     except UckptError:
         return True  # damaged: let the load report it and fall back
-    return all((directory / name).exists() for name in files)
+    return all(os.path.lexists(directory / name) for name in files)
 
 
 @atexit.register

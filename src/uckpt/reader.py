@@ -3,6 +3,12 @@
 Every byte read is checked against its chunk's CRC-32C; a mismatch raises
 :class:`~uckpt.errors.ChecksumMismatchError` naming the file, the leaf and the
 byte offset.
+
+A checkpoint directory may be hostile: only regular files directly inside it are
+read, never through a symlink and never blocking (``fsutil.open_regular``); the
+manifest read stops at ``MAX_MANIFEST_BYTES`` + 1 bytes; data files are checked
+to hold their declared sizes before any array is allocated; and every failure is
+a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back).
 """
 from __future__ import annotations
 
@@ -12,10 +18,10 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import dtypes, knobs
+from . import dtypes, fsutil, knobs
 from .checksum import crc32c, format_checksum
-from .errors import (ChecksumMismatchError, CheckpointNotFoundError, ManifestError,
-                     NotACheckpointError, TruncatedDataError)
+from .errors import (ChecksumMismatchError, CheckpointNotFoundError, CorruptCheckpointError,
+                     ManifestError, NotACheckpointError, TruncatedDataError)
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
 from .fsutil import pread_into
 from .parallel import parallel_map
@@ -25,35 +31,69 @@ MAX_MANIFEST_BYTES = 1 << 30
 
 def read_manifest(directory) -> Manifest:
     """Read and validate ``directory/manifest.json`` (raises if absent or malformed)."""
-    directory = Path(directory)
-    if not directory.exists():
-        raise CheckpointNotFoundError(f"checkpoint {str(directory)!r} does not exist",
-                                      path=str(directory))
-    if not directory.is_dir():
-        raise NotACheckpointError(f"{str(directory)!r} is a file, not a checkpoint directory",
-                                  path=str(directory))
-    mpath = directory / MANIFEST_NAME
+    dir_fd = fsutil.open_dir(directory)
     try:
-        size = mpath.stat().st_size
-    except FileNotFoundError:
-        raise NotACheckpointError(
-            f"{str(directory)!r} is not a committed uckpt checkpoint: it has no {MANIFEST_NAME}",
-            path=str(directory),
+        return manifest_at(dir_fd, directory)
+    finally:
+        os.close(dir_fd)
+
+
+def manifest_at(dir_fd: int, directory) -> Manifest:
+    """Read and validate the manifest of the checkpoint directory open at ``dir_fd``
+    (``directory``: its path, for messages). A manifest that is not a regular file (a FIFO,
+    a device, a directory, a symlink) raises NotACheckpointError; one over
+    ``MAX_MANIFEST_BYTES`` ManifestError, after reading at most one byte more."""
+    mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
+    return Manifest.parse(manifest_bytes_at(dir_fd, directory), where=mpath)
+
+
+def manifest_bytes_at(dir_fd: int, directory) -> bytes:
+    """The manifest's bytes, read as :func:`manifest_at` does, not parsed."""
+    mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
+
+    def missing(_message, path):
+        return NotACheckpointError(
+            f"{os.fsdecode(directory)!r} is not a committed uckpt checkpoint: it has no "
+            f"{MANIFEST_NAME}", path=os.fsdecode(directory),
             hint="a save that was interrupted leaves no manifest; use an earlier checkpoint "
-                 "(CheckpointManager.restore() picks the newest committed one)") from None
-    if size > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"{mpath}: {size} bytes is too large for a manifest", path=str(mpath))
-    return Manifest.parse(mpath.read_bytes(), where=str(mpath))
+                 "(CheckpointManager.restore() picks the newest committed one)")
+
+    fd = fsutil.open_regular(dir_fd, MANIFEST_NAME, what="manifest", path=mpath,
+                             missing=missing, wrong_type=NotACheckpointError)
+    try:
+        return fsutil.read_capped(fd, MAX_MANIFEST_BYTES, mpath, what="manifest",
+                                  too_large=ManifestError)
+    finally:
+        os.close(fd)
+
+
+def _missing_data_file(_message, path):
+    return CheckpointNotFoundError(f"data file {path!r} listed in the manifest is missing",
+                                   path=path)
 
 
 class CheckpointReader:
-    """Reads arrays of one committed checkpoint. Use as a context manager."""
+    """Reads arrays of one committed checkpoint. Use as a context manager.
+
+    The directory is opened once (following a symlink there: the caller chose the path);
+    the manifest and data files are opened relative to it, never through a symlink, and
+    must be regular files (:func:`uckpt.fsutil.open_regular`). Every data file a read
+    needs is opened and checked to hold its declared size before any array is allocated,
+    so a hostile manifest cannot make the reader allocate more than its files hold.
+    """
 
     def __init__(self, directory, manifest: Optional[Manifest] = None) -> None:
         """``manifest``: one already read (e.g. the source's, for a copy not yet committed)."""
         self.directory = Path(directory)
-        self.manifest = manifest if manifest is not None else read_manifest(self.directory)
         self._fds: Dict[str, int] = {}
+        self._sizes: Dict[str, int] = {}  # actual sizes of the open data files
+        self._dir_fd = fsutil.open_dir(self.directory)
+        try:
+            self.manifest = manifest if manifest is not None else \
+                manifest_at(self._dir_fd, self.directory)
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> "CheckpointReader":
         return self
@@ -65,28 +105,33 @@ class CheckpointReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
 
     def _fd(self, name: str) -> int:
+        """The open data file ``name``, checked to be a regular file holding at least its
+        declared size (on first use)."""
         if name not in self._fds:
-            path = self.directory / name
+            path = str(self.directory / name)
             expected = self.manifest.files[name].size
+            fd = fsutil.open_regular(self._dir_fd, name, what="data file", path=path,
+                                     missing=_missing_data_file)
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise CheckpointNotFoundError(
-                    f"data file {str(path)!r} listed in the manifest is missing",
-                    path=str(path)) from None
-            actual = os.fstat(fd).st_size
+                actual = os.fstat(fd).st_size
+            except OSError as e:
+                os.close(fd)
+                raise fsutil.unreadable(e, path, "data file") from None
             if actual < expected:
                 os.close(fd)
                 cut = self._first_chunk_beyond(name, actual)
                 at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
                 raise TruncatedDataError(
-                    f"data file {str(path)!r} is truncated: {actual} bytes, the manifest "
-                    f"records {expected}{at}", path=str(path), offset=actual,
+                    f"data file {path!r} is truncated: {actual} bytes, the manifest "
+                    f"records {expected}{at}", path=path, offset=actual,
                     leaf=cut[0] if cut else None,
                     hint="the file was damaged after commit; restore an earlier checkpoint")
-            self._fds[name] = fd
+            self._fds[name], self._sizes[name] = fd, actual
         return self._fds[name]
 
     def _first_chunk_beyond(self, name: str, size: int):
@@ -101,22 +146,46 @@ class CheckpointReader:
         array), or ``(target, offsets)``: the box of the global array at ``offsets`` with
         the target's shape. Only chunks that intersect a wanted box are read (whole, so
         that their checksums can be verified)."""
-        out: Dict[str, np.ndarray] = {}
-        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
+        plan = []  # (entry, target or None, origin, the chunks to read)
         for path, target in wanted.items():
             entry = self.manifest.arrays[path]
+            if target is None:  # the whole array: every chunk that holds elements
+                plan.append((entry, None, (0,) * len(entry.shape),
+                             [c for c in entry.chunks if all(c.shape)]))
+                continue
             origin: tuple = (0,) * len(entry.shape)
             if isinstance(target, tuple):
                 target, origin = target
-            dest = target if target is not None else \
-                np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
-            out[path] = dest
-            jobs.extend((entry, chunk, dest, tuple(origin)) for chunk in entry.chunks
-                        if _intersection(chunk.start, chunk.shape, origin, dest.shape))
-        for name in {c.file for _, c, _, _ in jobs}:
-            self._fd(name)  # open (and size-check) files before threads start
+            plan.append((entry, target, tuple(origin),
+                         [c for c in entry.chunks
+                          if _intersection(c.start, c.shape, origin, target.shape)]))
+        files = {c.file for _, _, _, cs in plan for c in cs}
+        for name in files:
+            self._fd(name)  # open and size-check files before any allocation or thread
+        self._check_allocation([p[0] for p in plan if p[1] is None], files)
+        out: Dict[str, np.ndarray] = {}
+        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
+        for entry, target, origin, cs in plan:
+            dest = target if target is not None else _new_array(entry)
+            out[entry.path] = dest
+            jobs.extend((entry, chunk, dest, origin) for chunk in cs)
         parallel_map(lambda j: self._read_chunk(*j), jobs, knobs.io_threads, "uckpt-read")
         return out
+
+    def _check_allocation(self, entries: List[ArrayEntry], files) -> None:
+        """Refuse, before allocating, new arrays larger than the data files being read
+        (already open and size-checked): chunks of a valid checkpoint never share bytes, so
+        its arrays always fit in its files."""
+        need = sum(e.nbytes for e in entries)
+        have = sum(self._sizes[name] for name in files)
+        if need > have:
+            raise CorruptCheckpointError(
+                f"{self.directory}: the manifest declares {need} bytes of arrays "
+                f"({', '.join(repr(e.path) for e in entries[:3])}"
+                f"{', ...' if len(entries) > 3 else ''}) stored in files of {have} bytes",
+                path=str(self.directory), leaf=entries[0].path if len(entries) == 1 else None,
+                hint="the manifest is damaged (chunks share bytes); restore an earlier "
+                     "checkpoint")
 
     def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray, origin: tuple) -> None:
         start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
@@ -137,7 +206,13 @@ class CheckpointReader:
         while done < chunk.length:
             want = min(knobs.read_block_bytes, chunk.length - done)
             block = into(done, want)
-            n = pread_into(fd, block, chunk.offset + done)
+            try:
+                n = pread_into(fd, block, chunk.offset + done)
+            except OSError as e:  # EIO, ... (the file was checked to be a regular file)
+                raise fsutil.unreadable(
+                    e, str(self.directory / chunk.file), "data file", leaf=entry.path,
+                    offset=chunk.offset + done,
+                    detail=f" (leaf {entry.path!r}, byte offset {chunk.offset + done})") from None
             if n != want:
                 end = chunk.offset + done + n
                 raise TruncatedDataError(
@@ -161,6 +236,9 @@ class CheckpointReader:
     def verify(self, progress=None, files: Optional[set] = None) -> int:
         """Re-check every chunk's checksum (of ``files`` only, if given), streaming;
         returns the bytes verified."""
+        for name in self.manifest.files:
+            if files is None or name in files:
+                self._fd(name)  # every file is checked first, even one without chunks
         total = 0
         scratch = np.empty(knobs.read_block_bytes, dtype=np.uint8)
         for entry in self.manifest.arrays.values():
@@ -171,10 +249,15 @@ class CheckpointReader:
                 total += chunk.length
                 if progress:
                     progress(total)
-        for name in self.manifest.files:
-            if files is None or name in files:
-                self._fd(name)  # files without chunks must still exist at their size
         return total
+
+
+def _new_array(entry: ArrayEntry) -> np.ndarray:
+    try:
+        return np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
+    except ValueError as e:  # e.g. more dimensions than NumPy supports
+        raise ManifestError(f"leaf {entry.path!r}: cannot make an array of shape "
+                            f"{list(entry.shape)} ({entry.dtype}): {e}", leaf=entry.path) from None
 
 
 def _intersection(start_a, shape_a, start_b, shape_b):

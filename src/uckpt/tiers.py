@@ -9,16 +9,15 @@ renamed into place, so it never counts as durable before it verifiably is.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from . import fsutil
 from .commit import make_parent_and_tmp, publish, save_failure
-from .errors import CheckpointExistsError
-from .format import MANIFEST_NAME
-from .reader import CheckpointReader
+from .errors import CheckpointExistsError, TruncatedDataError
+from .format import MANIFEST_NAME, Manifest
+from .reader import CheckpointReader, manifest_bytes_at
 
 
 @dataclass
@@ -56,13 +55,48 @@ def _drop_cache(fd: int) -> None:
             pass
 
 
-def copy_file(src: Path, dst: Path) -> None:
-    """Copy, fsync and drop ``dst`` from the page cache (so a read-back comes from storage)."""
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
-        shutil.copyfileobj(fin, fout, length=8 << 20)
-        fout.flush()
-        os.fsync(fout.fileno())
-        _drop_cache(fout.fileno())
+class Source:
+    """A committed checkpoint being copied: its directory open, its manifest's exact
+    bytes and their parse. Files are opened relative to the directory, never through a
+    symlink, and copied only up to their declared sizes."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.dir_fd = fsutil.open_dir(directory)
+        try:
+            self.manifest_bytes = manifest_bytes_at(self.dir_fd, directory)
+            self.manifest = Manifest.parse(self.manifest_bytes,
+                                           where=str(directory / MANIFEST_NAME))
+        except BaseException:
+            os.close(self.dir_fd)
+            raise
+
+    def __enter__(self) -> "Source":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.dir_fd)
+
+    def copy_file(self, name: str, dst: Path) -> None:
+        """Copy data file ``name`` (its declared size) to ``dst``, fsync it and drop it from
+        the page cache (so a read-back comes from storage)."""
+        size = self.manifest.files[name].size
+        path = str(self.directory / name)
+        fin = fsutil.open_regular(self.dir_fd, name, what="data file", path=path)
+        try:
+            with open(dst, "xb") as fout:
+                copied = fsutil.copy_range(fin, fout.fileno(), size)
+                if copied < size:
+                    raise TruncatedDataError(f"data file {path!r} is truncated: {copied} bytes, "
+                                             f"the manifest records {size}", path=path,
+                                             offset=copied)
+                os.fsync(fout.fileno())
+                _drop_cache(fout.fileno())
+        finally:
+            os.close(fin)
+
+    def write_manifest(self, dst: Path) -> None:
+        fsutil.write_file_durably(dst, self.manifest_bytes)
 
 
 def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]:
@@ -74,15 +108,14 @@ def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]
     """
     if (dst / MANIFEST_NAME).exists():
         return None
-    with CheckpointReader(src) as reader:  # validates the source manifest first
-        files = list(reader.manifest.files)
     lease = None
     try:
-        lease = make_parent_and_tmp(dst)
-        tmp = lease.path
-        for name in files:
-            copy_file(src / name, tmp / name)
-        copy_file(src / MANIFEST_NAME, tmp / MANIFEST_NAME)
+        with Source(src) as source:  # validates the source manifest first
+            lease = make_parent_and_tmp(dst)
+            tmp = lease.path
+            for name in source.manifest.files:
+                source.copy_file(name, tmp / name)
+            source.write_manifest(tmp / MANIFEST_NAME)
         fsutil.fsync_dir(tmp)
         if verify:
             with CheckpointReader(tmp) as copy:

@@ -67,10 +67,28 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]],
     return "\n".join(lines)
 
 
+def escape_unencodable() -> None:
+    """Make stdout and stderr write what their encoding cannot represent (a name with
+    undecodable bytes, a non-ASCII value on an ASCII terminal) as backslash escapes
+    instead of failing with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a text stream that can
+            pass
+
+
 def print_json(doc: Any, out: TextIO = None) -> None:
+    """``doc`` as indented JSON; non-ASCII text as is when ``out`` can encode it, otherwise
+    as JSON escapes (``\\u00e9``), so the output is always valid JSON."""
     out = out or sys.stdout
-    json.dump(doc, out, indent=2, ensure_ascii=False, allow_nan=False)
-    out.write("\n")
+    text = json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode(getattr(out, "encoding", None) or "utf-8")
+        except (UnicodeEncodeError, LookupError):
+            text = json.dumps(doc, indent=2, ensure_ascii=True, allow_nan=False)
+    out.write(text + "\n")
 
 
 def error_message(exc: BaseException) -> str:

@@ -29,7 +29,11 @@ Safety: Pickle input is read by a restricted unpickler that admits only
 tensors, storages, OrderedDict and plain containers, and refuses anything else
 by name without running it; NPZ object arrays, HDF5 external links, external
 storage and virtual datasets into other files are refused; sizes an input
-declares are checked against the file before anything is allocated.
+declares are checked against the file before anything is allocated; names
+that would be unsafe as zip member names or HDF5 paths (.., absolute, NUL,
+backslash) are refused. Trees that shared references would expand past
+--max-nodes, and data that would grow past --max-ratio bytes per stored byte,
+are refused before the work is done.
 
 DST is written under a temporary name and renamed into place: a failure or
 Ctrl-C leaves no partial output. An existing DST is replaced only with --force.
@@ -58,8 +62,39 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="list what would be converted; write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_limit_options(p)
     p.set_defaults(run=run)
     return p
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def add_limit_options(p: argparse.ArgumentParser) -> None:
+    """``--max-nodes`` and ``--max-ratio``: the limits on hostile input (docs/convert.md)."""
+    g = p.add_argument_group("limits on hostile input (raise them for a legitimate input "
+                             "that exceeds them)")
+    g.add_argument("--max-nodes", type=_positive, metavar="N",
+                   help="most nodes a tree may have once shared references are expanded "
+                        "(default: 100000 or 4 per byte of the pickle or HDF5 file, whichever "
+                        "is more; env UCKPT_CONVERT_MAX_NODES)")
+    g.add_argument("--max-ratio", type=_positive, metavar="R",
+                   help="most bytes made per byte stored by a compressed HDF5 dataset or a "
+                        "tensor whose strides repeat elements (default 1032; env "
+                        "UCKPT_CONVERT_MAX_RATIO)")
+
+
+def limits_of(args):
+    from ..conversion.limits import Limits
+
+    return Limits(max_nodes=args.max_nodes, max_ratio=args.max_ratio)
 
 
 def run(args) -> int:
@@ -72,7 +107,7 @@ def run(args) -> int:
             warnings.simplefilter("ignore", ConvertWarning)  # printed below, once each
             report = convert(args.src, args.dst, src_format=args.src_format,
                              dst_format=args.dst_format, force=args.force,
-                             dry_run=args.dry_run, progress=bar)
+                             dry_run=args.dry_run, progress=bar, limits=limits_of(args))
     finally:
         if bar:
             bar.finish()

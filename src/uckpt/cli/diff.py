@@ -6,6 +6,7 @@ import argparse
 from ..conversion import detect
 from ..errors import UckptError
 from .common import print_error, print_json
+from .convert import add_limit_options, limits_of
 
 HELP = "compare two checkpoints (any supported formats) leaf by leaf"
 DESCRIPTION = """\
@@ -32,6 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--format-b", metavar="FORMAT", choices=choices,
                    help="format of B (default: detected)")
     p.add_argument("--json", action="store_true", help="print a JSON document")
+    add_limit_options(p)
     p.set_defaults(run=run)
     return p
 
@@ -40,7 +42,8 @@ def run(args) -> int:
     from ..conversion.diff import diff
 
     try:
-        report = diff(args.a, args.b, a_format=args.format_a, b_format=args.format_b)
+        report = diff(args.a, args.b, a_format=args.format_a, b_format=args.format_b,
+                      limits=limits_of(args))
     except (UckptError, OSError) as e:
         print_error(e)
         return 2

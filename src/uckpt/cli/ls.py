@@ -17,7 +17,8 @@ holding checkpoint directories), or ROOT itself if it is a checkpoint.
 
 Status: "committed" (the manifest is valid and every data file is present),
 "damaged" (the manifest is missing or invalid, or a data file is missing or
-short), "incomplete" (the temporary directory of a save or copy in progress or
+short, or one of them is not a regular file; also a symlink named like a
+checkpoint, which is not followed), "incomplete" (the temporary directory of a save or copy in progress or
 interrupted), "stale" (left by an interrupted delete or overwrite).
 Only manifests are read, and nothing is changed; run "uckpt verify" to check
 the data itself.

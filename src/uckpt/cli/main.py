@@ -13,7 +13,7 @@ from typing import List, Optional
 from .._version import __version__
 from ..errors import UckptError
 from . import convert, diff, inspect, ls, verify
-from .common import PROG, print_error
+from .common import PROG, escape_unencodable, print_error
 
 COMMANDS = (ls, inspect, verify, convert, diff)
 
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    escape_unencodable()
     args = build_parser().parse_args(argv)  # exits 2 on a usage error, 0 on --help
     try:
         return args.run(args)

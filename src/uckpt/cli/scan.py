@@ -7,18 +7,21 @@ A child directory of the root is
   * ``committed``: it holds a manifest that parses and validates, and every data
     file the manifest lists exists at (at least) its recorded size;
   * ``damaged``: it is named like a step (``step_00000042``) or holds a
-    ``manifest.json``, but the manifest is missing or invalid, or a data file is
-    missing or short (``reason`` says which);
+    ``manifest.json``, but the manifest is missing, invalid or not a regular file,
+    or a data file is missing, short or not a regular file (``reason`` says which);
+    a symlink named like a checkpoint is listed as damaged too, and not followed;
   * ``incomplete``: the temporary directory of a save that is in progress or
     was interrupted (``.step_00000042.uckpt-tmp-1a2b3c4d``);
   * ``stale``: a checkpoint being deleted or replaced, left by an interrupted
     retention (``.uckpt-del-``) or overwrite (``.uckpt-old-``).
-Other entries are ignored.
+Other entries are ignored. Nothing is ever read through a symlink below the root
+(the root itself may be one) and nothing is opened that could block (a FIFO).
 """
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -26,7 +29,8 @@ from typing import List, Optional
 from ..commit import DEL_MARK, OLD_MARK, TMP_MARK
 from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
 from ..format import MANIFEST_NAME, Manifest
-from ..reader import read_manifest
+from ..fsutil import kind_of, link_kind, open_dir, stat_regular
+from ..reader import manifest_at
 
 COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
 _STEP = re.compile(r"^step_(\d+)$")
@@ -52,23 +56,31 @@ class Found:
 
 
 def scan(root) -> List[Found]:
-    """The checkpoints under ``root`` by step (unnumbered last); ``root`` itself if it is one."""
+    """The checkpoints under ``root`` by step (unnumbered last); ``root`` itself if it is one.
+
+    ``root`` may be reached through a symlink (it was given); entries under it are not: a
+    symlink named like a checkpoint is listed as damaged and not followed."""
     root = Path(root)
-    if not root.exists():
-        raise CheckpointNotFoundError(f"{str(root)!r} does not exist", path=str(root))
-    if not root.is_dir():
-        raise NotACheckpointError(f"{str(root)!r} is a file, not a directory of checkpoints",
-                                  path=str(root))
-    if (root / MANIFEST_NAME).exists():
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{str(root)!r} does not exist", path=str(root)) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotACheckpointError(f"{str(root)!r} is {kind_of(st.st_mode)}, not a directory of "
+                                  "checkpoints", path=str(root))
+    if os.path.lexists(root / MANIFEST_NAME):
         return [examine(root)]
     found = []
     with os.scandir(root) as it:
         entries = sorted(it, key=lambda e: e.name)
     for e in entries:
         try:
-            if not e.is_dir():
+            if e.is_symlink():
+                item = _symlink(Path(e.path))
+            elif e.is_dir(follow_symlinks=False):
+                item = _classify(Path(e.path))
+            else:
                 continue
-            item = _classify(Path(e.path))
         except FileNotFoundError:  # vanished while scanning (a save committed, a delete ran)
             continue
         if item is not None:
@@ -76,6 +88,16 @@ def scan(root) -> List[Found]:
     order = {COMMITTED: 0, DAMAGED: 1, STALE: 2, INCOMPLETE: 3}
     found.sort(key=lambda f: (f.step is None, f.step or 0, order[f.status], f.name))
     return found
+
+
+def _symlink(path: Path) -> Optional[Found]:
+    """A symlink in a root named like a checkpoint: damaged, and never followed."""
+    hidden = _HIDDEN.match(path.name)
+    m = _STEP.match(hidden.group("name") if hidden else path.name)
+    if m is None and not hidden:
+        return None
+    return Found(path, DAMAGED, step=int(m.group(1)) if m else None,
+                 reason=f"{link_kind(path)}, not a checkpoint directory: not followed")
 
 
 def _classify(path: Path) -> Optional[Found]:
@@ -87,55 +109,85 @@ def _classify(path: Path) -> Optional[Found]:
                      step=int(m.group(1)) if m else None, size=dir_size(path),
                      reason=("temporary directory of a save in progress or interrupted"
                              if temp else "left by an interrupted delete or overwrite"))
-    if _STEP.match(path.name) or (path / MANIFEST_NAME).exists():
-        return examine(path)
+    if _STEP.match(path.name) or os.path.lexists(path / MANIFEST_NAME):
+        return examine(path, follow_symlinks=False)
     return None
 
 
-def examine(path: Path) -> Found:
-    """Classify one checkpoint directory (reads and validates only its manifest)."""
+def examine(path: Path, follow_symlinks: bool = True) -> Found:
+    """Classify one checkpoint directory (reads and validates only its manifest; data files
+    are only ``lstat``-ed: regular files of at least their recorded size). Never follows a
+    symlink inside the directory, nor at ``path`` itself without ``follow_symlinks``."""
     path = Path(path)
     m = _STEP.match(path.name)
-    item = Found(path, DAMAGED, step=int(m.group(1)) if m else None, size=dir_size(path))
-    if not (path / MANIFEST_NAME).exists():
-        item.reason = f"no {MANIFEST_NAME}"
-        return item
+    item = Found(path, DAMAGED, step=int(m.group(1)) if m else None)
     try:
-        manifest = read_manifest(path)
-    except (UckptError, OSError) as e:
+        dir_fd = open_dir(path, follow_symlinks=follow_symlinks)
+    except UckptError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
         item.reason = _relative(str(e), path)
         return item
+    try:
+        item.size = dir_size(path)
+        _examine_at(dir_fd, item)
+    finally:
+        os.close(dir_fd)
+    return item
+
+
+def _examine_at(dir_fd: int, item: Found) -> None:
+    path = item.path
+    try:
+        os.stat(MANIFEST_NAME, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        item.reason = f"no {MANIFEST_NAME}"
+        return
+    except OSError:
+        pass  # reading it says why
+    try:
+        manifest = manifest_at(dir_fd, path)
+    except UckptError as e:
+        item.reason = _relative(str(e), path)
+        return
     item.manifest = manifest
     if manifest.step is not None:
         item.step = manifest.step
     for f in manifest.files.values():
         try:
-            actual = (path / f.name).stat().st_size
+            actual = stat_regular(dir_fd, f.name, what="data file",
+                                  path=str(path / f.name)).st_size
         except FileNotFoundError:
             item.reason = f"data file {f.name} is missing"
-            return item
+            return
+        except UckptError as e:
+            item.reason = _relative(str(e), path)
+            return
         if actual < f.size:
             item.reason = f"data file {f.name} is truncated: {actual} of {f.size} bytes"
-            return item
+            return
     item.status = COMMITTED
-    return item
 
 
-def dir_size(path) -> int:
-    """Total size of the regular files below ``path`` (skips what vanishes or cannot be read)."""
+def dir_size(top) -> int:
+    """Total size of the regular files below directory ``top``; never follows a symlink
+    below it; skips what vanishes or cannot be read."""
     total = 0
-    try:
-        with os.scandir(path) as it:
-            for e in it:
-                try:
-                    if e.is_dir(follow_symlinks=False):
-                        total += dir_size(e.path)
-                    elif e.is_file(follow_symlinks=False):
-                        total += e.stat(follow_symlinks=False).st_size
-                except OSError:  # vanished, or unreadable: count what can be seen
-                    continue
-    except OSError:
-        pass
+    pending = [top]  # a stack, not recursion: a deep tree cannot exhaust Python's stack
+    while pending:
+        where = pending.pop()
+        try:
+            with os.scandir(where) as it:
+                for e in it:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            pending.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            total += e.stat(follow_symlinks=False).st_size
+                    except OSError:  # vanished, or unreadable: count what can be seen
+                        continue
+        except OSError:
+            continue
     return total
 
 
