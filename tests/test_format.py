@@ -1,8 +1,9 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format version 1 (tests/data/golden_v1, made by
-  tests/data/make_golden.py) load to exactly the state they were made from, and
-  saving that state again gives the same bytes;
+* golden checkpoints of format versions 1 and 2 (tests/data/golden_v1 and
+  golden_v2, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 2,
+  the version uckpt writes); version 1 is version 2 without its checksum;
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
@@ -27,14 +28,17 @@ import pytest
 import uckpt
 import uckpt.knobs as knobs
 from uckpt import dtypes, errors
-from uckpt.format import Manifest, manifest as manifest_module
+from uckpt.format import Manifest, integrity, manifest as manifest_module
 from uckpt.reader import CheckpointReader
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v1"
+GOLDEN = DATA / "golden_v2"  # the version uckpt writes
+GOLDENS = {1: DATA / "golden_v1", 2: GOLDEN}
+VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]
+EACH_GOLDEN = [pytest.param(v, name, id=f"v{v}-{name}") for v in VERSIONS for name in GOLDEN_DIRS]
 NODE_TYPES = {"value", "float", "array", "bytes", "dict", "list", "tuple", "object"}
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -112,8 +116,46 @@ def manifest_doc(directory):
     return strict_json((Path(directory) / "manifest.json").read_bytes())
 
 
+def body(doc):
+    """A manifest document less its checksum member (what mutations start from)."""
+    return {k: v for k, v in doc.items() if k != integrity.FIELD}
+
+
+def encode(doc) -> bytes:
+    """A manifest file for ``doc`` (compact JSON): a version-2 document is sealed with
+    its checksum (docs/format.md 4.4), so that the parser's other rules are what it meets."""
+    return encode_text(json.dumps(body(doc), ensure_ascii=False), doc.get("format_version"))
+
+
+def encode_text(text: str, version) -> bytes:
+    """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
+    if version != 2:
+        return text.encode("utf-8")
+    text = text.rstrip()
+    assert text.endswith("}")
+    return integrity.seal(text[:-1].rstrip().encode("utf-8"))
+
+
+def unsealed_text(version, name="all_types") -> str:
+    """A golden manifest's text without its checksum member (a JSON object still)."""
+    text = (GOLDENS[version] / name / "manifest.json").read_text("utf-8")
+    if version == 2:
+        text = text[:text.rindex(',\n "manifest_checksum":')] + "\n}\n"
+    return text
+
+
+def schema_doc(doc):
+    """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2."""
+    doc = body(doc)
+    if doc.get("format_version") == 2:
+        doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
+    return doc
+
+
 def without_volatile(doc):
-    doc = dict(doc)
+    """What stays when the same state is saved again: not the time, the writer, or the
+    manifest checksum (of bytes that hold the time)."""
+    doc = body(doc)
     doc.pop("created")
     doc.pop("generator")
     return doc
@@ -153,18 +195,44 @@ def golden_knobs(monkeypatch):
 
 
 # --- (a) golden checkpoints load to the expected state ------------------------------------------
-def test_golden_all_types_loads_bitwise():
-    out = uckpt.load(GOLDEN / "all_types")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_all_types_loads_bitwise(version):
+    out = uckpt.load(GOLDENS[version] / "all_types")
     assert_same(out, golden.expected_loaded(golden.golden_state()))
     # an aliased array comes back as one array referred to twice
     assert np.shares_memory(out["shared"], out["tied"]["again"])
 
 
-def test_golden_all_types_manifest_fields():
-    m = uckpt.manifest(GOLDEN / "all_types")
-    assert m.step == golden.STEP and m.metadata == golden.METADATA and m.world_size == 1
-    assert m.format_version == 1
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_all_types_manifest_fields(version):
+    m = uckpt.manifest(GOLDENS[version] / "all_types")
+    assert m.step == golden.STEP and m.metadata == golden.metadata(version) and m.world_size == 1
+    assert m.format_version == version
     assert ISO_UTC.match(m.created) and m.generator.startswith("uckpt ")
+    raw = (GOLDENS[version] / "all_types" / "manifest.json").read_bytes()
+    if version == 1:
+        assert m.checksum is None and b"manifest_checksum" not in raw
+    else:
+        assert m.checksum == f"crc32c:{crc32c_lib.crc32c(raw[:-19]):08x}"
+        assert raw.endswith(f'\n "manifest_checksum":"{m.checksum}"}}\n'.encode())
+
+
+@pytest.mark.parametrize("name", GOLDEN_DIRS)
+def test_golden_v1_is_v2_without_checksum(name):
+    """The two versions hold the same checkpoints: equal data files, and manifests equal
+    but for the version, the checksum and what changes with every save."""
+    old, new = GOLDENS[1] / name, GOLDENS[2] / name
+    assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
+    for data_file in old.glob("*.bin"):
+        assert (new / data_file.name).read_bytes() == data_file.read_bytes()
+    docs = [manifest_doc(old), manifest_doc(new)]
+    assert docs[0]["format_version"] == 1 and docs[1]["format_version"] == 2
+    assert integrity.FIELD not in docs[0] and list(docs[1])[-1] == integrity.FIELD
+    for doc in docs:
+        for key in ("format_version", "created", "generator", integrity.FIELD):
+            doc.pop(key, None)
+        doc["metadata"].pop("purpose", None)
+    assert docs[0] == docs[1]
 
 
 def test_golden_all_types_covers_the_format():
@@ -205,22 +273,26 @@ def test_golden_all_types_layout_and_padding():
     assert all(b == 0 for b, used in zip(data, covered) if not used)
 
 
-def test_golden_example_loads_bitwise():
-    assert_same(uckpt.load(GOLDEN / "example"), golden.expected_loaded(golden.example_state()))
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_example_loads_bitwise(version):
+    assert_same(uckpt.load(GOLDENS[version] / "example"),
+                golden.expected_loaded(golden.example_state()))
 
 
-def test_golden_sharded_loads_bitwise():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_golden_sharded_loads_bitwise(version):
     """Two files, 2-D boxes, unaligned offsets: uckpt reads what it cannot yet write."""
-    out = uckpt.load(GOLDEN / "sharded")
+    out = uckpt.load(GOLDENS[version] / "sharded")
     want = golden.sharded_expected()
     assert_same(out, {"layer": {"weight": want["layer/weight"], "bias": want["layer/bias"]}})
-    assert uckpt.manifest(GOLDEN / "sharded").world_size == 2
+    assert uckpt.manifest(GOLDENS[version] / "sharded").world_size == 2
 
 
-@pytest.mark.parametrize("name", GOLDEN_DIRS)
-def test_golden_verifies(name):
-    m = uckpt.verify(GOLDEN / name)
+@pytest.mark.parametrize("version, name", EACH_GOLDEN)
+def test_golden_verifies(version, name):
+    m = uckpt.verify(GOLDENS[version] / name)
     assert m.nbytes == sum(c.length for a in m.arrays.values() for c in a.chunks)
+    assert m.format_version == version
 
 
 def test_golden_restores_into_objects():
@@ -257,10 +329,24 @@ def test_resave_is_byte_identical(tmp_path, monkeypatch, name):
     assert new_doc["generator"] == f"uckpt {uckpt.__version__}"
 
 
-def test_hand_written_sharded_golden_is_reproducible(tmp_path):
-    golden.write_sharded(tmp_path / "sharded")
-    for p in (GOLDEN / "sharded").iterdir():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_hand_written_sharded_golden_is_reproducible(tmp_path, version):
+    golden.write_sharded(tmp_path / "sharded", version=version)
+    for p in (GOLDENS[version] / "sharded").iterdir():
         assert (tmp_path / "sharded" / p.name).read_bytes() == p.read_bytes(), p.name
+
+
+def test_uckpt_writes_what_the_spec_says(tmp_path):
+    """The compact manifest uckpt writes ends in its checksum member (docs/format.md 4.4):
+    the CRC-32C of every byte before the value, then '"}' and a line feed."""
+    path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
+    raw = (path / "manifest.json").read_bytes()
+    assert raw.startswith(b'{"format":"uckpt","format_version":2,') and raw.count(b"\n") == 1
+    covered = raw[:-19]
+    assert covered.endswith(b'}},"manifest_checksum":')
+    assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
+    doc = strict_json(raw)
+    assert list(doc)[-1] == integrity.FIELD and doc[integrity.FIELD] == raw[-18:-3].decode()
 
 
 def test_make_golden_refuses_to_regenerate(capsys):
@@ -272,7 +358,9 @@ def test_make_golden_refuses_to_regenerate(capsys):
 def test_schema_mirrors_the_code(schema):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert tuple(schema["required"]) == manifest_module._TOP_FIELDS
-    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS)
+    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V2)
+    assert schema["properties"]["format_version"]["enum"] == list(manifest_module.READ_VERSIONS)
+    assert schema["else"]["required"] == [integrity.FIELD]  # required from version 2 on
     assert tuple(schema["$defs"]["chunk"]["required"]) == manifest_module._CHUNK_FIELDS
     assert tuple(schema["$defs"]["dtype"]["enum"]) == dtypes.NAMES
     assert schema["$defs"]["chunk"]["properties"]["codec"]["const"] in manifest_module.CODECS
@@ -280,11 +368,22 @@ def test_schema_mirrors_the_code(schema):
     assert set(schema["$defs"]["node"]["properties"]["type"]["enum"]) == NODE_TYPES
 
 
-@pytest.mark.parametrize("name", GOLDEN_DIRS)
-def test_golden_manifest_validates(validator, name):
-    raw = (GOLDEN / name / "manifest.json").read_bytes()
+@pytest.mark.parametrize("version, name", EACH_GOLDEN)
+def test_golden_manifest_validates(validator, version, name):
+    raw = (GOLDENS[version] / name / "manifest.json").read_bytes()
     validator.validate(strict_json(raw))
-    Manifest.parse(raw)
+    assert Manifest.parse(raw).format_version == version
+
+
+def test_schema_knows_the_checksum_rule(validator):
+    """A version-2 document needs its checksum member; a version-1 one must not have one."""
+    v2 = manifest_doc(GOLDENS[2] / "example")
+    validator.validate(v2)
+    assert not validator.is_valid(body(v2))
+    assert not validator.is_valid(dict(v2, manifest_checksum="crc32c:0123456X"))
+    assert not validator.is_valid(dict(body(v2), format_version=1,
+                                       manifest_checksum="crc32c:00000000"))
+    validator.validate(dict(body(v2), format_version=1))
 
 
 def _fresh_states():
@@ -369,7 +468,7 @@ REJECTED = {
     **{f"missing {f}": (_pop(TOP, f), True) for f in manifest_module._TOP_FIELDS},
     "unknown top-level field": (_set(TOP, "extra", 1), True),
     "format other": (_set(TOP, "format", "safetensors"), True),
-    "format_version 2": (_set(TOP, "format_version", 2), True),
+    "format_version 3": (_set(TOP, "format_version", 3), True),
     "format_version 0": (_set(TOP, "format_version", 0), True),
     "format_version string": (_set(TOP, "format_version", "1"), True),
     "generator not a string": (_set(TOP, "generator", 5), True),
@@ -458,26 +557,28 @@ REJECTED = {
 }
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("case", sorted(REJECTED))
-def test_parser_and_schema_reject(validator, case):
+def test_parser_and_schema_reject(validator, case, version):
     mutate, expressible = REJECTED[case]
-    doc = copy.deepcopy(manifest_doc(GOLDEN / "all_types"))
+    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
     mutate(doc)
-    data = json.dumps(doc).encode("utf-8")
-    with pytest.raises(errors.ManifestError):
-        Manifest.parse(data)
+    with pytest.raises(errors.ManifestError) as info:
+        Manifest.parse(encode(doc))
+    assert not isinstance(info.value, errors.ManifestChecksumError)  # sealed: another rule
     if expressible:
-        assert not validator.is_valid(doc), f"schema accepts: {case}"
+        assert not validator.is_valid(schema_doc(doc)), f"schema accepts: {case}"
 
 
-def test_specific_error_types():
-    doc = manifest_doc(GOLDEN / "all_types")
-    for mutate, error in [(_set(TOP, "format_version", 2), errors.FormatVersionError),
+@pytest.mark.parametrize("version", VERSIONS)
+def test_specific_error_types(version):
+    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
+    for mutate, error in [(_set(TOP, "format_version", 3), errors.FormatVersionError),
                           (lambda d: _rename_file(d, "../x"), errors.UnsafePathError)]:
         d = copy.deepcopy(doc)
         mutate(d)
         with pytest.raises(error):
-            Manifest.parse(json.dumps(d).encode())
+            Manifest.parse(encode(d))
 
 
 def _add_orphan(doc):
@@ -506,13 +607,14 @@ ACCEPTED = {
 }
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("case", sorted(ACCEPTED))
-def test_parser_and_schema_accept(validator, case):
+def test_parser_and_schema_accept(validator, case, version):
     """The schema is not stricter than the parser on valid variations."""
-    doc = copy.deepcopy(manifest_doc(GOLDEN / "all_types"))
+    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
     ACCEPTED[case](doc)
-    Manifest.parse(json.dumps(doc).encode("utf-8"))
-    validator.validate(doc)
+    Manifest.parse(encode(doc))
+    validator.validate(schema_doc(doc))
 
 
 # Violations that need care beyond field types (found by review, fixed in the parser).
@@ -587,27 +689,30 @@ def _schema_rejects(validator, text):
         doc = strict_json(text.encode("utf-8"))
     except ValueError:
         return True
-    return not validator.is_valid(doc)
+    return not validator.is_valid(schema_doc(doc))
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("case", sorted(c for c, v in SPEC_VIOLATIONS.items() if v[2]))
-def test_schema_rejects_spec_violations(validator, case):
-    text = (GOLDEN / "all_types" / "manifest.json").read_text("utf-8")
-    assert _schema_rejects(validator, SPEC_VIOLATIONS[case][0](text))
+def test_schema_rejects_spec_violations(validator, case, version):
+    assert _schema_rejects(validator, SPEC_VIOLATIONS[case][0](unsealed_text(version)))
 
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("case", sorted(SPEC_VIOLATIONS))
-def test_parser_rejects_spec_violations(case):
-    text = (GOLDEN / "all_types" / "manifest.json").read_text("utf-8")
-    with pytest.raises(errors.ManifestError):
-        Manifest.parse(SPEC_VIOLATIONS[case][0](text).encode("utf-8"))
+def test_parser_rejects_spec_violations(case, version):
+    text = SPEC_VIOLATIONS[case][0](unsealed_text(version))
+    with pytest.raises(errors.ManifestError) as info:
+        Manifest.parse(encode_text(text, version))
+    assert not isinstance(info.value, errors.ManifestChecksumError)
 
 
-def test_parser_deeply_nested_json_is_a_manifest_error():
-    text = (GOLDEN / "example" / "manifest.json").read_text("utf-8")
+@pytest.mark.parametrize("version", VERSIONS)
+def test_parser_deeply_nested_json_is_a_manifest_error(version):
+    text = unsealed_text(version, "example")
     deep = '"metadata": ' + "[" * 100_000 + "]" * 100_000 + ","
-    with pytest.raises(errors.ManifestError):
-        Manifest.parse(text.replace('"metadata": {},', deep).encode("utf-8"))
+    with pytest.raises(errors.ManifestError, match="nests too deeply"):
+        Manifest.parse(encode_text(text.replace('"metadata": {},', deep), version))
 
 
 def _tree_of_depth(doc, depth):
@@ -620,16 +725,16 @@ def _tree_of_depth(doc, depth):
 def test_tree_depth_limit(validator):
     doc = manifest_doc(GOLDEN / "example")
     _tree_of_depth(doc, 200)
-    Manifest.parse(json.dumps(doc).encode())
+    Manifest.parse(encode(doc))
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(10_000)  # see docs/format.md section 10
     try:
-        validator.validate(doc)
+        validator.validate(schema_doc(doc))
     finally:
         sys.setrecursionlimit(old)
     _tree_of_depth(doc, 201)
     with pytest.raises(errors.ManifestError, match="deeper than 200"):
-        Manifest.parse(json.dumps(doc).encode())
+        Manifest.parse(encode(doc))
 
 
 # --- (d) the NumPy reader of docs/format.md -----------------------------------------------------
@@ -658,16 +763,44 @@ def test_doc_reader_crc32c():
     assert crc32c(data) == crc32c_lib.crc32c(data)
 
 
-@pytest.mark.parametrize("name", GOLDEN_DIRS)
-def test_doc_reader_reads_golden(name):
+@pytest.mark.parametrize("version, name", EACH_GOLDEN)
+def test_doc_reader_reads_golden(version, name):
     reader = doc_reader()
-    m, arrays = reader["read_checkpoint"](str(GOLDEN / name))
-    with CheckpointReader(GOLDEN / name) as r:
+    directory = GOLDENS[version] / name
+    m, arrays = reader["read_checkpoint"](str(directory))
+    with CheckpointReader(directory) as r:
         want = r.read_arrays({p: None for p in r.manifest.arrays})
     assert list(arrays) == list(want)
     for path in want:
         assert_same(arrays[path], _as_plain_numpy(want[path]), path)
-    assert_same(reader["decode"](m["tree"], arrays), _as_plain_numpy(uckpt.load(GOLDEN / name)))
+    assert_same(reader["decode"](m["tree"], arrays), _as_plain_numpy(uckpt.load(directory)))
+
+
+def test_doc_reader_reads_what_uckpt_writes(tmp_path):
+    path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
+    m, arrays = doc_reader()["read_checkpoint"](str(path))
+    assert m["format_version"] == 2 and m["step"] == 7
+    assert sorted(arrays) == ["model/b", "model/w", "tag"]
+
+
+def test_doc_reader_detects_manifest_damage(tmp_path):
+    """Like uckpt, the reader of section 12.1 checks a version-2 manifest: every changed
+    byte is caught (a sample of offsets, each byte value changed)."""
+    read = doc_reader()["read_checkpoint"]
+    directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
+    path = directory / "manifest.json"
+    raw = path.read_bytes()
+    rng = np.random.default_rng(12)
+    offsets = sorted(set(rng.integers(0, len(raw), 40).tolist()) |
+                     set(range(len(raw) - 40, len(raw))))
+    for offset in offsets:
+        damaged = bytearray(raw)
+        damaged[offset] = (raw[offset] + int(rng.integers(1, 256))) % 256
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(ValueError):  # damaged, not JSON (or not UTF-8), not uckpt 1/2
+            read(str(directory))
+    path.write_bytes(raw)
+    read(str(directory))
 
 
 def test_doc_reader_keeps_aliases():
@@ -689,9 +822,9 @@ def test_doc_reader_detects_damage(tmp_path):
 def test_doc_reader_refuses_other_versions(tmp_path):
     directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
     doc = manifest_doc(directory)
-    doc["format_version"] = 2
-    (directory / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="version 1"):
+    doc["format_version"] = 3
+    (directory / "manifest.json").write_bytes(encode(doc))
+    with pytest.raises(ValueError, match="version 1 or 2"):
         doc_reader()["read_checkpoint"](str(directory))
 
 
@@ -738,6 +871,10 @@ def test_doc_example_checksum_claim():
     text = doc_text()
     assert "`80 3f c0 bf`, `0x2f522cda`" in text
     assert f"{crc32c_lib.crc32c(bytes.fromhex('803fc0bf')):08x}" == "2f522cda"
+    raw = (GOLDEN / "example" / "manifest.json").read_bytes()
+    crc = f"{crc32c_lib.crc32c(raw[:-19]):08x}"
+    assert f"`{crc}` is the CRC-32C\n  of the file's first {len(raw) - 19} bytes" in text
+    assert f'`"crc32c:{crc}"}}` and\n  the final line feed' in text
 
 
 def test_doc_sharded_excerpt_matches_golden():
@@ -771,7 +908,7 @@ def test_doc_tables_match_the_code():
     for name, cells in rows:
         assert int(cells[0]) == dtypes.itemsize(name), name
     assert [n for n, _ in _table_rows("### 4.2 Top-level fields")] == \
-        list(manifest_module._TOP_FIELDS)
+        list(manifest_module._TOP_FIELDS_V2)
     assert [n for n, _ in _table_rows("Each *chunk* is an object")] == \
         list(manifest_module._CHUNK_FIELDS)
     assert [n for n, _ in _table_rows("`arrays` maps each array path")] == \
@@ -789,6 +926,11 @@ def test_hidden_directories_are_not_checkpoints(tmp_path):
                    ".step_00000003.uckpt-old-01234567"):
         shutil.copytree(GOLDEN / "example", root / hidden)  # complete, manifest included
     (root / "step_00000006").mkdir()  # no manifest: not committed
-    with uckpt.CheckpointManager(root) as manager:
+    before = sorted(p.name for p in root.iterdir())
+    with uckpt.CheckpointManager(root) as manager:  # a reader: sees, removes nothing
+        assert manager.steps() == [3]
+    assert sorted(p.name for p in root.iterdir()) == before
+    with uckpt.CheckpointManager(root, role="writer") as manager:  # removes the debris
         assert manager.steps() == [3]  # the .uckpt-old- copy of 3 is dropped: 3 exists
-    assert sorted(p.name for p in root.iterdir()) == ["step_00000003", "step_00000006"]
+    assert [p.name for p in sorted(root.iterdir()) if not p.name.startswith(".uckpt")] == \
+        ["step_00000003", "step_00000006"]

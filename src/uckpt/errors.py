@@ -86,6 +86,12 @@ class TruncatedDataError(CorruptCheckpointError):
     """A data file is shorter than the chunks it should hold."""
 
 
+class ManifestChecksumError(ManifestError, CorruptCheckpointError):
+    """A manifest's bytes do not match the checksum it records (format version 2), or a
+    version-2 manifest does not end in its checksum. ``stored`` and ``computed`` are the
+    two checksums (None when there is no checksum to compare)."""
+
+
 # --- objects and state ------------------------------------------------------------------
 class UnsupportedObjectError(UckptError, TypeError):
     """No adapter knows how to extract or restore this object."""

@@ -1,4 +1,4 @@
-"""Make the golden checkpoints of format version 1 in tests/data/golden_v1/.
+"""Make the golden checkpoints of format version 2 in tests/data/golden_v2/.
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
@@ -7,8 +7,23 @@ Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
 the same state and requires byte-identical data files. Never regenerate them to
 make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
-(docs/format.md quotes golden_v1/example/manifest.json verbatim, ``created``
+(docs/format.md quotes golden_v2/example/manifest.json verbatim, ``created``
 included; the tests hold the two equal.)
+
+tests/data/golden_v1/ holds the same three checkpoints in format version 1.
+They were made by this script when uckpt wrote version 1 (uckpt 0.1.0) and are
+never made again: version 1 is version 2 without the manifest checksum, so
+their data files are identical to golden_v2's and their manifests differ only
+in ``format_version``, ``created``, ``generator``, the metadata's ``purpose``
+and the missing checksum member. ``write_manifest(..., version=1)`` and
+``write_sharded(..., version=1)`` still write version-1 manifests the way they
+were written (the tests check that golden_v1/sharded is reproduced exactly).
+
+Both versions' manifests are indented for people to read (whitespace carries no
+meaning in JSON; uckpt itself writes them compact). A version-2 manifest's
+checksum covers its exact bytes, so :func:`write_manifest` seals the indented
+text by the rule of docs/format.md section 4.4, implemented here by hand (with
+``crc32c`` only) rather than by uckpt: an independent check of uckpt's reader.
 
 Three checkpoints are made:
 
@@ -19,8 +34,9 @@ Three checkpoints are made:
 ``sharded``    written by hand (NumPy, json and crc32c only, no uckpt writer):
                two files as if from two ranks, one array cut into 2-D boxes,
                chunks packed at offsets that are not multiples of 64 and listed
-               out of file order. uckpt cannot write such a checkpoint yet but
-               must read it; so must any reader following the spec.
+               out of file order. uckpt's single-process writer cannot write
+               such a checkpoint but must read it; so must any reader following
+               the spec.
 """
 from __future__ import annotations
 
@@ -34,14 +50,23 @@ import ml_dtypes
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-GOLDEN = HERE / "golden_v1"
+VERSION = 2
+GOLDEN = HERE / f"golden_v{VERSION}"
+GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
 KNOBS = {"chunk_bytes": 256, "alignment": 64}
 EXAMPLE_KNOBS = {"chunk_bytes": 8, "alignment": 64}
 STEP = 42
-METADATA = {"purpose": "golden checkpoint of uckpt format version 1",
+
+
+def metadata(version: int = VERSION):
+    """The user metadata of the golden ``all_types`` checkpoint of ``version``."""
+    return {"purpose": f"golden checkpoint of uckpt format version {version}",
             "nested": {"list": [1, 2.5, None, True, "x"]}}
+
+
+METADATA = metadata()
 
 
 class Counter:
@@ -147,12 +172,28 @@ def sharded_expected():
             "layer/bias": np.array([1, -1, 2, -2, 3, -3], dtype=np.int16)}
 
 
-def write_sharded(directory: Path) -> None:
+def write_manifest(path: Path, doc, version: int = VERSION) -> None:
+    """Write the manifest ``doc`` (without a checksum member) as the golden files hold
+    it: indented; for version 2 ended by its checksum member (docs/format.md 4.4): the
+    CRC-32C of every byte before the checksum's value."""
+    import crc32c
+
+    doc = dict(doc, format_version=version)
+    text = json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False)
+    if version == 1:
+        data = (text + "\n").encode("utf-8")
+    else:
+        assert text.endswith("\n}")
+        covered = (text[:-2] + ',\n "manifest_checksum":').encode("utf-8")
+        data = covered + b'"crc32c:%08x"}\n' % crc32c.crc32c(covered)
+    path.write_bytes(data)
+
+
+def write_sharded(directory: Path, version: int = VERSION) -> None:
     """A checkpoint as two ranks of a tensor-parallel job could write it (by hand)."""
     import crc32c
 
     arrays = sharded_expected()
-    w, b = arrays["layer/weight"], arrays["layer/bias"]
     # (file, offset, array, start, shape): weight cut into four 2x3 boxes, rank 0 owns the
     # left column of boxes, rank 1 the right one; bias whole on rank 1. Chunks are packed
     # (offsets are multiples of 8, not 64) and listed out of file order on purpose.
@@ -176,10 +217,11 @@ def write_sharded(directory: Path) -> None:
             "shape": list(shape), "codec": "raw", "checksum": f"crc32c:{crc32c.crc32c(data):08x}"})
     leaf = {"type": "array"}
     manifest = {
-        "format": "uckpt", "format_version": 1, "generator": "hand-written (make_golden.py)",
+        "format": "uckpt", "format_version": version, "generator": "hand-written (make_golden.py)",
         "created": "2025-01-01T00:00:00.000000Z", "world_size": 2, "step": 1000,
         "metadata": {"parallelism": "2-way tensor parallel"},
-        "files": {name: {"rank": int(name[5:10]), "size": len(data)} for name, data in files.items()},
+        "files": {name: {"rank": int(name[5:10]), "size": len(data)}
+                  for name, data in files.items()},
         "tree": {"type": "dict", "items": {"layer": {"type": "dict", "items": {
             "weight": dict(leaf, path="layer/weight"), "bias": dict(leaf, path="layer/bias")}}}},
         "arrays": entries,
@@ -187,12 +229,12 @@ def write_sharded(directory: Path) -> None:
     directory.mkdir(parents=True)
     for name, data in files.items():
         (directory / name).write_bytes(bytes(data))
-    text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-    (directory / "manifest.json").write_bytes(text.encode("utf-8"))
+    write_manifest(directory / "manifest.json", manifest, version)
 
 
 def save_with_knobs(directory, state, knob_values, **kw):
-    """``uckpt.save`` with knobs set for the call (and restored after)."""
+    """``uckpt.save`` with knobs set for the call (and restored after); the manifest is
+    then re-written indented (``write_manifest``)."""
     import uckpt
     import uckpt.knobs as knobs
 
@@ -204,11 +246,9 @@ def save_with_knobs(directory, state, knob_values, **kw):
     finally:
         for k, v in old.items():
             setattr(knobs, k, v)
-    # uckpt writes compact JSON; the golden copies are indented for people to read
-    # (whitespace carries no meaning in a manifest)
     manifest = json.loads((path / "manifest.json").read_text("utf-8"))
-    text = json.dumps(manifest, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
-    (path / "manifest.json").write_bytes(text.encode("utf-8"))
+    assert manifest.pop("manifest_checksum") and manifest["format_version"] == VERSION
+    write_manifest(path / "manifest.json", manifest)
     return path
 
 
@@ -221,7 +261,7 @@ def main(argv) -> int:
             return 1
         shutil.rmtree(GOLDEN)
     GOLDEN.mkdir(parents=True)
-    save_with_knobs(GOLDEN / "all_types", golden_state(), KNOBS, step=STEP, metadata=METADATA)
+    save_with_knobs(GOLDEN / "all_types", golden_state(), KNOBS, step=STEP, metadata=metadata())
     save_with_knobs(GOLDEN / "example", example_state(), EXAMPLE_KNOBS, step=7)
     write_sharded(GOLDEN / "sharded")
     for p in sorted(GOLDEN.rglob("*")):

@@ -1,6 +1,6 @@
-"""The on-disk format, version 1 (specified in docs/format.md)."""
-from .manifest import (CODECS, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, ArrayEntry, Chunk,
-                       FileEntry, Manifest)
+"""The on-disk format, version 2; versions 1 and 2 are read (specified in docs/format.md)."""
+from .manifest import (CODECS, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READ_VERSIONS,
+                       ArrayEntry, Chunk, FileEntry, Manifest)
 
 
 def data_file_name(rank: int) -> str:
@@ -8,5 +8,5 @@ def data_file_name(rank: int) -> str:
     return f"data-{rank:05d}.bin"
 
 
-__all__ = ["CODECS", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "ArrayEntry", "Chunk",
-           "FileEntry", "Manifest", "data_file_name"]
+__all__ = ["CODECS", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "READ_VERSIONS",
+           "ArrayEntry", "Chunk", "FileEntry", "Manifest", "data_file_name"]

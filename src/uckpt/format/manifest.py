@@ -1,9 +1,11 @@
 """The manifest: the JSON document that describes one checkpoint (docs/format.md).
 
-``Manifest.to_bytes`` writes it; ``Manifest.parse`` reads it back and validates
-every field strictly: unknown fields, wrong types, chunks outside their file or
-outside their array, and file names that leave the checkpoint directory are all
-errors naming the field.
+``Manifest.to_bytes`` writes it (format version 2: ending in its own
+checksum, ``integrity.py``); ``Manifest.parse`` reads versions 1 and 2 back,
+checks a version-2 manifest's checksum before anything else, and validates every
+field strictly: unknown fields, wrong types, numbers beyond the format's limits,
+chunks outside their file or outside their array or overlapping each other, and
+file names that leave the checkpoint directory are all errors naming the field.
 """
 from __future__ import annotations
 
@@ -19,16 +21,24 @@ from .. import dtypes
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, UnsafePathError
+from . import integrity
+from .strict_json import loads as strict_json_loads
+from .tiling import find_defect
 
 FORMAT_NAME = "uckpt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)  # 1: the same manifest without its checksum (docs/format.md section 11)
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw",)
+MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
+MAX_DIMS = 64  # NumPy's limit
+MAX_KEY_DIGITS = 4300  # int dict keys; Python's default limit for int(str)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # used with fullmatch
 _CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
 _INT_KEY = re.compile(r"-?(0|[1-9][0-9]*)")
 _TOP_FIELDS = ("format", "format_version", "generator", "created", "world_size", "step",
                "metadata", "files", "tree", "arrays")
+_TOP_FIELDS_V2 = _TOP_FIELDS + (integrity.FIELD,)
 _CHUNK_FIELDS = ("file", "offset", "length", "start", "shape", "codec", "checksum")
 
 
@@ -83,16 +93,20 @@ class Manifest:
     metadata: Dict[str, Any] = field(default_factory=dict)
     generator: str = ""
     created: str = ""
+    #: the version it was read as (written manifests are always FORMAT_VERSION)
     format_version: int = FORMAT_VERSION
+    #: the checksum a version-2 manifest recorded (and matched); None for version 1
+    checksum: Optional[str] = None
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
     def to_json(self) -> Dict[str, Any]:
+        """The fields of the current format version, less the checksum (``to_bytes`` adds it)."""
         return {
             "format": FORMAT_NAME,
-            "format_version": self.format_version,
+            "format_version": FORMAT_VERSION,
             "generator": self.generator,
             "created": self.created,
             "world_size": self.world_size,
@@ -104,11 +118,12 @@ class Manifest:
         }
 
     def to_bytes(self) -> bytes:
+        """The manifest file: compact UTF-8 JSON ending in its checksum member and a newline."""
         try:
             # compact, so json's C encoder runs (indent selects the slow pure-Python one)
             text = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False,
                               allow_nan=False)
-            return (text + "\n").encode("utf-8")
+            return integrity.seal(text[:-1].encode("utf-8"))  # without the closing brace
         except ValueError as e:  # NaN/inf in metadata, or a lone surrogate in a string
             raise ManifestError(f"the manifest cannot be written as UTF-8 JSON: {e}",
                                 hint="metadata must be JSON (no NaN or infinity) and strings "
@@ -116,31 +131,13 @@ class Manifest:
 
     @classmethod
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
+        """Check and read a manifest of any version this uckpt reads (raises ManifestError)."""
+        checksum = integrity.check(data, where)  # first: damage is told as damage
         try:
             doc = strict_json_loads(data)
-        except (UnicodeDecodeError, ValueError, RecursionError) as e:
-            reason = "nests too deeply" if isinstance(e, RecursionError) else str(e)
-            raise ManifestError(f"{where} is not valid UTF-8 JSON: {reason}", path=where) from None
-        return _Parser(where).manifest(doc)
-
-
-def _no_constants(token: str):
-    raise ValueError(f"{token} is not a JSON number")
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise ValueError(f"duplicate key {k!r}")
-        out[k] = v
-    return out
-
-
-def strict_json_loads(data: bytes):
-    """Standard JSON only: no NaN/Infinity tokens, no duplicate keys."""
-    return json.loads(data.decode("utf-8"), parse_constant=_no_constants,
-                      object_pairs_hook=_no_duplicates)
+        except ValueError as e:  # UnicodeDecodeError is one
+            raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}", path=where) from None
+        return _Parser(where).manifest(doc, checksum, data)
 
 
 _CHUNK_KEYS = frozenset(_CHUNK_FIELDS)
@@ -159,12 +156,9 @@ class _Loc:
         return str(self) + other
 
 
-def _nat_list(obj, ndim: int) -> bool:
-    return type(obj) is list and len(obj) == ndim and all(type(v) is int and v >= 0 for v in obj)
-
-
-def _fast_chunk(obj, dtype: str, shape, files) -> Optional[Chunk]:
-    """The chunk, if every rule holds; None sends it to the field-by-field checks."""
+def _fast_chunk(obj, itemsize: int, shape, files) -> Optional[Chunk]:
+    """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
+    number is then within int64: the file's size and the array's shape were checked."""
     if type(obj) is not dict or obj.keys() != _CHUNK_KEYS:
         return None
     name, offset, length = obj["file"], obj["offset"], obj["length"]
@@ -172,10 +166,16 @@ def _fast_chunk(obj, dtype: str, shape, files) -> Optional[Chunk]:
     entry = files.get(name) if type(name) is str else None
     if (entry is None or type(offset) is not int or type(length) is not int or offset < 0
             or length < 0 or offset + length > entry.size or obj["codec"] not in CODECS
-            or not _nat_list(start, len(shape)) or not _nat_list(cshape, len(shape))
-            or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)
-            or any(s + n > full for s, n, full in zip(start, cshape, shape))
-            or length != dtypes.itemsize(dtype) * math.prod(cshape)):
+            or type(start) is not list or type(cshape) is not list
+            or len(start) != len(shape) or len(cshape) != len(shape)
+            or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)):
+        return None
+    n = itemsize
+    for s, c, full in zip(start, cshape, shape):
+        if type(s) is not int or type(c) is not int or s < 0 or c < 0 or s + c > full:
+            return None
+        n *= c
+    if length != n:
         return None
     return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum)
 
@@ -192,12 +192,16 @@ class _Parser:
     def need(self, obj, loc: str, typ, what: str):
         ok = isinstance(obj, typ) and not (typ in (int, (int,)) and isinstance(obj, bool))
         if not ok:
-            self.fail(loc, f"expected {what}, got {json.dumps(obj)[:80]}")
+            self.fail(loc, f"expected {what}, got {_show(obj)}")
         return obj
 
     def nat(self, obj, loc: str) -> int:
+        """A non-negative integer that fits a signed 64-bit integer."""
         if not isinstance(obj, int) or isinstance(obj, bool) or obj < 0:
-            self.fail(loc, f"expected a non-negative integer, got {json.dumps(obj)[:80]}")
+            self.fail(loc, f"expected a non-negative integer, got {_show(obj)}")
+        if obj > MAX_INT:
+            self.fail(loc, f"{_show(obj)} exceeds 2**63-1, the largest number the format "
+                           "allows here")
         return obj
 
     def fields(self, obj: dict, loc: str, required, optional=()) -> None:
@@ -206,26 +210,35 @@ class _Parser:
             self.fail(loc, f"missing field(s) {', '.join(missing)}")
         unknown = [k for k in obj if k not in required and k not in optional]
         if unknown:
-            self.fail(loc, f"unknown field(s) {', '.join(map(str, unknown))}")
+            self.fail(loc, f"unknown field(s) {', '.join(map(_key, unknown[:10]))}")
 
-    def manifest(self, doc) -> Manifest:
+    def manifest(self, doc, checksum: Optional[str], data: bytes) -> Manifest:
+        """``checksum``: what the file's checksum member recorded (already verified), or
+        None when the file does not end in one."""
         self.need(doc, "<top>", dict, "a JSON object")
         if doc.get("format") != FORMAT_NAME:
-            self.fail("format", f"expected {FORMAT_NAME!r}, got {doc.get('format')!r}")
+            self.fail("format", f"expected {FORMAT_NAME!r}, got {_show(doc.get('format'))}")
         version = doc.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
-            self.fail("format_version", f"expected an integer, got {version!r}")
-        if version != FORMAT_VERSION:
+            self.fail("format_version", f"expected an integer, got {_show(version)}")
+        if version not in READ_VERSIONS:
             newer = version > FORMAT_VERSION
             raise FormatVersionError(
-                f"{self.where}: format_version {version} is not supported (this uckpt reads "
-                f"version {FORMAT_VERSION})", path=self.where,
+                f"{self.where}: format_version {_show(version)} is not supported (this uckpt "
+                f"reads versions {', '.join(map(str, READ_VERSIONS))})", path=self.where,
                 hint="upgrade uckpt to read it" if newer else "this version was never released")
-        self.fields(doc, "<top>", _TOP_FIELDS)
+        if version >= 2:
+            if checksum is None:
+                raise integrity.missing(self.where, data)
+            last = next(reversed(doc), None)
+            if last != integrity.FIELD or doc[last] != checksum:
+                self.fail(integrity.FIELD, "must be the last member of the top-level object "
+                                           "and hold the checksum that ends the file")
+        self.fields(doc, "<top>", _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS)
         self.need(doc["generator"], "generator", str, "a string")
         if not isinstance(doc["created"], str) or not _CREATED.fullmatch(doc["created"]):
             self.fail("created", f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got "
-                                 f"{json.dumps(doc['created'])[:80]}")
+                                 f"{_show(doc['created'])}")
         world = self.nat(doc["world_size"], "world_size")
         if world < 1:
             self.fail("world_size", "must be at least 1")
@@ -242,15 +255,16 @@ class _Parser:
         self.node(tree, "tree", arrays, 0)
         return Manifest(world_size=world, tree=tree, arrays=arrays, files=files, step=step,
                         metadata=doc["metadata"], generator=doc["generator"],
-                        created=doc["created"], format_version=version)
+                        created=doc["created"], format_version=version,
+                        checksum=checksum if version >= 2 else None)
 
     def files(self, obj, world: int) -> Dict[str, FileEntry]:
         self.need(obj, "files", dict, "an object of file name -> {rank, size}")
         out = {}
         for name, entry in obj.items():
-            loc = f"files[{name!r}]"
+            loc = f"files[{_key(name)}]"
             if not _SAFE_NAME.fullmatch(name) or ".." in name:
-                self.fail(loc, f"file name {name!r} is not a plain file name inside the "
+                self.fail(loc, f"file name {_key(name)} is not a plain file name inside the "
                                "checkpoint directory", UnsafePathError)
             self.need(entry, loc, dict, "an object")
             self.fields(entry, loc, ("rank", "size"))
@@ -266,14 +280,23 @@ class _Parser:
         self.need(obj, "arrays", dict, "an object of path -> array entry")
         out = {}
         for path, entry in obj.items():
-            loc = f"arrays[{path!r}]"
+            loc = f"arrays[{_key(path)}]"
             self.need(entry, loc, dict, "an object")
             self.fields(entry, loc, ("dtype", "shape", "chunks"))
             dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
             if dtype not in dtypes.NAMES:
-                self.fail(loc + ".dtype", f"unknown dtype {dtype!r} (known: {', '.join(dtypes.NAMES)})")
+                self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
+                                          f"{', '.join(dtypes.NAMES)})")
             shape = self.shape(entry["shape"], loc + ".shape")
-            chunks = tuple(self.chunk(c, _Loc(loc, i), dtype, shape, files)
+            itemsize = size = dtypes.itemsize(dtype)
+            for n in shape:
+                size *= max(n, 1)
+            if size > MAX_INT:  # NumPy counts a 0 as 1 here, and refuses such a shape
+                self.fail(loc + ".shape", f"{dtype} array of shape {_dims(shape)} is too large: "
+                                          f"its byte size (each 0 counted as 1) is "
+                                          f"{_show(size)}, more than 2**63-1")
+            chunks = tuple(_fast_chunk(c, itemsize, shape, files) or
+                           self.checked_chunk(c, _Loc(loc, i), dtype, shape, files)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
             self.coverage(chunks, shape, loc)
@@ -282,11 +305,10 @@ class _Parser:
 
     def shape(self, obj, loc: str) -> Tuple[int, ...]:
         self.need(obj, loc, list, "a list of non-negative integers")
+        if len(obj) > MAX_DIMS:
+            self.fail(loc, f"{len(obj)} dimensions; the format allows at most {MAX_DIMS} "
+                           "(NumPy's limit)")
         return tuple(self.nat(s, f"{loc}[{i}]") for i, s in enumerate(obj))
-
-    def chunk(self, obj, loc, dtype, shape, files) -> Chunk:
-        fast = _fast_chunk(obj, dtype, shape, files)
-        return fast if fast is not None else self.checked_chunk(obj, loc, dtype, shape, files)
 
     def checked_chunk(self, obj, loc, dtype, shape, files) -> Chunk:
         """Field-by-field validation: names the first problem (the slow path)."""
@@ -295,9 +317,9 @@ class _Parser:
         name = self.need(obj["file"], loc + ".file", str, "a file name")
         if name not in files:
             if not _SAFE_NAME.fullmatch(name) or ".." in name:
-                self.fail(loc + ".file", f"file name {name!r} leaves the checkpoint directory",
-                          UnsafePathError)
-            self.fail(loc + ".file", f"file {name!r} is not listed in 'files'")
+                self.fail(loc + ".file", f"file name {_key(name)} leaves the checkpoint "
+                                         "directory", UnsafePathError)
+            self.fail(loc + ".file", f"file {_key(name)} is not listed in 'files'")
         offset = self.nat(obj["offset"], loc + ".offset")
         length = self.nat(obj["length"], loc + ".length")
         if offset + length > files[name].size:
@@ -312,7 +334,7 @@ class _Parser:
                 self.fail(loc, f"dimension {d}: {s}+{n} exceeds the array's extent {full}")
         codec = obj["codec"]
         if codec not in CODECS:
-            self.fail(loc + ".codec", f"unknown codec {codec!r} (known: {', '.join(CODECS)})")
+            self.fail(loc + ".codec", f"unknown codec {_show(codec)} (known: {', '.join(CODECS)})")
         expected = dtypes.itemsize(dtype)
         for n in cshape:
             expected *= n
@@ -327,27 +349,30 @@ class _Parser:
         return Chunk(name, offset, length, start, cshape, codec, checksum)
 
     def coverage(self, chunks, shape, loc) -> None:
-        """Chunks must tile the array exactly: equal volume and pairwise disjoint."""
-        total = 1
-        for s in shape:
-            total *= s
+        """Chunks must tile the array exactly: equal element counts, and no overlap (checked
+        in O(n log n) for the layouts writers make, tiling.py)."""
+        total = math.prod(shape)
         covered = sum(math.prod(c.shape) for c in chunks)
         if covered != total:
             self.fail(loc + ".chunks", f"chunks cover {covered} elements, the array has {total}")
-        boxes = [c for c in chunks if all(c.shape)]
+        where = [k for k, c in enumerate(chunks) if all(c.shape)]  # chunks with elements
+        boxes = [chunks[k] for k in where]
         if len(boxes) < 2:
             return
+        # every number fits int64: extents and offsets were checked against the array's shape
         starts = np.array([c.start for c in boxes], dtype=np.int64).reshape(len(boxes), -1)
         ends = starts + np.array([c.shape for c in boxes], dtype=np.int64).reshape(len(boxes), -1)
-        for i0 in range(0, len(boxes), 256):  # blocks keep the pairwise test's memory small
-            s, e = starts[i0:i0 + 256, None, :], ends[i0:i0 + 256, None, :]
-            hit = np.all((s < ends[None]) & (starts[None] < e), axis=2)
-            for k in range(hit.shape[0]):
-                hit[k, :i0 + k + 1] = False  # a box with itself, and pairs already seen
-            if hit.any():
-                i, j = np.argwhere(hit)[0]
-                self.fail(loc + ".chunks", f"chunks at {list(boxes[i0 + i].start)} and "
-                                           f"{list(boxes[j].start)} overlap")
+        defect = find_defect(starts, ends, shape)
+        if defect is None:
+            return
+        element = f"element {list(defect.index)}"
+        if defect.boxes:
+            i, j = (where[b] for b in defect.boxes)
+            self.fail(loc + ".chunks", f"chunks [{i}] (start {list(chunks[i].start)}) and [{j}] "
+                                       f"(start {list(chunks[j].start)}) overlap: both hold "
+                                       f"{element}")
+        self.fail(loc + ".chunks", f"chunks overlap: {element} is in none of them, although "
+                                   "their element counts add up to the array's")
 
     def node(self, node, loc: str, arrays, depth: int) -> None:
         if depth > 200:
@@ -367,7 +392,7 @@ class _Parser:
             self.fields(node, loc, ("type", "path"), ("numpy_scalar",))
             path = self.need(node["path"], loc + ".path", str, "an array path")
             if path not in arrays:
-                self.fail(loc + ".path", f"array {path!r} is not listed in 'arrays'")
+                self.fail(loc + ".path", f"array {_key(path)} is not listed in 'arrays'")
             if "numpy_scalar" in node:
                 self.need(node["numpy_scalar"], loc + ".numpy_scalar", bool, "a boolean")
                 if node["numpy_scalar"] and arrays[path].shape != ():
@@ -379,10 +404,16 @@ class _Parser:
             items = self.need(node["items"], loc + ".items", dict, "an object")
             if node.get("key_type", "str") not in ("str", "int"):
                 self.fail(loc + ".key_type", "expected 'str' or 'int'")
+            int_keys = node.get("key_type") == "int"
             for k, v in items.items():
-                if node.get("key_type") == "int" and (not _INT_KEY.fullmatch(k) or k == "-0"):
-                    self.fail(loc + ".items", f"key {k!r} is not an integer in canonical form")
-                self.node(v, f"{loc}.items[{k!r}]", arrays, depth + 1)
+                if int_keys:
+                    if len(k) > MAX_KEY_DIGITS + k.startswith("-"):
+                        self.fail(loc + ".items", f"an int key of {len(k)} characters; the "
+                                                  f"format allows at most {MAX_KEY_DIGITS} digits")
+                    if not _INT_KEY.fullmatch(k) or k == "-0":
+                        self.fail(loc + ".items", f"key {_key(k)} is not an integer in "
+                                                  "canonical form")
+                self.node(v, f"{loc}.items[{_key(k)}]", arrays, depth + 1)
         elif kind in ("list", "tuple"):
             self.fields(node, loc, ("type", "items"))
             for i, v in enumerate(self.need(node["items"], loc + ".items", list, "a list")):
@@ -393,4 +424,31 @@ class _Parser:
             self.need(node["class"], loc + ".class", str, "a class name")
             self.node(node["state"], loc + ".state", arrays, depth + 1)
         else:
-            self.fail(loc + ".type", f"unknown node type {kind!r}")
+            self.fail(loc + ".type", f"unknown node type {_show(kind)}")
+
+
+def _show(obj) -> str:
+    """A short JSON-like preview of a value for an error message (never huge, never raises)."""
+    if isinstance(obj, str):
+        return _key(obj)
+    if isinstance(obj, bool) or obj is None or isinstance(obj, float):
+        return json.dumps(obj)
+    if isinstance(obj, int):
+        if obj.bit_length() > 128:
+            return f"an integer of {obj.bit_length()} bits"
+        return str(obj)
+    if isinstance(obj, list):
+        return f"a list of {len(obj)} items"
+    if isinstance(obj, dict):
+        return f"an object of {len(obj)} members"
+    return type(obj).__name__
+
+
+def _key(text: str) -> str:
+    """A string quoted for a message, shortened when long."""
+    return repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
+
+
+def _dims(shape) -> str:
+    text = ", ".join(map(_show, shape))
+    return f"[{text}]" if len(text) <= 200 else f"[{text[:180]}, ...] ({len(shape)} dimensions)"
