@@ -422,3 +422,15 @@ def test_ls_deeply_nested_directory(tmp_path):
             if os.path.isdir(deep):
                 os.rmdir(deep)
             deep = os.path.dirname(deep)
+
+
+def test_verify_all_does_not_follow_a_symlinked_step(tmp_path):
+    root = tmp_path / "root"
+    with uckpt.CheckpointManager(root) as m:
+        m.save(1, {"w": np.ones(3)})
+    uckpt.save(tmp_path / "elsewhere", {"w": np.ones(3)})
+    (root / "step_00000002").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    proc = run_cli("verify", "--all", root)
+    assert proc.returncode == 1
+    assert "OK:" in proc.stdout and "step_00000001" in proc.stdout
+    assert "step_00000002: a symbolic link" in proc.stderr and "not followed" in proc.stderr

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Union
 
 from ..errors import CheckpointNotFoundError, UckptError
 from ..reader import CheckpointReader
@@ -35,15 +36,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def targets(args) -> List[Path]:
+def targets(args) -> List[Union[Path, str]]:
+    """Checkpoints to verify; with --all, an entry of a root that is a symlink is not
+    followed: it is reported (as a string: the error to print) instead."""
     if not args.all:
         return [Path(p) for p in args.paths]
-    out: List[Path] = []
+    out: List[Union[Path, str]] = []
     for root in args.paths:
-        found = [f.path for f in scan(root) if f.status in (COMMITTED, DAMAGED)]
+        found = [f for f in scan(root) if f.status in (COMMITTED, DAMAGED)]
         if not found:
             raise CheckpointNotFoundError(f"no checkpoints under {root!r}", path=root)
-        out += found
+        out += [f"{f.path}: {f.reason}" if os.path.islink(f.path) else f.path for f in found]
     return out
 
 
@@ -94,6 +97,10 @@ def run(args) -> int:
     paths = targets(args)
     failed = 0
     for path in paths:
+        if isinstance(path, str):  # not followed
+            failed += 1
+            print_error(path)
+            continue
         try:
             print(verify_one(path), flush=True)
         except (UckptError, OSError) as e:
