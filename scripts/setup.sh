@@ -27,6 +27,7 @@ EXTRAS=(
     test
     bench
     convert
+    s3
 )
 # Packages that are not an extra of uckpt but the environment needs
 # (e.g. `mpich`, the MPI library that mpi4py runs on).

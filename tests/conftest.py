@@ -7,6 +7,9 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# a real S3 server (SeaweedFS) for the object-store tests: fixtures s3_server, s3_bucket, ...
+pytest_plugins = ["s3_server"]
+
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 

@@ -156,6 +156,33 @@ class RootLockedError(_OSFlavoured, BlockingIOError):
         super().__init__(message, **kw)
 
 
+# --- storage ---------------------------------------------------------------------------------
+class StorageUnavailableError(_OSFlavoured, ConnectionError):
+    """The storage could not be reached, or kept failing (timeouts, connection resets,
+    5xx answers), after every retry. ``endpoint`` names it."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.EHOSTUNREACH)
+        super().__init__(message, **kw)
+
+
+class ObjectStoreError(_OSFlavoured):
+    """The object store answered with an error no more specific class describes
+    (``code``: the S3 error code, ``status``: the HTTP status)."""
+
+    def __init__(self, message, **kw):
+        kw.setdefault("errno", _errno.EIO)
+        super().__init__(message, **kw)
+
+
+class StorageConfigError(UckptError, ValueError):
+    """A malformed storage URL or ``storage_options``."""
+
+
+class StorageDependencyError(UckptError, ImportError):
+    """The storage needs an optional package that is not installed."""
+
+
 # --- distributed ------------------------------------------------------------------------------
 class DistributedError(UckptError, RuntimeError):
     """One or more ranks failed; raised on every rank.
