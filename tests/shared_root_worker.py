@@ -3,6 +3,9 @@
     shared_root_worker.py save MODE N START ROOT [DURABLE]   save steps START..N-1
     shared_root_worker.py read STOPFILE OUT ROOT [DURABLE]   open, list, restore every 50 ms
 
+A ROOT may be an s3:// URL (tests/test_s3_tier.py), its endpoint and credentials in the
+standard AWS_* environment variables.
+
 MODE is sync, async or tiers. The saver prints "acked S" once step S is
 committed (sync: when save returns; async and tiers: when its handle, or the
 copy to the durable tier, is done). A reader writes a JSON summary to OUT when
@@ -84,8 +87,13 @@ def read(stop: Path, out: Path, roots) -> None:
     out.write_text(json.dumps(summary))
 
 
+def _roots(args):
+    """Paths, or s3:// URLs (their endpoint and credentials from the AWS_* variables)."""
+    return [p if p.startswith("s3://") else Path(p) for p in args]
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "save":
-        save(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), [Path(p) for p in sys.argv[5:]])
+        save(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), _roots(sys.argv[5:]))
     else:
-        read(Path(sys.argv[2]), Path(sys.argv[3]), [Path(p) for p in sys.argv[4:]])
+        read(Path(sys.argv[2]), Path(sys.argv[3]), _roots(sys.argv[4:]))

@@ -207,9 +207,9 @@ def test_read_capped_stops_at_cap_whatever_st_size_says(tmp_path):
 
 
 def test_oversized_manifest_refused(ck, monkeypatch):
-    import uckpt.reader
+    import uckpt.storage.base
 
-    monkeypatch.setattr(uckpt.reader, "MAX_MANIFEST_BYTES", 100)
+    monkeypatch.setattr(uckpt.storage.base, "MAX_MANIFEST_BYTES", 100)
     with pytest.raises(errors.ManifestError, match="more than 100 bytes"):
         uckpt.load(ck)
 

@@ -1,58 +1,62 @@
-"""A save by many ranks: every rank writes its own data file; one atomic commit.
+"""The save path, for any number of ranks: every rank writes its own data file; one commit.
 
-The protocol (see docs/architecture.md, "Distributed saves") runs three
-exchanges on the communicator; each ends with every rank knowing whether every
-other rank succeeded, so a failure anywhere raises the same
-:class:`~uckpt.errors.DistributedError` everywhere and nothing is committed:
+A single process is a world of one (:class:`~uckpt.comm.SingleProcess`) and runs the same
+planning, checking and commit code as many ranks. The protocol (see
+docs/architecture.md, "Distributed saves") runs three exchanges on the communicator; each
+ends with every rank knowing whether every other rank succeeded, so a failure anywhere
+raises the same :class:`~uckpt.errors.DistributedError` everywhere (in one process: the
+error itself) and nothing is committed:
 
-1. *plan*: rank 0 checks the target and creates the temporary directory with a
-   marker file in it; every rank sends its metadata
+1. *plan*: rank 0 checks the target and opens the save's sink
+   (:meth:`~uckpt.storage.base.Store.sink`: a locked temporary directory, or a prefix of
+   an object store); every rank sends its metadata
    (:func:`~uckpt.global_plan.local_metadata`); every rank computes the same
-   :class:`~uckpt.global_plan.GlobalPlan`.
-2. *write*: every rank creates the temporary directory where it does not see it
-   (node-local storage), writes and fsyncs its data file, and sends its chunks'
-   checksums and which copy of the directory it wrote into (its *view*).
-3. *commit*: the lowest rank of each view writes the manifest (the same on
-   every view) and renames the directory into place.
+   :class:`~uckpt.global_plan.GlobalPlan` (which checks, in one process too, that
+   :class:`~uckpt.Shard` boxes tile their arrays);
+2. *write*: every rank joins the sink (node-local storage: its own copy of the
+   directory), writes its data file durably, and sends its chunks' checksums and which
+   copy of the storage it wrote into (its *view*);
+3. *commit*: the lowest rank of each view writes the manifest (the same on every view)
+   last; in a directory by renaming the temporary directory into place, in an object
+   store by the manifest object's PUT.
 
 A rank that dies makes the others' exchange fail (the backend's error or
-:class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and the
-temporary directory is removed by the survivors or, failing that, by the next
-``CheckpointManager`` on that root.
+:class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and what was
+written is removed by the survivors or, failing that, by the root's next writer.
 """
 from __future__ import annotations
 
-import os
-import socket
+import logging
+import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import fsutil
 from .comm import Communicator
-from .commit import assemble_manifest, check_metadata, check_target, make_parent_and_tmp, publish
-from .leases import TmpLease, lease_dir
-from .format import MANIFEST_NAME, Chunk
-from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
+from .commit import assemble_manifest, check_metadata, check_step, raise_save_failure
 from .engine import submit_collective
-from .reader import CheckpointReader
+from .errors import CheckpointExistsError
+from .format import Chunk, Manifest
+from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
+from .reader import CheckpointReader, _manifest_where
 from .staging import snapshot, snapshot_share
-from .tiers import Source
+from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten
 from .writer import write_data_file
 
-COORDINATOR_MARK = ".uckpt-coordinator"
+log = logging.getLogger("uckpt.collective")
 
 
-def save_collective(directory, flat: Union[Flat, BaseException], comm: Communicator, *,
-                    step: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None,
-                    overwrite: bool = False, what: Optional[str] = None) -> Path:
-    """Collective: save each rank's ``flat`` as one checkpoint; returns ``directory``.
+def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
+                    comm: Communicator, *, step: Optional[int] = None,
+                    metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
+                    what: Optional[str] = None):
+    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``; returns
+    its location.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
-    prepared = prepare_collective(directory, flat, comm, step=step, metadata=metadata,
+    prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
                                   overwrite=overwrite, what=what)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
@@ -75,9 +79,11 @@ def flatten_shared(state, comm: Communicator) -> Union[Flat, BaseException]:
 
 @dataclass
 class Prepared:
-    """A collective save after its plan exchange: what the write and commit need."""
+    """A save after its plan exchange: what the write and commit need."""
 
-    run: "_Run"
+    sink: CheckpointSink
+    store: Store
+    name: str
     flat: Flat
     gathered: List[Dict[str, Any]]
     plan: GlobalPlan
@@ -87,14 +93,13 @@ class Prepared:
     what: str
 
 
-def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Communicator, *,
-                       step: Optional[int] = None, metadata: Optional[Dict[str, Any]] = None,
-                       overwrite: bool = False, what: Optional[str] = None) -> Prepared:
+def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
+                       comm: Communicator, *, step: Optional[int] = None,
+                       metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
+                       what: Optional[str] = None) -> Prepared:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
-    directory = Path(directory).absolute()
-    what = what or f"save to {str(directory)!r}"
-    run = _Run(directory)
-
+    what = what or f"save to {str(store.location(name))!r}"
+    opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
 
     def plan() -> Dict[str, Any]:
@@ -104,10 +109,12 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
         out = compact(meta, comm.rank)
         if comm.rank == 0:
             check_metadata(metadata)
-            if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-                raise ValueError(f"step must be a non-negative int, got {step!r}")
-            check_target(directory, overwrite)
-            out["tmp"] = run.make_tmp()
+            check_step(step)
+            try:
+                opened["sink"] = store.sink(name, overwrite, shared=comm.size > 1)
+            except BaseException as e:
+                raise_save_failure(e, what, store.location(name))
+            out["token"] = opened["sink"].token
             out["metadata"] = metadata or {}  # rank 0's: every view's manifest says the same
         return out
 
@@ -121,27 +128,35 @@ def prepare_collective(directory, flat: Union[Flat, BaseException], comm: Commun
                 gathered[r]["replicated"] = full[r]
         gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
     except BaseException:
-        run.cleanup()
+        if "sink" in opened:
+            opened["sink"].abort()
         raise
-    run.tmp = directory.parent / gathered[0]["tmp"]
-    return Prepared(run, flat, gathered, gp, step, gathered[0]["metadata"], overwrite, what)
+    sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
+    return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
+                    overwrite, what)
 
 
-def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator) -> Path:
+def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
     """Collective, steps 2 and 3 (write, commit), over ``comm`` (the plan's ranks, e.g. a
     background duplicate). ``staged`` is this rank's data (a snapshot of its share, or
-    the flat state), or the error the snapshot failed with."""
-    run, gp = p.run, p.plan
+    the flat state), or the error the snapshot failed with. Returns the location."""
+    sink, gp, start = p.sink, p.plan, time.perf_counter()
+    where = p.store.location(p.name)
+    file, size = gp.plan.file_sizes[comm.rank]
     try:
         def write() -> Dict[str, Any]:
             if isinstance(staged, BaseException):
                 raise staged
-            view = run.enter()
-            file, size = gp.plan.file_sizes[comm.rank]
-            run.files.append(run.tmp / file)
-            chunks = write_data_file(run.tmp, file, size, gp.plan.for_rank(comm.rank),
-                                     staged.arrays, image=staged.images.get(file),
-                                     origins=gp.origins)
+            try:
+                view = sink.view()
+                chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
+                                         staged.arrays, image=staged.images.get(file),
+                                         origins=gp.origins)
+            except BaseException as e:
+                raise_save_failure(e, f"{p.what}: writing {file}", where,
+                                   f" ({size} bytes)")
+            log.debug("%s: wrote %s (%d bytes, %.3f s)", p.what, file, size,
+                      time.perf_counter() - start)
             return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
                     "view": view}
 
@@ -156,21 +171,34 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                                      chunks, p.step, p.metadata).to_bytes()
 
         views = [w["view"] for w in written]
-        comm.gather_outcomes(lambda: run.commit(comm.rank, views, manifest, p.overwrite),
-                             f"{p.what} (commit)")
+
+        def commit() -> None:
+            if views.index(views[comm.rank]) != comm.rank:
+                return  # the lowest rank of this view commits
+            try:
+                sink.commit(manifest(), p.overwrite)
+            except BaseException as e:
+                raise_save_failure(e, f"{p.what} (commit)", where)
+            total = sum(s for _, s in gp.plan.file_sizes)
+            log.info("committed %s: step %s, %d bytes in %d file(s), %.3f s", where,
+                     "-" if p.step is None else p.step, total, len(gp.plan.file_sizes),
+                     time.perf_counter() - start)
+
+        comm.gather_outcomes(commit, f"{p.what} (commit)")
     except BaseException:
-        run.cleanup()
+        sink.abort()
         raise
-    run.release()  # a rank that made its node's copy but did not commit it
-    return run.directory
+    sink.release()  # a rank that made its node's copy but did not commit it
+    return where
 
 
 def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,
-                       description: str, then: Optional[Callable[[Path], Any]] = None,
+                       description: str, then: Optional[Callable[[Any], Any]] = None,
                        failed: Optional[Callable[[], None]] = None):
     """Snapshot this rank's share of a prepared save into ``saver``'s staging memory and
-    finish the save (write, commit, then ``then(path)``; ``failed()`` if it raised) in
-    the background over ``background``; returns the :class:`~uckpt.engine.SaveHandle`."""
+    finish the save (write, commit, then ``then(location)``; ``failed()`` if it raised)
+    in the background over ``background``; returns the
+    :class:`~uckpt.engine.SaveHandle`."""
     def job(staged):
         try:
             path = finish_collective(prepared, staged, background)
@@ -181,122 +209,96 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
         return then(path) if then is not None else path
 
     gp = prepared.plan
-    return submit_collective(saver, prepared.flat, job, description, take=lambda pool: snapshot_share(
-        prepared.flat, gp.plan, comm.rank, gp.origins, pool))
+    try:
+        return submit_collective(saver, prepared.flat, job, description,
+                                 take=lambda pool: snapshot_share(prepared.flat, gp.plan,
+                                                                  comm.rank, gp.origins, pool))
+    except BaseException:
+        if comm.size == 1:  # no background job ran: nothing else removes the sink
+            prepared.sink.abort()
+        raise
 
 
-def copy_collective(src: Path, dst: Path, comm: Communicator, verify: bool = True) -> Optional[Path]:
-    """Collective: copy committed checkpoint ``src`` (each rank's view of it) to ``dst``.
+def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
+                    verify: bool = True):
+    """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's view of it)
+    to ``dst``; returns its location there, or None if it was already committed there.
 
-    Every rank copies the data files it wrote (the manifest's ``files[...].rank``)
-    and checks their chunks after reading them back; the lowest rank of each view of
-    ``dst`` commits. Returns ``dst``, or None if it was already committed there.
+    Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
+    process, every file) and checks every chunk of them read back from ``dst``; then the
+    lowest rank of each view of ``dst`` commits, with the source's manifest bytes.
     """
-    src, dst = Path(src).absolute(), Path(dst).absolute()
-    what = f"copy of {str(src)!r} to {str(dst)!r}"
-    run = _Run(dst)
+    what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
+    where = dst.location(name)
+    start = time.perf_counter()
+    opened: Dict[str, CheckpointSink] = {}
 
     def plan() -> Dict[str, Any]:
         if comm.rank == 0:
-            if (dst / MANIFEST_NAME).exists():
+            if dst.has(name):
                 return {"skip": True}
-            return {"tmp": run.make_tmp()}
+            try:
+                opened["sink"] = dst.sink(name, False, shared=comm.size > 1)
+            except BaseException as e:
+                raise_save_failure(e, what, where)
+            return {"token": opened["sink"].token}
         return {}
 
     try:
         gathered = comm.gather_outcomes(plan, f"{what} (planning)")
-        if gathered[0].get("skip"):
-            return None
-        run.tmp = dst.parent / gathered[0]["tmp"]
-        manifest_bytes: List[bytes] = []
-
-        def copy() -> Dict[str, Any]:
-            view = run.enter()
-            with Source(src) as source:  # this rank's view of the source (node-local tiers)
-                manifest_bytes.append(source.manifest_bytes)
-                mine = [f.name for f in source.manifest.files.values() if f.rank == comm.rank]
-                for name in mine:
-                    run.files.append(run.tmp / name)
-                    source.copy_file(name, run.tmp / name)
-            if verify:
-                with CheckpointReader(run.tmp, manifest=source.manifest) as copied:
-                    copied.verify(files=set(mine))
-            return {"view": view}
-
-        copied = comm.gather_outcomes(copy, f"{what} (copying)")
-        comm.gather_outcomes(lambda: run.commit(comm.rank, [c["view"] for c in copied],
-                                                lambda: manifest_bytes[0], False), f"{what} (commit)")
     except BaseException:
-        run.cleanup()
+        if "sink" in opened:
+            opened["sink"].abort()
         raise
-    run.release()
-    return dst
+    if gathered[0].get("skip"):
+        return None
+    sink = opened.get("sink") or dst.join_sink(name, gathered[0]["token"])
+    found: Dict[str, Any] = {}  # the source's manifest (bytes, step), bytes copied here
 
-
-class _Run:
-    """One rank's part in a collective commit of ``directory``, and its cleanup."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.tmp: Optional[Path] = None
-        self.created_tmp = False
-        self.lease: Optional[TmpLease] = None
-        self.files: List[Path] = []
-
-    def make_tmp(self) -> str:
-        """Rank 0: create the temporary directory, marked as the coordinator's."""
-        self.lease = make_parent_and_tmp(self.directory)
-        self.tmp = self.lease.path
-        self.created_tmp = True
-        (self.tmp / COORDINATOR_MARK).touch()  # seen by the others; never needs to be durable
-        return self.tmp.name
-
-    def enter(self) -> str:
-        """Find or create the temporary directory; return which copy of it this rank sees."""
-        assert self.tmp is not None
-        sees_coordinator = (self.tmp / COORDINATOR_MARK).exists()
-        if not sees_coordinator:  # node-local storage: this node's copy of the directory
-            self.directory.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                self.tmp.mkdir()
-                self.created_tmp = True
-                self.lease = lease_dir(self.tmp)
-            except FileExistsError:
-                pass
-        st = os.stat(self.tmp)
-        return "coordinator" if sees_coordinator else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
-
-    def release(self) -> None:
-        """Drop this rank's lock on the temporary directory (after commit or cleanup)."""
-        if self.lease is not None:
-            self.lease.release()
-            self.lease = None
-
-    def commit(self, rank: int, views: List[str], manifest: Callable[[], bytes],
-               overwrite: bool) -> None:
-        """The lowest rank of each view writes the manifest and renames the directory."""
-        if views.index(views[rank]) != rank:
-            return
-        assert self.tmp is not None
-        data = manifest()
-        (self.tmp / COORDINATOR_MARK).unlink(missing_ok=True)
-        fsutil.write_file_durably(self.tmp / MANIFEST_NAME, data)
-        fsutil.fsync_dir(self.tmp)
-        publish(self.tmp, self.directory, overwrite)
-        self.created_tmp = False
-        self.release()
-
-    def cleanup(self) -> None:
-        """After a failure: remove what this rank made (best effort; debris is also
-        removed by the root's writer once no live save holds it)."""
-        if self.tmp is None:
-            return
+    def copy() -> Dict[str, Any]:
         try:
-            for f in self.files:
-                f.unlink(missing_ok=True)
-            if self.created_tmp and self.tmp.exists() and not (self.tmp / MANIFEST_NAME).exists():
-                fsutil.remove_tree(self.tmp)
-        except OSError:
-            pass
-        finally:
-            self.release()
+            view = sink.view()
+            with src.source(name) as source:  # this rank's view of the source (node-local)
+                data = source.manifest_bytes()
+                manifest = Manifest.parse(data, where=_manifest_where(source))
+                found.update(data=data, step=manifest.step)
+                mine = [f.name for f in manifest.files.values()
+                        if comm.size == 1 or f.rank == comm.rank]
+                for n in mine:
+                    sink.copy_file(source, n, manifest.files[n].size)
+            found["nbytes"] = sum(manifest.files[n].size for n in mine)
+        except BaseException as e:
+            raise_save_failure(e, what, where)
+        if verify:
+            checked = time.perf_counter()
+            with CheckpointReader(sink.written(manifest), manifest=manifest) as copied:
+                verified = copied.verify(files=set(mine))
+            log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
+                     "intact, %.3f s", manifest.step, where, verified,
+                     time.perf_counter() - checked)
+        return {"view": view}
+
+    try:
+        copied = comm.gather_outcomes(copy, f"{what} (copying)")
+        views = [c["view"] for c in copied]
+
+        def commit() -> bool:
+            if views.index(views[comm.rank]) != comm.rank:
+                return True
+            try:
+                sink.commit(found["data"], False)
+            except CheckpointExistsError:  # another copy committed it first: done
+                sink.abort()
+                return False
+            except BaseException as e:
+                raise_save_failure(e, f"{what} (commit)", where)
+            log.info("copied step %s to %s: %d bytes, %.3f s (durable there now)",
+                     found["step"], where, found["nbytes"], time.perf_counter() - start)
+            return True
+
+        done = comm.gather_outcomes(commit, f"{what} (commit)")
+    except BaseException:
+        sink.abort()
+        raise
+    sink.release()
+    return where if all(done) else None

@@ -1,41 +1,35 @@
-"""Write a flattened state as a checkpoint directory and commit it atomically.
+"""Checks and helpers of a commit, and a whole plan written from one process.
 
-Order of operations (single writer; the distributed protocol adds a gather of
-chunk records between steps 3 and 4):
-
-1. refuse early if ``directory`` holds a committed checkpoint (unless
-   ``overwrite``) or anything that is not a checkpoint;
-2. create ``.<name>.uckpt-tmp-<random>`` beside ``directory``, locked for the life of
-   the save (``leases.make_tmp_dir``: a writer's debris removal never touches it);
-3. write and fsync every data file (space is preallocated, so a full disk fails
-   before data is written);
-4. write and fsync ``manifest.json``, fsync the temporary directory;
-5. rename it to ``directory`` (or swap it with the old checkpoint atomically
-   when overwriting), fsync the parent.
-
-Until step 5 readers see nothing new; the previous checkpoint is never touched.
-Any failure removes the temporary directory and raises.
+The save path of :func:`uckpt.save` and :class:`uckpt.CheckpointManager`, for any number
+of ranks, is :mod:`uckpt.collective`; the bytes go through a
+:class:`~uckpt.storage.base.CheckpointSink` (:mod:`uckpt.storage`): data files first,
+the manifest last, which is the commit. :func:`write_checkpoint` writes every data file
+of a given plan from this one process (``uckpt.consolidate``, tests of multi-file
+layouts). Until the commit readers see nothing new; the previous checkpoint is never
+touched. Any failure removes what the save wrote and raises.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import errno
 import json
+import logging
 import os
-import secrets
-from pathlib import Path
+import time
 from typing import Any, Dict, Optional
 
 from ._version import __version__ as _version
 from . import fsutil
-from .errors import (CheckpointExistsError, ManifestError, SaveError, StorageAccessError,
-                     StorageFullError, UckptError)
-from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest
-from .leases import DEL_MARK, OLD_MARK, TMP_MARK, make_tmp_dir  # noqa: F401 (re-exported)
+from .errors import ManifestError, SaveError, StorageAccessError, StorageFullError, UckptError
+from .format import ArrayEntry, FileEntry, Manifest
+from .leases import DEL_MARK, OLD_MARK, TMP_MARK  # noqa: F401 (re-exported)
 from .plan import SavePlan, metas, plan_save
+from .storage import locate
+from .storage.local import check_target, make_parent_and_tmp, publish  # noqa: F401 (re-exported)
 from .tree import Flat
 from .writer import write_data_file
 
+log = logging.getLogger("uckpt.commit")
 
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -51,60 +45,36 @@ def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     return metadata
 
 
-def check_target(directory: Path, overwrite: bool) -> None:
-    """Refuse to replace what must not be replaced (see module docstring, step 1)."""
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise CheckpointExistsError(f"{str(directory)!r} exists and is a file; refusing to "
-                                    "replace it with a checkpoint", path=str(directory))
-    if (directory / MANIFEST_NAME).exists():
-        if not overwrite:
-            raise CheckpointExistsError(
-                f"{str(directory)!r} already holds a committed checkpoint", path=str(directory),
-                hint="pass overwrite=True to replace it, or save to another directory")
-        return
-    if not fsutil.dir_is_empty(directory):
-        raise CheckpointExistsError(
-            f"{str(directory)!r} exists, is not empty and is not a uckpt checkpoint; "
-            "refusing to write into it", path=str(directory),
-            hint="choose an empty or new directory")
+def check_step(step) -> None:
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
 
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     plan: Optional[SavePlan] = None) -> Path:
-    """Write ``flat`` to ``directory`` and commit it; returns the directory."""
-    directory = Path(directory).absolute()
+                     plan: Optional[SavePlan] = None, storage_options=None):
+    """Write every data file of ``plan`` (default: one file) from this process and commit;
+    returns the checkpoint's location (a Path, or a URL)."""
     metadata = check_metadata(metadata)
-    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    check_target(directory, overwrite)
+    check_step(step)
+    store, name = locate(directory, storage_options)
     plan = plan or flat.plan or plan_save(metas(flat.arrays))
-    lease = None
+    where = store.location(name)
+    sink = None
     try:
-        lease = make_parent_and_tmp(directory)
-        tmp = lease.path
+        sink = store.sink(name, overwrite)
         chunks = {}
         for rank, (file, size) in enumerate(plan.file_sizes):
-            chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays,
+            chunks.update(write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
                                           image=flat.images.get(file)))
         manifest = build_manifest(flat, plan, chunks, step, metadata)
-        fsutil.write_file_durably(tmp / MANIFEST_NAME, manifest.to_bytes())
-        fsutil.fsync_dir(tmp)
-        publish(tmp, directory, overwrite)
+        sink.commit(manifest.to_bytes(), overwrite)
     except BaseException as e:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        err = save_failure(e, f"writing checkpoint {str(directory)!r}", directory,
+        if sink is not None:
+            sink.abort()
+        raise_save_failure(e, f"writing checkpoint {str(where)!r}", where,
                            f" ({flat.nbytes} bytes of arrays)")
-        if err is e:
-            raise
-        raise err from e
-    finally:
-        if lease is not None:
-            lease.release()
-    return directory
+    return where
 
 
 def build_manifest(flat: Flat, plan: SavePlan, chunks, step, metadata) -> Manifest:
@@ -124,13 +94,7 @@ def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata)
                     step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
 
 
-def make_parent_and_tmp(directory: Path):
-    """Create ``directory``'s parent if needed and a locked temporary directory beside it."""
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    return make_tmp_dir(directory)
-
-
-def save_failure(e: BaseException, doing: str, directory: Path, detail: str = "") -> BaseException:
+def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> BaseException:
     """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one)."""
     if fsutil.is_enospc(e):
         return StorageFullError(f"no space left on the device while {doing}{detail}",
@@ -150,36 +114,14 @@ def save_failure(e: BaseException, doing: str, directory: Path, detail: str = ""
     return e
 
 
-def publish(tmp: Path, directory: Path, overwrite: bool) -> None:
-    """Make ``tmp`` visible as ``directory`` (step 5)."""
-    if directory.exists() and (directory / MANIFEST_NAME).exists():
-        if not overwrite:  # appeared since check_target: never clobber
-            raise _committed_meanwhile(directory)
-        if not fsutil.exchange(tmp, directory):
-            old = directory.parent / f".{directory.name}{OLD_MARK}{secrets.token_hex(4)}"
-            os.rename(directory, old)
-            os.rename(tmp, directory)
-            tmp = old
-        fsutil.fsync_dir(directory.parent)
-        fsutil.remove_tree(tmp)  # now holds the replaced checkpoint
-        return
-    try:
-        os.rename(tmp, directory)  # replaces an empty directory atomically
-    except OSError as e:
-        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):  # another saver committed it first
-            raise _committed_meanwhile(directory) from None
-        if e.errno == errno.ENOENT and not tmp.exists():
-            raise SaveError(
-                f"could not commit {str(directory)!r}: its temporary directory {tmp.name!r} "
-                "was removed by another process during the save", path=str(directory),
-                hint="only the root's writer removes interrupted saves, and never a live one; "
-                     "something outside uckpt deleted it") from None
-        raise SaveError(f"could not commit {str(directory)!r}: {e}", path=str(directory)) from e
-    fsutil.fsync_dir(directory.parent)
+def raise_save_failure(e: BaseException, doing: str, where, detail: str = "") -> None:
+    """Raise the uckpt error for ``e`` (see :func:`save_failure`), chained to it."""
+    err = save_failure(e, doing, where, detail)
+    if err is e:
+        raise e
+    raise err from e
 
 
-def _committed_meanwhile(directory: Path) -> CheckpointExistsError:
-    return CheckpointExistsError(f"{str(directory)!r} was committed by another save during "
-                                 "this one", path=str(directory),
-                                 hint="two savers wrote the same step; the first one's "
-                                      "checkpoint is kept, this one is discarded")
+def log_saved(what: str, nbytes: int, files: int, start: float, step=None) -> None:
+    log.info("%s: step %s, %d bytes in %d file(s), %.3f s", what,
+             "-" if step is None else step, nbytes, files, time.perf_counter() - start)

@@ -185,6 +185,8 @@ def _kind(st: os.stat_result) -> str:
 class WriterLock:
     """This process's hold on ``<root>/.uckpt-writer.lock`` (see the module docstring)."""
 
+    one_per_job = False  # every rank locks the copy of the root it sees (node-local roots)
+
     def __init__(self, root: Path, job: str, shared: bool) -> None:
         self.root = root
         self.job = job
@@ -273,24 +275,29 @@ def new_job_id() -> str:
     return secrets.token_hex(8)
 
 
-def claim_roots(roots: List[Path], comm: Any, shared: bool) -> List[WriterLock]:
-    """Collective (every rank of the writer job): take the writer lock of every root,
-    creating the roots; raise :class:`RootLockedError` (with several ranks: a
-    :class:`~uckpt.errors.DistributedError` on every rank) when another job holds one."""
+def claim_roots(stores: List[Any], comm: Any, shared: bool) -> List[Any]:
+    """Collective (every rank of the writer job): take the writer lock of every root (a
+    :class:`~uckpt.storage.base.Store`), creating the roots; raise
+    :class:`RootLockedError` (with several ranks: a
+    :class:`~uckpt.errors.DistributedError` on every rank) when another job holds one.
+    A lock that one rank takes for the whole job (an object store's) is taken by rank 0."""
     from .commit import save_failure  # commit imports this module
 
     job = comm.broadcast(new_job_id() if comm.rank == 0 else None)
-    locks = [WriterLock(root, job, shared) for root in roots]
+    locks = [store.writer_lock(job, shared) for store in stores]
 
     def take() -> List[bool]:
         got = []
-        for lock in locks:
+        for store, lock in zip(stores, locks):
+            if lock.one_per_job and comm.rank != 0:
+                got.append(True)
+                continue
             try:
-                lock.root.mkdir(parents=True, exist_ok=True)
+                store.prepare_root()
                 got.append(lock.try_acquire() is None)
             except OSError as e:
-                err = save_failure(e, f"opening checkpoint root {str(lock.root)!r} for writing",
-                                   lock.root)
+                err = save_failure(e, f"opening checkpoint root {str(store.where)!r} for "
+                                      "writing", store.where)
                 if err is e:
                     raise
                 raise err from e

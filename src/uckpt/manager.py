@@ -24,8 +24,6 @@ import atexit
 import datetime as _dt
 import logging
 import os
-import re
-import secrets
 import threading
 import time
 import warnings
@@ -33,24 +31,20 @@ import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import fsutil
-from .api import load
-from .commit import check_metadata, check_target, write_checkpoint
+from .api import load_from
+from .commit import check_metadata
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
 from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, UckptError)
-from .format import MANIFEST_NAME
-from .leases import DEL_MARK, WriterLock, claim_roots, remove_debris
+from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
-from .reader import read_manifest
-from .staging import snapshot
-from .tiers import Tier, as_tier, copy_checkpoint
-from .tree import flatten
+from .reader import CheckpointReader
+from .storage.local import committed_steps  # noqa: F401 (re-exported)
+from .tiers import Tier, as_tier
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
 _DAMAGE = (CorruptCheckpointError, ManifestError, CheckpointNotFoundError, NotACheckpointError)
 _open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
@@ -60,25 +54,6 @@ _ROLES = ("auto", "writer", "reader")
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-def committed_steps(root: Path) -> List[int]:
-    """Steps of the committed checkpoints directly under ``root``, oldest first."""
-    out = []
-    try:
-        with os.scandir(root) as it:
-            for e in it:
-                m = _STEP_DIR.match(e.name)
-                if not m:
-                    continue
-                if e.is_symlink():  # never a checkpoint of this root (docs/architecture.md)
-                    log.debug("ignored %s: a symlink, not a checkpoint directory", e.path)
-                elif e.is_dir(follow_symlinks=False) and \
-                        os.path.lexists(os.path.join(e.path, MANIFEST_NAME)):
-                    out.append(int(m.group(1)))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(out)
 
 
 class CheckpointManager:
@@ -104,6 +79,11 @@ class CheckpointManager:
     async_save, max_inflight
         snapshot and return; at most ``max_inflight`` snapshots held in host
         memory (a further ``save`` waits for the oldest to be written).
+    storage_options
+        options of the ``s3://`` tiers without their own (``Tier(...,
+        storage_options=...)``): ``endpoint_url``, ``key``, ``secret``, ... (see
+        :class:`uckpt.storage.s3.S3Options`); credentials left out come from the
+        standard AWS environment variables and files.
     comm
         the ranks that save together (see :func:`uckpt.save`; None detects
         MPI or torch.distributed). With more than one rank, construction,
@@ -125,13 +105,19 @@ class CheckpointManager:
         opt in to sharing the tiers with other writers that opted in too (each
         must save different steps; retention of each applies to every step of
         the root). An exclusive writer and a concurrent one refuse each other.
+
+    A tier may be an ``s3://bucket/prefix`` URL of an S3-compatible object store
+    (``pip install 'uckpt[s3]'``), e.g. ``tiers=["/local/nvme/run1",
+    "s3://bucket/run1"]``: saves commit to the local tier and are uploaded, verified
+    and committed to the bucket in the background (docs/architecture.md).
     """
 
     def __init__(self, root=None, *, tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
                  keep_last: Optional[int] = None, keep: Any = None,
                  save_policy: Optional[SavePolicy] = None, async_save: bool = False,
                  max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
-                 role: str = "auto", concurrent_writers: bool = False) -> None:
+                 role: str = "auto", concurrent_writers: bool = False,
+                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -144,8 +130,9 @@ class CheckpointManager:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
         self.role = role
         self.concurrent_writers = bool(concurrent_writers)
-        self._locks: List[WriterLock] = []
-        self.tiers: List[Tier] = [as_tier(t) for t in (tiers if tiers is not None else [root])]
+        self._locks: List[Any] = []
+        self.tiers: List[Tier] = [as_tier(t, storage_options)
+                                  for t in (tiers if tiers is not None else [root])]
         if not self.tiers:
             raise ValueError("tiers must name at least one directory")
         default = keep if keep is not None else keep_last
@@ -165,6 +152,7 @@ class CheckpointManager:
         self._pending: List[SaveHandle] = []
         self._pins: Dict[int, int] = {}  # steps on tier 0 still to be copied -> count
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
+        self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
         self._lock = threading.RLock()
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
@@ -205,9 +193,11 @@ class CheckpointManager:
         if self.role == "reader":
             raise PermissionError("this CheckpointManager was opened with role='reader': it "
                                   "never writes; open one with role='auto' or 'writer' to save")
-        self._locks = claim_roots([t.path for t in self.tiers], self.comm, self.concurrent_writers)
+        self._locks = claim_roots([t.store for t in self.tiers], self.comm,
+                                  self.concurrent_writers)
         for tier in self.tiers:
-            remove_debris(tier.path, MANIFEST_NAME)
+            if not tier.store.remote or self.comm.rank == 0:  # an object store is one view
+                tier.store.remove_debris()
         if self.comm.size > 1:  # no rank may start a save while another still removes debris
             self.comm.barrier()
 
@@ -219,12 +209,13 @@ class CheckpointManager:
         self._raise_background_errors()
 
     # -- queries -----------------------------------------------------------------------------
-    def path(self, step: int, tier: int = 0) -> Path:
-        return self.tiers[tier].path / step_dir_name(step)
+    def path(self, step: int, tier: int = 0) -> Union[Path, str]:
+        """Where checkpoint ``step`` is (or would be) on ``tier``: a Path, or a URL."""
+        return self.tiers[tier].store.location(step_dir_name(step))
 
     def steps(self) -> List[int]:
         """Steps committed on any tier, oldest first."""
-        return sorted({s for t in self.tiers for s in committed_steps(t.path)})
+        return sorted({s for t in self.tiers for s in t.store.steps()})
 
     def latest_step(self) -> Optional[int]:
         steps = self.steps()
@@ -232,7 +223,7 @@ class CheckpointManager:
 
     def tiers_of(self, step: int) -> List[str]:
         """Names of the tiers holding a committed copy of ``step``."""
-        return [t.name for t in self.tiers if (t.path / step_dir_name(step) / MANIFEST_NAME).exists()]
+        return [t.name for t in self.tiers if t.store.has(step_dir_name(step))]
 
     def should_save(self, step: int) -> bool:
         """Whether the save policy asks for a checkpoint at ``step``.
@@ -252,7 +243,7 @@ class CheckpointManager:
     # -- save --------------------------------------------------------------------------------
     def save(self, step: int, state: Mapping[str, Any], *, metadata: Optional[Dict[str, Any]] = None,
              metrics: Optional[Dict[str, float]] = None, overwrite: bool = False
-             ) -> Union[Path, SaveHandle]:
+             ) -> Union[Path, str, SaveHandle]:
         """Save ``state`` as checkpoint ``step``; refuses an existing step unless ``overwrite``.
 
         ``metrics`` (numbers, e.g. ``{"val_loss": 0.31}``) are stored in the
@@ -276,43 +267,9 @@ class CheckpointManager:
             meta["metrics"] = {k: float(v) for k, v in metrics.items()}
         check_metadata(meta)
         self._become_writer()
-        if self.comm.size > 1:
-            return self._save_collective(step, state, meta, overwrite)
-        check_target(self.path(step), overwrite)
-        flat = flatten(state)  # unsupported objects raise here, before anything is written
-        self._saves += 1
-        copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
-        if copy:
-            self._pin(step)
-
-        def commit(staged):
-            try:
-                path = write_checkpoint(self.path(step), staged, step=step, metadata=meta,
-                                        overwrite=overwrite)
-            except BaseException:
-                if copy:
-                    self._unpin(step)
-                raise
-            if copy:
-                self._schedule_copy(step)
-            self._retain(0)
-            return path
-
-        exiting = self.save_policy.pending_exit
-        if self._saver is not None and not exiting:
-            result: Union[Path, SaveHandle] = self._track(
-                self._saver.submit(flat, commit, f"save of step {step}"))
-        else:
-            result = commit(snapshot(flat, None).ready())
-        self.save_policy.saved(step, time.monotonic())
-        if exiting:
-            self._exit_after_final_save(step)
-        return result
-
-    def _save_collective(self, step: int, state: Mapping[str, Any], meta: Dict[str, Any],
-                         overwrite: bool) -> Union[Path, SaveHandle]:
-        """``save`` with several ranks: errors before the save are shared, not raised alone."""
-        flat = flatten_shared(state, self.comm)  # an error is told to the other ranks
+        # one path for any number of ranks; with several, an error before the save is told
+        # to the other ranks (in one process it is raised here, before anything is written)
+        flat = flatten_shared(state, self.comm)
         self._saves += 1
         copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
         if copy:
@@ -324,21 +281,22 @@ class CheckpointManager:
             self._retain(0)
             return path
 
-        exiting = self._exit_agreed  # the same on every rank (should_save agreed on it)
+        # several ranks: the same on every rank (should_save agreed on it)
+        exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
+        store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
         try:
             if self._saver is not None and not exiting:
-                prepared = prepare_collective(self.path(step), flat, self.comm, step=step,
-                                              metadata=meta, overwrite=overwrite,
-                                              what=f"save of step {step}")
-                result: Union[Path, SaveHandle] = self._track(submit_async_share(
-                    self._saver, prepared, self.comm, self._save_comm, f"save of step {step}",
+                prepared = prepare_collective(store, name, flat, self.comm, step=step,
+                                              metadata=meta, overwrite=overwrite, what=what)
+                result: Union[Path, str, SaveHandle] = self._track(submit_async_share(
+                    self._saver, prepared, self.comm, self._save_comm, what,
                     then=committed, failed=(lambda: self._unpin(step)) if copy else None))
             else:
                 if self._saver is not None:
                     self._saver.join()  # the final save follows the ones in flight
-                result = committed(save_collective(self.path(step), flat, self.comm, step=step,
+                result = committed(save_collective(store, name, flat, self.comm, step=step,
                                                    metadata=meta, overwrite=overwrite,
-                                                   what=f"save of step {step}"))
+                                                   what=what))
         except BaseException:
             if copy:
                 self._unpin(step)
@@ -364,71 +322,53 @@ class CheckpointManager:
         """
         self._check_open()
         self.wait()
-        if self.comm.size > 1:
-            return self._restore_collective(state, step, strict)
-        candidates = [step] if step is not None else list(reversed(self.steps()))
-        failures = []
-        for s in candidates:
-            for i, tier in enumerate(self.tiers):
-                if not (self.path(s, i) / MANIFEST_NAME).exists():
-                    continue
-                try:
-                    load(self.path(s, i), state, strict=strict)
-                except _DAMAGE as e:
-                    if not os.path.lexists(self.path(s, i)):  # retention deleted it meanwhile
-                        log.info("step %d on tier %r was deleted while being restored; "
-                                 "trying the next one", s, tier.name)
-                        continue
-                    warnings.warn(f"uckpt: skipping checkpoint step {s} on tier {tier.name!r} "
-                                  f"({self.path(s, i)}): {e}", RuntimeWarning, stacklevel=2)
-                    failures.append((s, tier.name, e))
-                    continue
-                return s
-        if step is not None and not failures:
-            raise CheckpointNotFoundError(
-                f"no tier holds a committed checkpoint of step {step} "
-                f"(tiers: {', '.join(str(t.path) for t in self.tiers)})", path=str(self.path(step)))
-        if failures:
-            raise CorruptCheckpointError(
-                f"no checkpoint under {', '.join(str(t.path) for t in self.tiers)} reads back "
-                "intact: " + "; ".join(f"step {s} on {t}: {type(e).__name__}" for s, t, e in failures),
-                path=str(self.root)) from failures[0][2]
-        return None
 
-    def _restore_collective(self, state: Mapping[str, Any], step: Optional[int],
-                            strict: bool) -> Optional[int]:
-        """``restore`` with several ranks: all ranks restore the same step, from the first
-        tier that every rank sees whole, falling back together past damaged copies."""
-        def available() -> Dict[str, List[int]]:
+        def available() -> Dict[str, List[int]]:  # this rank's view: step -> tiers
             out: Dict[str, List[int]] = {}
             for i, tier in enumerate(self.tiers):
-                for s in committed_steps(tier.path):
-                    if (step is None or s == step) and _files_present(self.path(s, i)):
+                for s in tier.store.steps():
+                    if (step is None or s == step) and \
+                            (self.comm.size == 1 or _files_present(tier.store, step_dir_name(s))):
                         out.setdefault(str(s), []).append(i)
             return out
 
+        # one path for any number of ranks: all ranks restore the same step, from the first
+        # tier that every rank sees whole, falling back together past damaged copies
         views = self.comm.gather_outcomes(available, "restore (listing checkpoints)")
         common = set.intersection(*({(int(s), i) for s, tiers in v.items() for i in tiers}
                                     for v in views))
         failures = []
         for s, i in sorted(common, key=lambda c: (-c[0], c[1])):
+            tier, name = self.tiers[i], step_dir_name(s)
+            start = time.perf_counter()
             try:
-                load(self.path(s, i), state, strict=strict, comm=self.comm)
-            except DistributedError as e:
-                if not e.failed_with(*_DAMAGE):
+                load_from(lambda: tier.store.source(name), state, strict, self.comm,
+                          f"restore of step {s} from tier {tier.name!r}")
+            except (DistributedError,) + _DAMAGE as e:
+                if isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
                     raise
-                warnings.warn(f"uckpt: skipping checkpoint step {s} on tier "
-                              f"{self.tiers[i].name!r}: {e}", RuntimeWarning, stacklevel=3)
-                failures.append((s, self.tiers[i].name, e))
+                if not tier.store.has(name):  # retention deleted it meanwhile
+                    log.info("step %d on tier %r was deleted while being restored; "
+                             "trying the next one", s, tier.name)
+                    continue
+                warnings.warn(f"uckpt: skipping checkpoint step {s} on tier {tier.name!r} "
+                              f"({self.path(s, i)}): {e}", RuntimeWarning, stacklevel=2)
+                failures.append((s, tier.name, e))
                 continue
+            log.info("restored step %d from tier %r (%s), %.3f s", s, tier.name,
+                     self.path(s, i), time.perf_counter() - start)
             return s
         if failures:
             raise CorruptCheckpointError(
-                "no checkpoint reads back intact on every rank: " + "; ".join(
-                    f"step {s} on {t}" for s, t, _ in failures), path=str(self.root)) from failures[0][2]
+                f"no checkpoint under {', '.join(str(t.path) for t in self.tiers)} reads back "
+                "intact" + (" on every rank" if self.comm.size > 1 else "") + ": " +
+                "; ".join(f"step {s} on {t}: {type(e).__name__}" for s, t, e in failures),
+                path=str(self.root)) from failures[0][2]
         if step is not None:
             raise CheckpointNotFoundError(
-                f"no tier holds a committed checkpoint of step {step} that every rank can read",
+                f"no tier holds a committed checkpoint of step {step}"
+                + (" that every rank can read" if self.comm.size > 1 else "")
+                + f" (tiers: {', '.join(str(t.path) for t in self.tiers)})",
                 path=str(self.path(step)))
         return None
 
@@ -452,10 +392,8 @@ class CheckpointManager:
         def job():
             try:
                 for i in range(1, len(self.tiers)):
-                    if self.comm.size > 1:
-                        copy_collective(self.path(step), self.path(step, i), self._copy_comm)
-                    else:
-                        copy_checkpoint(self.path(step), self.path(step, i))
+                    copy_collective(self.tiers[0].store, self.tiers[i].store,
+                                    step_dir_name(step), self._copy_comm)
                     self._retain(i)
             finally:
                 self._unpin(step)
@@ -483,7 +421,9 @@ class CheckpointManager:
             metrics: Dict[str, Any] = {}
             created = 0.0
             try:
-                m = read_manifest(self.path(step, tier))
+                with CheckpointReader(self.tiers[tier].store.source(step_dir_name(step))) as r:
+                    m = r.manifest
+                self._nbytes[key] = sum(f.size for f in m.files.values())
                 if isinstance(m.metadata.get("metrics"), dict):
                     metrics = m.metadata["metrics"]
                 created = _dt.datetime.strptime(m.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
@@ -494,8 +434,11 @@ class CheckpointManager:
         return self._info_cache[key]
 
     def _retain(self, tier: int) -> None:
+        store = self.tiers[tier].store
+        if store.remote and self.comm.rank != 0:
+            return  # every rank sees the same objects: rank 0 deletes for all
         with self._lock:
-            steps = committed_steps(self.tiers[tier].path)
+            steps = store.steps()
             if not steps:
                 return
             keep = self._retention[tier].keep([self._info(tier, s) for s in steps])
@@ -507,17 +450,16 @@ class CheckpointManager:
                     self._delete(tier, s)
 
     def _delete(self, tier: int, step: int) -> None:
-        """Hide first (rename), then delete: a crash never leaves a half-deleted checkpoint."""
-        path = self.path(step, tier)
-        hidden = path.parent / f".{path.name}{DEL_MARK}{secrets.token_hex(4)}"
+        """Un-commit first (hide or delete the manifest), then delete the data: a crash
+        never leaves a half-deleted checkpoint visible."""
+        start = time.perf_counter()
         self._info_cache.pop((tier, step), None)
-        try:
-            os.rename(path, hidden)
-        except FileNotFoundError:
+        nbytes = self._nbytes.pop((tier, step), None)
+        if not self.tiers[tier].store.delete(step_dir_name(step)):
             return  # another rank sharing this tier deleted it first
-        fsutil.remove_tree(hidden)
-        log.info("deleted step %d from tier %r: not kept by its retention policy",
-                 step, self.tiers[tier].name)
+        log.info("deleted step %d from tier %r: not kept by its retention policy (%s bytes, "
+                 "%.3f s)", step, self.tiers[tier].name, "?" if nbytes is None else nbytes,
+                 time.perf_counter() - start)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -528,14 +470,15 @@ class CheckpointManager:
         return f"CheckpointManager({tiers}, async_save={self._saver is not None})"
 
 
-def _files_present(directory: Path) -> bool:
+def _files_present(store, name: str) -> bool:
     """Whether this rank sees every data file of a committed checkpoint (a node-local
     tier holds only its node's files)."""
     try:
-        files = read_manifest(directory).files
+        with CheckpointReader(store.source(name)) as reader:
+            files = list(reader.manifest.files)
     except UckptError:
         return True  # damaged: let the load report it and fall back
-    return all(os.path.lexists(directory / name) for name in files)
+    return store.files_present(name, files)
 
 
 @atexit.register

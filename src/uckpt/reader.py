@@ -13,29 +13,27 @@ a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from . import dtypes, fsutil, knobs
 from .checksum import crc32c, format_checksum
-from .errors import (ChecksumMismatchError, CheckpointNotFoundError, CorruptCheckpointError,
-                     ManifestError, NotACheckpointError, TruncatedDataError)
+from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
+                     TruncatedDataError, UckptError)
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
-from .fsutil import pread_into
 from .parallel import parallel_map
+from .storage import open_source
+from .storage.base import MAX_MANIFEST_BYTES  # noqa: F401 (re-exported)
+from .storage.local import manifest_bytes_at  # noqa: F401 (re-exported)
 
-MAX_MANIFEST_BYTES = 1 << 30
 
 
-def read_manifest(directory) -> Manifest:
-    """Read and validate ``directory/manifest.json`` (raises if absent or malformed)."""
-    dir_fd = fsutil.open_dir(directory)
-    try:
-        return manifest_at(dir_fd, directory)
-    finally:
-        os.close(dir_fd)
+def read_manifest(directory, storage_options=None) -> Manifest:
+    """Read and validate the manifest of checkpoint ``directory`` (a path or an ``s3://``
+    URL); raises if absent or malformed."""
+    with open_source(directory, storage_options) as source:
+        return Manifest.parse(source.manifest_bytes(), where=_manifest_where(source))
 
 
 def manifest_at(dir_fd: int, directory) -> Manifest:
@@ -47,50 +45,32 @@ def manifest_at(dir_fd: int, directory) -> Manifest:
     return Manifest.parse(manifest_bytes_at(dir_fd, directory), where=mpath)
 
 
-def manifest_bytes_at(dir_fd: int, directory) -> bytes:
-    """The manifest's bytes, read as :func:`manifest_at` does, not parsed."""
-    mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
-
-    def missing(_message, path):
-        return NotACheckpointError(
-            f"{os.fsdecode(directory)!r} is not a committed uckpt checkpoint: it has no "
-            f"{MANIFEST_NAME}", path=os.fsdecode(directory),
-            hint="a save that was interrupted leaves no manifest; use an earlier checkpoint "
-                 "(CheckpointManager.restore() picks the newest committed one)")
-
-    fd = fsutil.open_regular(dir_fd, MANIFEST_NAME, what="manifest", path=mpath,
-                             missing=missing, wrong_type=NotACheckpointError)
-    try:
-        return fsutil.read_capped(fd, MAX_MANIFEST_BYTES, mpath, what="manifest",
-                                  too_large=ManifestError)
-    finally:
-        os.close(fd)
-
-
-def _missing_data_file(_message, path):
-    return CheckpointNotFoundError(f"data file {path!r} listed in the manifest is missing",
-                                   path=path)
+def _manifest_where(source) -> str:
+    return source.where.rstrip("/") + "/" + MANIFEST_NAME
 
 
 class CheckpointReader:
     """Reads arrays of one committed checkpoint. Use as a context manager.
 
-    The directory is opened once (following a symlink there: the caller chose the path);
-    the manifest and data files are opened relative to it, never through a symlink, and
-    must be regular files (:func:`uckpt.fsutil.open_regular`). Every data file a read
-    needs is opened and checked to hold its declared size before any array is allocated,
-    so a hostile manifest cannot make the reader allocate more than its files hold.
+    ``directory`` is a path, an ``s3://`` URL (with ``storage_options``) or a
+    :class:`~uckpt.storage.base.CheckpointSource`. A local directory is opened once
+    (following a symlink there: the caller chose the path); the manifest and data files
+    are opened relative to it, never through a symlink, and must be regular files
+    (:func:`uckpt.fsutil.open_regular`). Every data file a read needs is opened and
+    checked to hold its declared size before any array is allocated, so a hostile
+    manifest cannot make the reader allocate more than its files hold.
     """
 
-    def __init__(self, directory, manifest: Optional[Manifest] = None) -> None:
+    def __init__(self, directory, manifest: Optional[Manifest] = None, *,
+                 storage_options=None) -> None:
         """``manifest``: one already read (e.g. the source's, for a copy not yet committed)."""
-        self.directory = Path(directory)
-        self._fds: Dict[str, int] = {}
+        self.source = open_source(directory, storage_options)
+        self.directory = self.source.directory if hasattr(self.source, "directory") \
+            else self.source.where
         self._sizes: Dict[str, int] = {}  # actual sizes of the open data files
-        self._dir_fd = fsutil.open_dir(self.directory)
         try:
             self.manifest = manifest if manifest is not None else \
-                manifest_at(self._dir_fd, self.directory)
+                Manifest.parse(self.source.manifest_bytes(), where=_manifest_where(self.source))
         except BaseException:
             self.close()
             raise
@@ -102,37 +82,30 @@ class CheckpointReader:
         self.close()
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-        if self._dir_fd >= 0:
-            os.close(self._dir_fd)
-            self._dir_fd = -1
+        self.source.close()
 
-    def _fd(self, name: str) -> int:
-        """The open data file ``name``, checked to be a regular file holding at least its
-        declared size (on first use)."""
-        if name not in self._fds:
-            path = str(self.directory / name)
-            expected = self.manifest.files[name].size
-            fd = fsutil.open_regular(self._dir_fd, name, what="data file", path=path,
-                                     missing=_missing_data_file)
-            try:
-                actual = os.fstat(fd).st_size
-            except OSError as e:
-                os.close(fd)
-                raise fsutil.unreadable(e, path, "data file") from None
-            if actual < expected:
-                os.close(fd)
-                cut = self._first_chunk_beyond(name, actual)
-                at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
-                raise TruncatedDataError(
-                    f"data file {path!r} is truncated: {actual} bytes, the manifest "
-                    f"records {expected}{at}", path=path, offset=actual,
-                    leaf=cut[0] if cut else None,
-                    hint="the file was damaged after commit; restore an earlier checkpoint")
-            self._fds[name], self._sizes[name] = fd, actual
-        return self._fds[name]
+    def _open(self, name: str) -> None:
+        """Open data file ``name`` and check that it holds at least its declared size (on
+        first use)."""
+        if name in self._sizes:
+            return
+        expected = self.manifest.files[name].size
+        path = self.source.file_where(name)
+        try:
+            actual = self.source.open_file(name)
+        except OSError as e:
+            if isinstance(e, UckptError):
+                raise
+            raise fsutil.unreadable(e, path, "data file") from None
+        if actual < expected:
+            cut = self._first_chunk_beyond(name, actual)
+            at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
+            raise TruncatedDataError(
+                f"data file {path!r} is truncated: {actual} bytes, the manifest "
+                f"records {expected}{at}", path=path, offset=actual,
+                leaf=cut[0] if cut else None,
+                hint="the file was damaged after commit; restore an earlier checkpoint")
+        self._sizes[name] = actual
 
     def _first_chunk_beyond(self, name: str, size: int):
         cut = [(c.offset, e.path) for e in self.manifest.arrays.values() for c in e.chunks
@@ -161,7 +134,7 @@ class CheckpointReader:
                           if _intersection(c.start, c.shape, origin, target.shape)]))
         files = {c.file for _, _, _, cs in plan for c in cs}
         for name in files:
-            self._fd(name)  # open and size-check files before any allocation or thread
+            self._open(name)  # open and size-check files before any allocation or thread
         self._check_allocation([p[0] for p in plan if p[1] is None], files)
         out: Dict[str, np.ndarray] = {}
         jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
@@ -180,10 +153,10 @@ class CheckpointReader:
         have = sum(self._sizes[name] for name in files)
         if need > have:
             raise CorruptCheckpointError(
-                f"{self.directory}: the manifest declares {need} bytes of arrays "
+                f"{self.source.where}: the manifest declares {need} bytes of arrays "
                 f"({', '.join(repr(e.path) for e in entries[:3])}"
                 f"{', ...' if len(entries) > 3 else ''}) stored in files of {have} bytes",
-                path=str(self.directory), leaf=entries[0].path if len(entries) == 1 else None,
+                path=self.source.where, leaf=entries[0].path if len(entries) == 1 else None,
                 hint="the manifest is damaged (chunks share bytes); restore an earlier "
                      "checkpoint")
 
@@ -202,33 +175,38 @@ class CheckpointReader:
     def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
         while it is still in the CPU cache; raise on a short file or a mismatch."""
-        fd, value, done = self._fd(chunk.file), 0, 0
+        source, value, done = self.source, 0, 0
+        block_bytes = source.block_bytes
         while done < chunk.length:
-            want = min(knobs.read_block_bytes, chunk.length - done)
+            want = min(block_bytes, chunk.length - done)
             block = into(done, want)
             try:
-                n = pread_into(fd, block, chunk.offset + done)
+                n = source.read_into(chunk.file, block, chunk.offset + done)
             except OSError as e:  # EIO, ... (the file was checked to be a regular file)
+                if isinstance(e, UckptError):
+                    raise
                 raise fsutil.unreadable(
-                    e, str(self.directory / chunk.file), "data file", leaf=entry.path,
+                    e, source.file_where(chunk.file), "data file", leaf=entry.path,
                     offset=chunk.offset + done,
                     detail=f" (leaf {entry.path!r}, byte offset {chunk.offset + done})") from None
             if n != want:
                 end = chunk.offset + done + n
+                where = source.file_where(chunk.file)
                 raise TruncatedDataError(
-                    f"{self.directory / chunk.file}: leaf {entry.path!r} needs bytes "
+                    f"{where}: leaf {entry.path!r} needs bytes "
                     f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
-                    path=str(self.directory / chunk.file), leaf=entry.path, offset=end)
+                    path=where, leaf=entry.path, offset=end)
             value = crc32c(block, value)
             done += n
         self._mismatch(entry, chunk, format_checksum(value))
 
     def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
         if got != chunk.checksum:
+            where = self.source.file_where(chunk.file)
             raise ChecksumMismatchError(
-                f"{self.directory / chunk.file}: checksum mismatch in leaf {entry.path!r}, "
+                f"{where}: checksum mismatch in leaf {entry.path!r}, "
                 f"chunk at byte offset {chunk.offset} (length {chunk.length}): stored "
-                f"{chunk.checksum}, computed {got}", path=str(self.directory / chunk.file),
+                f"{chunk.checksum}, computed {got}", path=where,
                 leaf=entry.path, offset=chunk.offset,
                 hint="the file is corrupted; restore an earlier checkpoint")
 
@@ -238,9 +216,9 @@ class CheckpointReader:
         returns the bytes verified."""
         for name in self.manifest.files:
             if files is None or name in files:
-                self._fd(name)  # every file is checked first, even one without chunks
+                self._open(name)  # every file is checked first, even one without chunks
         total = 0
-        scratch = np.empty(knobs.read_block_bytes, dtype=np.uint8)
+        scratch = np.empty(self.source.block_bytes, dtype=np.uint8)
         for entry in self.manifest.arrays.values():
             for chunk in entry.chunks:
                 if files is not None and chunk.file not in files:

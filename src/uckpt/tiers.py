@@ -1,138 +1,86 @@
 """Storage tiers: a fast node-local root and durable roots, and copying between them.
 
-A tier is a root directory with the layout of docs/format.md section 2. A
-checkpoint is committed on the first (fast) tier by a save, then *flushed* to
-the other tiers: copied into a hidden temporary directory there, fsynced, read
-back from storage and checked against every chunk's checksum, and only then
-renamed into place, so it never counts as durable before it verifiably is.
+A tier is a root (a directory, or an ``s3://bucket/prefix`` of an object store) with the
+layout of docs/format.md section 2, and a retention policy. A checkpoint is committed on
+the first (fast) tier by a save, then *flushed* to the other tiers
+(:func:`uckpt.collective.copy_collective`): every data file copied (to an object store:
+one parallel multipart upload per file), every chunk read back from the target storage
+and checked against its checksum, and only then committed there (a directory renamed
+into place; an object store's manifest object PUT last), so a copy never counts as
+durable before it verifiably is.
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Union
 
-from . import fsutil
-from .commit import make_parent_and_tmp, publish, save_failure
-from .errors import CheckpointExistsError, TruncatedDataError
-from .format import MANIFEST_NAME, Manifest
-from .reader import CheckpointReader, manifest_bytes_at
+from .storage import is_remote, open_store
+from .storage.base import Store
 
 
 @dataclass
 class Tier:
-    """One storage level: ``path`` is its root; ``keep`` its retention policy.
+    """One storage level: ``path`` is its root (a path, or an ``s3://bucket/prefix``
+    URL); ``keep`` its retention policy; ``storage_options`` the object store's options
+    (see :class:`uckpt.storage.s3.S3Options`: ``endpoint_url``, ``key``, ``secret``, ...;
+    default: the manager's).
 
     ``keep`` takes what :func:`uckpt.policies.as_retention` does: None (the
     manager's default), an int n (keep the last n), a policy or a list of them.
     """
 
-    path: Path
+    path: Union[Path, str]
     keep: Any = None
     name: str = ""
+    storage_options: Optional[Mapping[str, Any]] = None
+    _store: Optional[Store] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        self.path = Path(self.path).absolute()
-        if not self.name:
-            self.name = self.path.name or str(self.path)
+        if is_remote(self.path):
+            self.path = str(self.path).rstrip("/")
+            if not self.name:
+                self.name = self.path.rsplit("/", 1)[-1]
+        else:
+            self.path = Path(self.path).absolute()
+            if not self.name:
+                self.name = self.path.name or str(self.path)
+
+    @property
+    def store(self) -> Store:
+        """The tier's :class:`~uckpt.storage.base.Store` (made on first use)."""
+        if self._store is None:
+            self._store = open_store(self.path, self.storage_options)
+        return self._store
 
 
-def as_tier(obj) -> Tier:
+def as_tier(obj, storage_options: Optional[Mapping[str, Any]] = None) -> Tier:
+    """A :class:`Tier` for a path, URL or Tier; ``storage_options`` apply to an ``s3://``
+    URL (and to a Tier of one that has none of its own)."""
     if isinstance(obj, Tier):
+        if obj.storage_options is None and storage_options and is_remote(obj.path):
+            obj.storage_options = storage_options
         return obj
     if isinstance(obj, (str, os.PathLike)):
-        return Tier(Path(obj))
-    raise TypeError(f"a tier is a path or a uckpt.Tier, got {type(obj).__name__}")
+        return Tier(obj, storage_options=storage_options if is_remote(obj) else None)
+    raise TypeError(f"a tier is a path, an s3:// URL or a uckpt.Tier, got {type(obj).__name__}")
 
 
-def _drop_cache(fd: int) -> None:
-    """Ask the kernel to forget cached pages, so a read-back comes from storage."""
-    if hasattr(os, "posix_fadvise"):
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
+def copy_checkpoint(src, dst, verify: bool = True, storage_options=None):
+    """Copy committed checkpoint ``src`` to ``dst`` (paths or URLs; the same name on
+    another tier), from this one process.
 
-
-class Source:
-    """A committed checkpoint being copied: its directory open, its manifest's exact
-    bytes and their parse. Files are opened relative to the directory, never through a
-    symlink, and copied only up to their declared sizes."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self.dir_fd = fsutil.open_dir(directory)
-        try:
-            self.manifest_bytes = manifest_bytes_at(self.dir_fd, directory)
-            self.manifest = Manifest.parse(self.manifest_bytes,
-                                           where=str(directory / MANIFEST_NAME))
-        except BaseException:
-            os.close(self.dir_fd)
-            raise
-
-    def __enter__(self) -> "Source":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        os.close(self.dir_fd)
-
-    def copy_file(self, name: str, dst: Path) -> None:
-        """Copy data file ``name`` (its declared size) to ``dst``, fsync it and drop it from
-        the page cache (so a read-back comes from storage)."""
-        size = self.manifest.files[name].size
-        path = str(self.directory / name)
-        fin = fsutil.open_regular(self.dir_fd, name, what="data file", path=path)
-        try:
-            with open(dst, "xb") as fout:
-                copied = fsutil.copy_range(fin, fout.fileno(), size)
-                if copied < size:
-                    raise TruncatedDataError(f"data file {path!r} is truncated: {copied} bytes, "
-                                             f"the manifest records {size}", path=path,
-                                             offset=copied)
-                os.fsync(fout.fileno())
-                _drop_cache(fout.fileno())
-        finally:
-            os.close(fin)
-
-    def write_manifest(self, dst: Path) -> None:
-        fsutil.write_file_durably(dst, self.manifest_bytes)
-
-
-def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]:
-    """Copy committed checkpoint ``src`` to ``dst`` (same name on another tier).
-
-    Returns ``dst``, or None if ``dst`` already holds a committed checkpoint (a
-    flush that was already done). Raises on any failure, leaving nothing
-    visible at ``dst``.
+    Returns ``dst``'s location, or None if it already holds a committed checkpoint (a
+    flush that was already done). Raises on any failure, leaving nothing visible at
+    ``dst``.
     """
-    if (dst / MANIFEST_NAME).exists():
-        return None
-    lease = None
-    try:
-        with Source(src) as source:  # validates the source manifest first
-            lease = make_parent_and_tmp(dst)
-            tmp = lease.path
-            for name in source.manifest.files:
-                source.copy_file(name, tmp / name)
-            source.write_manifest(tmp / MANIFEST_NAME)
-        fsutil.fsync_dir(tmp)
-        if verify:
-            with CheckpointReader(tmp) as copy:
-                copy.verify()
-        publish(tmp, dst, overwrite=False)
-    except CheckpointExistsError:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        return None
-    except BaseException as e:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        err = save_failure(e, f"copying {str(src)!r} to tier {str(dst.parent)!r}", dst)
-        if err is e:
-            raise
-        raise err from e
-    finally:
-        if lease is not None:
-            lease.release()
-    return dst
+    from .collective import copy_collective
+    from .comm import SingleProcess
+    from .storage import locate
+
+    src_store, name = locate(src, storage_options if is_remote(src) else None)
+    dst_store, dst_name = locate(dst, storage_options if is_remote(dst) else None)
+    if name != dst_name:
+        raise ValueError(f"a copy keeps the checkpoint's name: {name!r} != {dst_name!r}")
+    return copy_collective(src_store, dst_store, name, SingleProcess(), verify)

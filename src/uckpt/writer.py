@@ -1,6 +1,8 @@
-"""Write one rank's data file from a plan.
+"""Write one rank's data file from a plan, into a :class:`~uckpt.storage.base.CheckpointSink`.
 
-From a snapshot, the staging arena already is the file's image and goes to
+The pieces of the file and their checksums are computed here; the sink stores them
+(local directories with :func:`write_buffered` / :func:`write_image` below; object stores
+as a multipart upload). From a snapshot, the staging arena already is the file's image and goes to
 storage with O_DIRECT. Otherwise one thread writes the chunks in file order with vectored writes (a file's
 writes serialise on its inode lock anyway), while another computes their
 checksums over the same memory: the two overlap, so a save costs about what
@@ -104,7 +106,7 @@ def _batched(fd: int, pieces: List[tuple], zeros: memoryview, writeback: _Writeb
         _pwritev_all(fd, batch, start)
 
 
-def _write_buffered(path: Path, size: int, pieces: List[tuple]) -> None:
+def write_buffered(path: Path, size: int, pieces: List[tuple]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         preallocate(fd, size)
@@ -116,7 +118,7 @@ def _write_buffered(path: Path, size: int, pieces: List[tuple]) -> None:
         os.close(fd)
 
 
-def _write_image(path: Path, image: np.ndarray, size: int) -> None:
+def write_image(path: Path, image: np.ndarray, size: int) -> None:
     """Write a page-aligned file image with O_DIRECT (storage DMA, no page-cache copy:
     almost no CPU), falling back to buffered writes where O_DIRECT is refused (tmpfs)."""
     padded = memoryview(image)[:-(-size // 4096) * 4096] if size else memoryview(image)[:0]
@@ -143,10 +145,11 @@ def _write_image(path: Path, image: np.ndarray, size: int) -> None:
         os.close(fd)
 
 
-def write_data_file(directory: Path, file: str, size: int, items: List[WriteItem],
+def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                     arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
                     origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
-    """Create ``directory/file``, write every item at its offset, fsync; return the chunks.
+    """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
+    offset, durably; return the chunks.
 
     ``image``, when given, is the whole file's bytes (a staging arena laid out
     by the plan): it is written in one piece and the items are checksummed from it.
@@ -176,9 +179,9 @@ def write_data_file(directory: Path, file: str, size: int, items: List[WriteItem
     summer.start()
     try:
         if image is not None:
-            _write_image(directory / file, image, size)
+            sink.write_image(file, image, size)
         else:
-            _write_buffered(directory / file, size, [(it.offset, d) for it, d in zip(items, data)])
+            sink.write_pieces(file, size, [(it.offset, d) for it, d in zip(items, data)])
     finally:
         summer.join()
     if errors:

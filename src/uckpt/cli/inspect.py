@@ -9,6 +9,8 @@ from typing import Any, Dict, List
 from ..format import FORMAT_NAME, Manifest
 from ..reader import read_manifest
 from ..tree import escape
+from ..storage import is_remote
+from .remote import add_storage_arguments, options_for
 from .common import bytes_text, human_bytes, human_time, print_json, shape_str, table
 
 HELP = "show a checkpoint's header, metadata, values and leaves"
@@ -23,8 +25,10 @@ Only the manifest is read, so this is fast on checkpoints of any size; run
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", metavar="CKPT", help="a checkpoint directory")
+    p.add_argument("checkpoint", metavar="CKPT",
+                   help="a checkpoint directory, or an s3://bucket/prefix URL")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
+    add_storage_arguments(p)
     p.set_defaults(run=run)
     return p
 
@@ -61,7 +65,7 @@ def describe(directory, manifest: Manifest) -> Dict[str, Any]:
     walk(manifest.tree, [], found)
     kinds = {r["array"]: r["type"] for r in found["refs"] if r["path"] == r["array"]}
     return {
-        "path": str(Path(directory).absolute()),
+        "path": directory if is_remote(directory) else str(Path(directory).absolute()),
         "format": FORMAT_NAME,
         "format_version": manifest.format_version,
         "generator": manifest.generator,
@@ -126,7 +130,7 @@ def render(doc: Dict[str, Any]) -> str:
 
 
 def run(args) -> int:
-    manifest = read_manifest(args.checkpoint)
+    manifest = read_manifest(args.checkpoint, options_for(args.checkpoint, args))
     doc = describe(args.checkpoint, manifest)
     if args.json:
         print_json(doc)

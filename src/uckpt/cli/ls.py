@@ -6,20 +6,24 @@ import argparse
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
+from ..storage import is_remote
 from .common import first_line, human_bytes, human_time, print_json, table
+from .remote import add_storage_arguments, options_for, storage_options
 from .scan import Found, scan
 from .tiers import Row, Tier, default_labels, scan_tiers
 
 HELP = "list the checkpoints under a directory (or several storage tiers)"
 DESCRIPTION = """\
 List the checkpoints under ROOT (a CheckpointManager root, or any directory
-holding checkpoint directories), or ROOT itself if it is a checkpoint.
+holding checkpoint directories; or an s3://bucket/prefix URL of an object store),
+or ROOT itself if it is a checkpoint.
 
 Status: "committed" (the manifest is valid and every data file is present),
 "damaged" (the manifest is missing or invalid, or a data file is missing or
 short, or one of them is not a regular file; also a symlink named like a
 checkpoint, which is not followed), "incomplete" (the temporary directory of a save or copy in progress or
-interrupted), "stale" (left by an interrupted delete or overwrite).
+interrupted; in an object store: the objects of a step_N prefix without a
+manifest), "stale" (left by an interrupted delete or overwrite).
 Only manifests are read, and nothing is changed; run "uckpt verify" to check
 the data itself.
 
@@ -75,6 +79,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(e.g. fast,durable; default tier0,tier1,...); "
                         "lists even a single ROOT as a tier")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    add_storage_arguments(p)
     p.set_defaults(run=run, usage_error=p.error)
     return p
 
@@ -91,7 +96,7 @@ def _names(text: str) -> List[str]:
 def to_json(f: Found) -> Dict[str, Any]:
     m = f.manifest
     return {
-        "path": str(f.path.absolute()),
+        "path": f.where,
         "name": f.name,
         "step": f.step,
         "status": f.status,
@@ -107,7 +112,7 @@ def run(args) -> int:
     if len(args.roots) > 1 or args.tier_names is not None:
         return run_tiers(args)
     (root,) = args.roots
-    found = scan(root)
+    found = scan(root, options_for(root, args))
     if args.json:
         print_json({"root": root, "checkpoints": [to_json(f) for f in found]})
         return 0
@@ -133,7 +138,7 @@ def run_tiers(args) -> int:
         if key in seen:
             args.usage_error(f"tiers {seen[key]} and {label} are the same directory: {root}")
         seen[key] = label
-    tiers, rows = scan_tiers(args.roots, labels)
+    tiers, rows = scan_tiers(args.roots, labels, storage_options(args))
     if args.json:
         print_json(tiers_json(tiers, rows))
         return 0
@@ -163,7 +168,10 @@ def tiers_json(tiers: Sequence[Tier], rows: Sequence[Row]) -> Dict[str, Any]:
 
 
 def _identity(root: str):
-    """Same directory, however spelt (symlinks, ``..``): its device and inode, else its path."""
+    """Same directory, however spelt (symlinks, ``..``): its device and inode, else its path
+    (an ``s3://`` root: its URL)."""
+    if is_remote(root):
+        return root.rstrip("/")
     p = Path(root)
     try:
         st = p.stat()

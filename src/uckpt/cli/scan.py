@@ -31,6 +31,7 @@ from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..fsutil import kind_of, link_kind, open_dir, stat_regular
 from ..reader import manifest_at
+from ..storage import is_remote
 
 COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
 _STEP = re.compile(r"^step_(\d+)$")
@@ -40,26 +41,38 @@ _HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
 
 @dataclass
 class Found:
-    """One directory found under a root; ``tier`` is the root's label when several are listed."""
+    """One directory found under a root (or, ``url`` set, a checkpoint prefix in an object
+    store, ``path`` None); ``tier`` is the root's label when several are listed."""
 
-    path: Path
+    path: Optional[Path]
     status: str
     step: Optional[int] = None
     size: int = 0  # bytes of all files in the directory
     manifest: Optional[Manifest] = None
     reason: str = ""  # why it is damaged / incomplete / stale
     tier: Optional[str] = None  # set by tiers.scan_tiers
+    url: Optional[str] = None  # in an object store
 
     @property
     def name(self) -> str:
-        return self.path.name
+        return self.url.rsplit("/", 1)[-1] if self.url else self.path.name
+
+    @property
+    def where(self) -> str:
+        """The absolute path, or the URL."""
+        return self.url or str(self.path.absolute())
 
 
-def scan(root) -> List[Found]:
+def scan(root, storage_options=None) -> List[Found]:
     """The checkpoints under ``root`` by step (unnumbered last); ``root`` itself if it is one.
 
     ``root`` may be reached through a symlink (it was given); entries under it are not: a
-    symlink named like a checkpoint is listed as damaged and not followed."""
+    symlink named like a checkpoint is listed as damaged and not followed. An ``s3://``
+    root is listed by :func:`uckpt.cli.remote.scan_remote`."""
+    if is_remote(root):
+        from .remote import scan_remote
+
+        return scan_remote(root, storage_options)
     root = Path(root)
     try:
         st = os.stat(root)
@@ -85,9 +98,13 @@ def scan(root) -> List[Found]:
             continue
         if item is not None:
             found.append(item)
+    return order_found(found)
+
+
+def order_found(found: List[Found]) -> List[Found]:
+    """By step (unnumbered last), then status, then name."""
     order = {COMMITTED: 0, DAMAGED: 1, STALE: 2, INCOMPLETE: 3}
-    found.sort(key=lambda f: (f.step is None, f.step or 0, order[f.status], f.name))
-    return found
+    return sorted(found, key=lambda f: (f.step is None, f.step or 0, order[f.status], f.name))
 
 
 def _symlink(path: Path) -> Optional[Found]:

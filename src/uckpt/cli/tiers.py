@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointNotFoundError
+from ..storage import is_remote
 from .scan import COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, scan
 
 STATUS_ORDER = (COMMITTED, DAMAGED, STALE, INCOMPLETE)
@@ -35,8 +36,9 @@ class Tier:
     counts: Tuple[Tuple[str, int], ...] = ()  # (status, number of entries), in STATUS_ORDER
 
     @property
-    def path(self) -> Path:
-        return Path(self.root).absolute()
+    def path(self):
+        """The root's absolute path (its URL for an object store)."""
+        return self.root if is_remote(self.root) else Path(self.root).absolute()
 
     def summary(self) -> str:
         """``"missing"``, ``"empty"`` or ``"2 committed, 1 incomplete"``."""
@@ -77,16 +79,18 @@ class Row:
                          for s in STATUS_ORDER if s in by_status)
 
 
-def scan_tiers(roots: Sequence[str], labels: Sequence[str]) -> Tuple[List[Tier], List[Row]]:
-    """Scan every root (labelled by ``labels``) and merge the entries by step."""
+def scan_tiers(roots: Sequence[str], labels: Sequence[str], storage_options=None
+               ) -> Tuple[List[Tier], List[Row]]:
+    """Scan every root (labelled by ``labels``; ``storage_options`` for ``s3://`` roots)
+    and merge the entries by step."""
     assert len(roots) == len(labels)
     tiers: List[Tier] = []
     rows: Dict[tuple, Row] = {}
     for label, root in zip(labels, roots):
         try:
-            found = scan(root)
+            found = scan(root, storage_options if is_remote(root) else None)
         except FileNotFoundError:  # CheckpointNotFoundError, or the root vanished mid-scan
-            if Path(root).exists():
+            if is_remote(root) or Path(root).exists():
                 raise
             tiers.append(Tier(label, str(root), missing=True))
             continue

@@ -10,7 +10,9 @@ from typing import List, Union
 
 from ..errors import CheckpointNotFoundError, UckptError
 from ..reader import CheckpointReader
+from ..storage import is_remote
 from .common import bytes_text, human_bytes, print_error
+from .remote import add_storage_arguments, options_for
 from .scan import COMMITTED, DAMAGED, scan
 
 HELP = "re-check every checksum of checkpoints"
@@ -22,7 +24,8 @@ leaf and byte offset) of the first damage in each damaged checkpoint and exits
 1. A checkpoint of format version 1 has no manifest checksum: it is verified
 as far as it can be, with a note saying so. With --all, each argument is a
 root directory (e.g. a CheckpointManager's) and every checkpoint under it is
-verified; temporary directories of interrupted saves are skipped."""
+verified; temporary directories of interrupted saves are skipped. A CKPT or
+ROOT may be an s3://bucket/prefix URL."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -32,21 +35,24 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="checkpoint directories (with --all: root directories)")
     p.add_argument("--all", action="store_true",
                    help="verify every checkpoint under each ROOT given")
+    add_storage_arguments(p)
     p.set_defaults(run=run)
     return p
 
 
 def targets(args) -> List[Union[Path, str]]:
-    """Checkpoints to verify; with --all, an entry of a root that is a symlink is not
-    followed: it is reported (as a string: the error to print) instead."""
+    """Checkpoints to verify (Paths, or ``s3://`` URLs); with --all, an entry of a root
+    that is a symlink is not followed: it is reported (as a string: the error to print)
+    instead."""
     if not args.all:
-        return [Path(p) for p in args.paths]
+        return [p if is_remote(p) else Path(p) for p in args.paths]
     out: List[Union[Path, str]] = []
     for root in args.paths:
-        found = [f for f in scan(root) if f.status in (COMMITTED, DAMAGED)]
+        found = [f for f in scan(root, options_for(root, args)) if f.status in (COMMITTED, DAMAGED)]
         if not found:
             raise CheckpointNotFoundError(f"no checkpoints under {root!r}", path=root)
-        out += [f"{f.path}: {f.reason}" if os.path.islink(f.path) else f.path for f in found]
+        out += [f.url if f.url else f"{f.path}: {f.reason}" if os.path.islink(f.path)
+                else f.path for f in found]
     return out
 
 
@@ -72,11 +78,11 @@ class Progress:
             sys.stderr.flush()
 
 
-def verify_one(path: Path) -> str:
+def verify_one(path, storage_options=None) -> str:
     """Verify one checkpoint; returns the OK line (and a note for an unchecked manifest)
     or raises."""
     start = time.perf_counter()
-    with CheckpointReader(path) as reader:
+    with CheckpointReader(path, storage_options=storage_options) as reader:
         manifest = reader.manifest  # a version-2 manifest's checksum was checked reading it
         chunks = sum(len(a.chunks) for a in manifest.arrays.values())
         progress = Progress(str(path), manifest.nbytes)
@@ -97,12 +103,12 @@ def run(args) -> int:
     paths = targets(args)
     failed = 0
     for path in paths:
-        if isinstance(path, str):  # not followed
+        if isinstance(path, str) and not is_remote(path):  # not followed
             failed += 1
             print_error(path)
             continue
         try:
-            print(verify_one(path), flush=True)
+            print(verify_one(path, options_for(path, args)), flush=True)
         except (UckptError, OSError) as e:
             failed += 1
             print_error(e)

@@ -89,7 +89,10 @@ def _cached(key: Any, source: Any, make) -> Communicator:
 
 
 def background_communicator(comm: Communicator) -> Communicator:
-    """Collective on first use: the duplicate of ``comm`` that background saves talk over."""
+    """Collective on first use: the duplicate of ``comm`` that background saves talk over
+    (a single process needs none: its collectives exchange nothing)."""
+    if comm.size == 1:
+        return comm
     hit = _background.get(id(comm))
     if hit is not None and hit[0] is comm:
         return hit[1]

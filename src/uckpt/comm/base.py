@@ -140,7 +140,14 @@ def _raise_failed(failed: List[Tuple[int, str]], size: int, error: Any, what: st
 
 
 class SingleProcess(Communicator):
-    """The default: one process, rank 0 of 1. Collectives return at once."""
+    """The default: one process, rank 0 of 1. Collectives return at once.
+
+    A world of one runs the same collective code paths as many ranks; in it,
+    :meth:`gather_outcomes` raises ``fn``'s own exception (not a DistributedError
+    wrapping it), so a single process sees the specific error."""
+
+    def gather_outcomes(self, fn: Callable[[], Any], what: str = "operation") -> List[Any]:
+        return [fn()]
 
     def duplicate(self) -> "SingleProcess":
         return SingleProcess()

@@ -1,7 +1,84 @@
-"""Where checkpoint bytes live: the storage layer.
+"""Where checkpoint bytes live: the storage layer (see :mod:`uckpt.storage.base`).
 
-:mod:`uckpt.storage.s3` is a small synchronous client for S3-compatible object stores
-(AWS S3, MinIO, Ceph, SeaweedFS, GCS through its S3 API). It needs the optional extra
-``pip install 'uckpt[s3]'`` (boto3), which is imported only when an ``s3://`` URL is
-used: importing this package imports nothing beyond the standard library.
+A root or a checkpoint is named by a local path or an ``s3://bucket/prefix`` URL.
+:func:`open_store` gives the :class:`~uckpt.storage.base.Store` of a root,
+:func:`locate` the store and name of one checkpoint, :func:`open_source` a
+:class:`~uckpt.storage.base.CheckpointSource` to read one.
+
+Object stores need the optional extra ``pip install 'uckpt[s3]'`` (boto3), which is
+imported only when an ``s3://`` URL is used: importing this package imports nothing
+beyond the standard library and uckpt's core.
 """
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping, Optional, Tuple
+
+from .base import CheckpointSink, CheckpointSource, Store
+from .s3_url import is_s3_url, parse_url
+
+__all__ = ["CheckpointSink", "CheckpointSource", "Store", "is_remote", "locate",
+           "open_source", "open_store"]
+
+
+def is_remote(target: Any) -> bool:
+    """Whether ``target`` names a checkpoint or root in an object store."""
+    return is_s3_url(target)
+
+
+def _check_options(target, storage_options: Optional[Mapping]) -> None:
+    if storage_options and not is_remote(target):
+        from .s3_errors import StorageConfigError
+
+        raise StorageConfigError(f"storage_options were given for {os.fspath(target)!r}, a "
+                                 "local path; they apply to s3:// URLs only")
+
+
+def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
+    """The store of root ``root`` (a path, or an ``s3://bucket/prefix`` URL)."""
+    if isinstance(root, Store):
+        return root
+    _check_options(root, storage_options)
+    if is_remote(root):
+        from .objects import ObjectStore
+
+        return ObjectStore.from_url(root, storage_options)
+    from .local import LocalStore
+
+    return LocalStore(root)
+
+
+def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, str]:
+    """The store holding checkpoint ``target`` (a path or URL) and the checkpoint's name
+    in it: ``/a/b/ckpt`` -> (``/a/b``, ``ckpt``), ``s3://bucket/a/ckpt`` ->
+    (``s3://bucket/a``, ``ckpt``)."""
+    _check_options(target, storage_options)
+    if is_remote(target):
+        bucket, prefix = parse_url(target)
+        if not prefix:
+            from .s3_errors import StorageConfigError
+
+            raise StorageConfigError(f"{target!r} names a bucket, not a checkpoint in it",
+                                     path=target, hint="write s3://bucket/name")
+        parent, _, name = prefix.rpartition("/")
+        from .objects import ObjectStore, client_for
+
+        return ObjectStore(client_for(bucket, storage_options), parent), name
+    from .local import LocalStore
+
+    path = Path(target).absolute()
+    return LocalStore(path.parent), path.name
+
+
+def open_source(target, storage_options: Optional[Mapping] = None) -> CheckpointSource:
+    """A source reading checkpoint ``target`` (a path, a URL, or a source: returned)."""
+    if isinstance(target, CheckpointSource):
+        return target
+    if is_remote(target):
+        store, name = locate(target, storage_options)
+        return store.source(name)
+    _check_options(target, storage_options)
+    from .local import LocalSource
+
+    return LocalSource(target)

@@ -42,6 +42,7 @@ DELETE_BATCH = 1000            # keys per DeleteObjects request (the S3 maximum)
 class Listing(NamedTuple):
     prefixes: List[str]        # the common prefixes (sub-"directories"), each ending in "/"
     objects: Dict[str, int]    # key -> size in bytes
+    modified: Dict[str, float]  # key -> when it was last written (seconds since the epoch)
 
 
 class S3Client(Reads, Writes):
@@ -102,13 +103,17 @@ class S3Client(Reads, Writes):
             params["Delimiter"] = delimiter
         prefixes: List[str] = []
         objects: Dict[str, int] = {}
+        modified: Dict[str, float] = {}
         try:
             for page in self._s3.get_paginator("list_objects_v2").paginate(**params):
                 prefixes.extend(p["Prefix"] for p in page.get("CommonPrefixes", ()))
-                objects.update((o["Key"], o["Size"]) for o in page.get("Contents", ()))
+                for o in page.get("Contents", ()):
+                    objects[o["Key"]] = o["Size"]
+                    if "LastModified" in o:
+                        modified[o["Key"]] = o["LastModified"].timestamp()
         except Exception as e:
             raise self._error(e, self.url(prefix), "listing") from e
-        return Listing(prefixes, objects)
+        return Listing(prefixes, objects, modified)
 
     def delete(self, keys: Iterable[str]) -> None:
         """Deletes ``keys`` (missing ones are no error), 1000 per request."""

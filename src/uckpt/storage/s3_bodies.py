@@ -1,9 +1,11 @@
-"""Request bodies for uploads: a byte range of a caller's buffer or of a local file, as a
+"""Request bodies for uploads: a byte range of a caller's buffer, of a local file or of a
+:class:`Readable` (bytes assembled on demand, e.g. from the arrays of a save), as a
 seekable file-like object. botocore reads a body in small blocks while sending it and
 seeks it back to 0 before a retry, so an upload never copies a whole part (let alone the
 whole object) into new memory."""
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import stat
@@ -16,6 +18,41 @@ Source = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", int, objec
 _CRC_BLOCK = 8 << 20  # bytes of a file read at once to checksum a part
 
 
+class Readable:
+    """Something to upload that is neither one buffer nor a file: ``size`` bytes, read with
+    ``pread(n, offset)`` (like :func:`os.pread`: fewer bytes only at the end)."""
+
+    size: int = 0
+
+    def pread(self, n: int, offset: int) -> bytes:
+        raise NotImplementedError
+
+
+class Gather(Readable):
+    """``size`` bytes made of ``(offset, buffer)`` pieces sorted by offset, the gaps
+    between them zeros: a data file of a save, assembled on demand from the arrays
+    (no copy of the whole file is ever made)."""
+
+    def __init__(self, pieces, size: int):
+        self.size = size
+        self._offsets = [offset for offset, _ in pieces]
+        self._views = [memoryview(data).cast("B") for _, data in pieces]
+
+    def pread(self, n: int, offset: int) -> bytearray:
+        end = min(offset + n, self.size)
+        if end <= offset:
+            return bytearray()
+        out = bytearray(end - offset)
+        i = max(0, bisect.bisect_right(self._offsets, offset) - 1)
+        while i < len(self._offsets) and self._offsets[i] < end:
+            start, view = self._offsets[i], self._views[i]
+            lo, hi = max(start, offset), min(start + len(view), end)
+            if lo < hi:
+                out[lo - offset:hi - offset] = view[lo - start:hi - start]
+            i += 1
+        return out
+
+
 class RangeBody:
     """Bytes ``[offset, offset + length)`` of a buffer or a file descriptor, read on
     demand. Positions (``seek``/``tell``) are relative to ``offset``."""
@@ -23,6 +60,7 @@ class RangeBody:
     def __init__(self, source, offset: int, length: int):
         self._view = source if isinstance(source, memoryview) else None
         self._fd = source if isinstance(source, int) else None
+        self._reader = source if isinstance(source, Readable) else None
         self._offset, self._length, self._pos = offset, length, 0
 
     def __len__(self) -> int:
@@ -38,13 +76,18 @@ class RangeBody:
         if self._view is not None:
             data = bytes(self._view[start:start + n])
         else:
-            data = os.pread(self._fd, n, start)
+            data = self._pread(n, start)
             if not data:
                 raise TruncatedDataError(f"the file being uploaded ended at byte {start}, "
                                          f"before the {self._offset + self._length} bytes "
                                          "asked for (it shrank during the upload)")
         self._pos += len(data)
         return data
+
+    def _pread(self, n: int, offset: int) -> bytes:
+        if self._reader is not None:
+            return self._reader.pread(n, offset)
+        return os.pread(self._fd, n, offset)
 
     def seek(self, pos: int, whence: int = 0) -> int:
         base = (0, self._pos, self._length)[whence]
@@ -66,7 +109,7 @@ class RangeBody:
             return crc32c(self._view[self._offset:self._offset + self._length])
         value, pos, end = 0, self._offset, self._offset + self._length
         while pos < end:
-            data = os.pread(self._fd, min(_CRC_BLOCK, end - pos), pos)
+            data = self._pread(min(_CRC_BLOCK, end - pos), pos)
             if not data:
                 raise TruncatedDataError(f"the file being uploaded ended at byte {pos}, "
                                          f"before the {end} bytes asked for")
@@ -76,11 +119,12 @@ class RangeBody:
 
 
 @contextlib.contextmanager
-def open_source(source: Source, size: int, url: str) -> Iterator[Union[memoryview, int]]:
+def open_source(source: Source, size: int, url: str
+                ) -> Iterator[Union[memoryview, int, Readable]]:
     """The bytes to upload to ``url`` as a flat memoryview (of a buffer: bytes, bytearray,
-    memoryview, a C-contiguous NumPy array) or a file descriptor (a path, opened and
-    closed here, or an open descriptor, left open), after checking that it holds at
-    least ``size`` bytes."""
+    memoryview, a C-contiguous NumPy array), a file descriptor (a path, opened and
+    closed here, or an open descriptor, left open) or a :class:`Readable`, after checking
+    that it holds at least ``size`` bytes."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise UnsupportedObjectError(f"upload to {url}: size must be an integer >= 0, "
                                      f"not {size!r}", path=url)
@@ -98,6 +142,12 @@ def open_source(source: Source, size: int, url: str) -> Iterator[Union[memoryvie
         return
     if isinstance(source, int) and not isinstance(source, bool):
         yield _checked_fd(source, size, url, f"file descriptor {source}")
+        return
+    if isinstance(source, Readable):
+        if source.size < size:
+            raise UnsupportedObjectError(f"upload to {url}: the source holds {source.size} "
+                                         f"bytes, fewer than the {size} asked for", path=url)
+        yield source
         return
     try:
         view = memoryview(source)

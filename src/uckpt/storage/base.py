@@ -1,0 +1,226 @@
+"""The storage seam: the one interface through which checkpoint bytes go.
+
+Three small classes, implemented for local POSIX directories (:mod:`.local`) and for
+S3-compatible object stores (:mod:`.objects`):
+
+* :class:`Store`: a *root* holding checkpoints by name (a ``CheckpointManager`` tier
+  holds ``step_00000042``, ...; ``uckpt.save("/a/b/ckpt")`` uses root ``/a/b``, name
+  ``ckpt``). Lists committed checkpoints, opens sources and sinks, deletes, removes
+  debris, and makes the root's writer lock.
+* :class:`CheckpointSource`: one checkpoint being read: its manifest's bytes (capped),
+  then byte ranges of its data files into the caller's buffers. The reader
+  (:class:`uckpt.reader.CheckpointReader`) checks every byte against its CRC-32C.
+* :class:`CheckpointSink`: one checkpoint being written: data files, then the manifest
+  last, which is the commit. Nothing is visible to readers before the commit.
+
+Who calls what, and in what order (DCP style):
+
+* a save (:mod:`uckpt.collective`, every rank; a single process is a world of one):
+  the coordinator (rank 0) calls :meth:`Store.sink` (checks the target, prepares the
+  temporary place) and broadcasts :attr:`CheckpointSink.token`; every other rank calls
+  :meth:`Store.join_sink` with it. Every rank then calls :meth:`CheckpointSink.view`,
+  writes its own data file (:meth:`~CheckpointSink.write_pieces`,
+  :meth:`~CheckpointSink.write_image` or :meth:`~CheckpointSink.copy_file`), and the
+  lowest rank of each view calls :meth:`~CheckpointSink.commit` with the manifest's
+  bytes after every rank has written. Every rank finally calls
+  :meth:`~CheckpointSink.release`, or :meth:`~CheckpointSink.abort` after a failure;
+* a copy to another tier (:mod:`uckpt.tiers`): a sink on the target store, each data
+  file copied from a source on the first store, every copied byte read back through
+  :meth:`CheckpointSink.written` and checked, then ``commit`` with the source's
+  manifest bytes;
+* the writer of a root (:class:`uckpt.CheckpointManager`, from its first save):
+  :meth:`Store.writer_lock` then ``try_acquire`` once, :meth:`Store.remove_debris`,
+  then saves and :meth:`Store.delete` (retention); readers call only
+  :meth:`Store.steps`, :meth:`Store.has` and :meth:`Store.source`.
+
+Every method raises errors of :mod:`uckpt.errors`; those of reading a damaged or
+missing checkpoint are the ones ``CheckpointManager.restore`` falls back on.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+STEP_NAME = re.compile(r"^step_(\d+)$")
+#: the most bytes read for a manifest (one more is read to tell); a larger one is refused
+MAX_MANIFEST_BYTES = 1 << 30
+
+
+class CheckpointSource:
+    """One checkpoint, read. Call order: :meth:`manifest_bytes` (once), then
+    :meth:`open_file` for each data file a read needs (before any array is allocated),
+    then :meth:`read_into` any number of times from any number of threads, then
+    :meth:`close`. ``manifest``, when a source is made with one, is the manifest of a
+    checkpoint not yet committed (a copy being verified)."""
+
+    #: the checkpoint's path or URL, for messages
+    where: str = ""
+    #: bytes a reader asks for at once within a chunk (each block is checksummed as it lands)
+    block_bytes: int = 1 << 20
+
+    def manifest_bytes(self) -> bytes:
+        """The manifest's exact bytes, read up to the manifest size cap (+1 byte to tell).
+        Raises NotACheckpointError if there is none, ManifestError if it is too large."""
+        raise NotImplementedError
+
+    def open_file(self, name: str) -> int:
+        """Make data file ``name`` ready to read and return its actual size (raises
+        CheckpointNotFoundError if it is missing, CorruptCheckpointError if it is not a
+        plain file or object)."""
+        raise NotImplementedError
+
+    def read_into(self, name: str, buf, offset: int) -> int:
+        """Fill ``buf`` (a writable buffer) from data file ``name`` at ``offset``; return
+        the bytes read (fewer only where the file ends). ``open_file(name)`` came first.
+        May raise OSError (the reader names the leaf and offset) or a uckpt error."""
+        raise NotImplementedError
+
+    def file_where(self, name: str) -> str:
+        """The path or URL of data file ``name``, for messages."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "CheckpointSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CheckpointSink:
+    """One checkpoint being written by one rank (see the module docstring for the order).
+
+    ``token``: what the other ranks of a save pass to :meth:`Store.join_sink`.
+    """
+
+    token: str = ""
+    where: str = ""
+
+    def view(self) -> str:
+        """Which copy of the storage this rank writes to: ranks that share a view share
+        the files, and the lowest rank of each view commits (node-local directories are
+        one view per node; an object store is one view)."""
+        raise NotImplementedError
+
+    def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Any]]) -> None:
+        """Write data file ``name`` of ``size`` bytes from ``(offset, uint8 buffer)``
+        pieces sorted by offset (gaps are zero), durably."""
+        raise NotImplementedError
+
+    def write_image(self, name: str, image, size: int) -> None:
+        """Write data file ``name`` from ``image``, a page-aligned buffer holding the
+        file's ``size`` bytes (and padding), durably."""
+        raise NotImplementedError
+
+    def copy_file(self, source: CheckpointSource, name: str, size: int) -> None:
+        """Copy the first ``size`` bytes of ``source``'s data file ``name``, durably;
+        TruncatedDataError if it holds fewer."""
+        raise NotImplementedError
+
+    def written(self, manifest) -> CheckpointSource:
+        """A source over what this sink wrote, read back from storage, with ``manifest``
+        (not yet committed): for verifying a copy before its commit."""
+        raise NotImplementedError
+
+    def commit(self, manifest_bytes: bytes, overwrite: bool = False) -> None:
+        """Write the manifest last and make the checkpoint visible (one view's lowest
+        rank, after every rank of the view has written). CheckpointExistsError if a
+        committed checkpoint appeared meanwhile (unless ``overwrite``)."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """This rank is done with the save (committed, or cleaned up)."""
+
+    def abort(self) -> None:
+        """After a failure: remove what this rank wrote (best effort), then release."""
+        raise NotImplementedError
+
+
+class WriterLock:
+    """A root's writer lock (see docs/architecture.md, "A root shared by many processes").
+
+    Call order: :meth:`try_acquire` once (``None``: held; else the holder's record),
+    :meth:`refusal` to build the error when refused, :meth:`release` at the end."""
+
+    #: whether one rank of a job takes it for every rank (an object store, seen alike by
+    #: all) rather than every rank for the copy it sees (local directories)
+    one_per_job: bool = False
+    job: str = ""
+
+    def try_acquire(self) -> Optional[Dict[str, Any]]:
+        raise NotImplementedError
+
+    def holder(self) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def refusal(self):
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+
+class Store:
+    """A root of checkpoints (a directory, or a prefix in a bucket)."""
+
+    #: the root's path or URL as the user gave it (for messages and ``Tier.name``)
+    where: str = ""
+    #: True for object stores (no rename, no locks, the manifest object is the commit)
+    remote: bool = False
+
+    def location(self, name: str):
+        """What to show for checkpoint ``name`` of this root (a Path, or a URL)."""
+        raise NotImplementedError
+
+    def steps(self) -> List[int]:
+        """Steps of the committed ``step_N`` checkpoints of the root, oldest first."""
+        raise NotImplementedError
+
+    def has(self, name: str) -> bool:
+        """Whether checkpoint ``name`` is committed (its manifest exists)."""
+        raise NotImplementedError
+
+    def files_present(self, name: str, files: Sequence[str]) -> bool:
+        """Whether this process sees every one of ``files`` of checkpoint ``name``."""
+        return True
+
+    def source(self, name: str, manifest=None) -> CheckpointSource:
+        raise NotImplementedError
+
+    def check_target(self, name: str, overwrite: bool) -> None:
+        """Refuse early (CheckpointExistsError) to replace what must not be replaced."""
+        raise NotImplementedError
+
+    def sink(self, name: str, overwrite: bool = False, shared: bool = False) -> CheckpointSink:
+        """The coordinator's sink for a new checkpoint ``name`` (checks the target first).
+        ``shared``: other ranks will join it."""
+        raise NotImplementedError
+
+    def join_sink(self, name: str, token: str) -> CheckpointSink:
+        """Another rank's sink for the save the coordinator's ``token`` names."""
+        raise NotImplementedError
+
+    def delete(self, name: str) -> bool:
+        """Delete committed checkpoint ``name`` so that readers see it whole or not at all
+        (hide or un-commit first, then remove the data). False if it was already gone."""
+        raise NotImplementedError
+
+    def remove_debris(self) -> List[str]:
+        """Writer only: remove what dead saves and deletions left, never a live save's."""
+        raise NotImplementedError
+
+    def writer_lock(self, job: str, shared: bool) -> WriterLock:
+        raise NotImplementedError
+
+    def prepare_root(self) -> None:
+        """Writer only: create the root if it does not exist."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.where!r})"
+
+
+def step_of(name: str) -> Optional[int]:
+    m = STEP_NAME.match(name)
+    return int(m.group(1)) if m else None
