@@ -8,7 +8,9 @@ every rank) plus a ZeRO-style sharded tensor: rows split across the ranks on
 save, columns (or any other split) on load. Every value derives from fixed
 seeds, so a loader of any size can rebuild what was saved and compare bits.
 """
+import contextlib
 import json
+import logging
 import os
 import sys
 import time
@@ -57,6 +59,32 @@ def trained(seed=0):
 
 def full_shard():
     return np.random.default_rng(5).standard_normal(SHARD_SHAPE).astype(np.float32)
+
+
+class _Uploads(logging.Handler):
+    """Collects the objects this process uploaded (the S3 client logs each at DEBUG)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.urls = []
+
+    def emit(self, record):
+        words = record.getMessage().split()
+        if words[0] in ("put", "uploaded") and words[1].startswith("s3://"):
+            self.urls.append(words[1])
+
+
+@contextlib.contextmanager
+def uploads_seen():
+    handler, log = _Uploads(), logging.getLogger("uckpt.storage.s3")
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    log.addHandler(handler)
+    try:
+        yield handler.urls
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
 
 
 def bounds(n, parts, i):
@@ -129,8 +157,9 @@ def main():
     from uckpt.errors import UckptError
 
     if scenario == "save":
-        uckpt.save(directory, save_state(rank, size), step=7)
-        report(rank=rank, saved=True)
+        with uploads_seen() as uploaded:  # DIR may be an s3:// URL (tests/test_s3_tier.py)
+            uckpt.save(directory, save_state(rank, size), step=7)
+        report(rank=rank, saved=True, uploaded=uploaded)
     elif scenario == "load":
         report(rank=rank, **check_loaded(directory, rank, size, arg))
     elif scenario == "balance":
