@@ -195,13 +195,10 @@ class Checkpoint(keras.callbacks.Callback):
         restores its own random state where the checkpoint has one for it, the single
         one where there is only that, and none (a warning) where the job grew.
         """
-        node = None
-        for tier in range(len(self.manager.tiers)):
-            try:
-                node = uckpt.manifest(self.manager.path(step, tier)).tree["items"].get("rng")
-            except UckptError:
-                continue
-            break
+        try:
+            node = self.manager.manifest(step).tree["items"].get("rng")
+        except UckptError:
+            node = None
         # in place: manager.restore writes the plain values (epoch, step...) back into state
         rng = uckpt.RandomState()
         state["rng"] = uckpt.PerRank(rng) if self._distributed() else rng
@@ -224,13 +221,11 @@ class Checkpoint(keras.callbacks.Callback):
         return self.manager.restore(state, step=step, strict=strict)
 
     def _at_epoch_end(self, step: int) -> bool:
-        for tier in range(len(self.manager.tiers)):
-            try:
-                meta = uckpt.manifest(self.manager.path(step, tier)).metadata
-            except UckptError:
-                continue
-            return meta.get("keras", {}).get("batch") == 0
-        return False
+        try:
+            meta = self.manager.manifest(step).metadata
+        except UckptError:
+            return False
+        return meta.get("keras", {}).get("batch") == 0
 
     # -- Keras hooks -------------------------------------------------------------------------
     def on_epoch_begin(self, epoch, logs=None):

@@ -105,7 +105,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
     def plan() -> Dict[str, Any]:
         if isinstance(flat, BaseException):
             raise flat
-        meta.update(local_metadata(flat))
+        meta.update(local_metadata(flat, compare=comm.size > 1))
         out = compact(meta, comm.rank)
         if comm.rank == 0:
             check_metadata(metadata)
@@ -155,8 +155,8 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
-            log.debug("%s: wrote %s (%d bytes, %.3f s)", p.what, file, size,
-                      time.perf_counter() - start)
+            log.info("saved %s of %s: step %s, %d bytes, %.3f s", file, where,
+                     "-" if p.step is None else p.step, size, time.perf_counter() - start)
             return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
                     "view": view}
 

@@ -13,9 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import json
-import logging
 import os
-import time
 from typing import Any, Dict, Optional
 
 from ._version import __version__ as _version
@@ -28,9 +26,6 @@ from .storage import locate
 from .storage.local import check_target, make_parent_and_tmp, publish  # noqa: F401 (re-exported)
 from .tree import Flat
 from .writer import write_data_file
-
-log = logging.getLogger("uckpt.commit")
-
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     if metadata is None:
@@ -121,7 +116,3 @@ def raise_save_failure(e: BaseException, doing: str, where, detail: str = "") ->
         raise e
     raise err from e
 
-
-def log_saved(what: str, nbytes: int, files: int, start: float, step=None) -> None:
-    log.info("%s: step %s, %d bytes in %d file(s), %.3f s", what,
-             "-" if step is None else step, nbytes, files, time.perf_counter() - start)

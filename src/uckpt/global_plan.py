@@ -56,22 +56,27 @@ def digest(tree: Dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def local_metadata(flat: Flat) -> Dict[str, Any]:
+def local_metadata(flat: Flat, compare: bool = True) -> Dict[str, Any]:
     """What this rank tells the others before a save (JSON-able).
 
     ``replicated`` lists the plain array leaves (equal on every rank, small ones
     and samples of large ones checksummed), ``own`` this rank's :class:`Shard`
-    boxes and :class:`PerRank` leaves. See :func:`compact` for what is sent."""
+    boxes and :class:`PerRank` leaves. See :func:`compact` for what is sent.
+    Without ``compare`` (a world of one: no other rank to compare with) the digests
+    and checksums that only tell ranks apart are left out; every other check runs."""
     mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
     replicated, own = [], []
     for path, arr in flat.arrays.items():
         offsets, gshape = flat.boxes.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
         small = None
-        if path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.size:
+        if compare and path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.size:
             small = crc32c(_sample(arr))
         entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape), small]
         (own if path in flat.boxes or path.startswith(mine) else replicated).append(entry)
     per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
+    if not compare:
+        return {"tree": "", "keys": {}, "replicated": replicated, "own": own,
+                "per_rank": per_rank}
     tree = shared_tree(flat)
     keys = {k: digest(v) for k, v in tree["items"].items()}  # names what differs, if anything
     return {"tree": digest(tree), "keys": keys, "replicated": replicated, "own": own,
@@ -199,6 +204,8 @@ def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tup
 
 def merged_tree(flat_skeleton: Dict[str, Any], gathered: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The manifest's tree: the shared skeleton with every rank's PerRank subtrees."""
+    if len(gathered) == 1:
+        return flat_skeleton  # one rank: its skeleton already holds its PerRank subtrees
     tree = copy.deepcopy(flat_skeleton)
     for g in gathered:
         for parts, items in g["per_rank"]:

@@ -41,7 +41,8 @@ from .errors import (CheckpointNotFoundError, CorruptCheckpointError, Distribute
                      ManifestError, NotACheckpointError, UckptError)
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
-from .reader import CheckpointReader
+from .format import Manifest
+from .reader import read_manifest
 from .storage.local import committed_steps  # noqa: F401 (re-exported)
 from .tiers import Tier, as_tier
 
@@ -224,6 +225,18 @@ class CheckpointManager:
     def tiers_of(self, step: int) -> List[str]:
         """Names of the tiers holding a committed copy of ``step``."""
         return [t.name for t in self.tiers if t.store.has(step_dir_name(step))]
+
+    def manifest(self, step: int, tier: Optional[int] = None) -> Manifest:
+        """The validated manifest of checkpoint ``step`` on ``tier`` (default: the first
+        tier holding a readable one); raises the first tier's error if none does."""
+        error: Optional[UckptError] = None
+        for i in [tier] if tier is not None else range(len(self.tiers)):
+            try:
+                return read_manifest(self.tiers[i].store.source(step_dir_name(step)))
+            except UckptError as e:
+                error = error or e
+        assert error is not None
+        raise error
 
     def should_save(self, step: int) -> bool:
         """Whether the save policy asks for a checkpoint at ``step``.
@@ -421,8 +434,7 @@ class CheckpointManager:
             metrics: Dict[str, Any] = {}
             created = 0.0
             try:
-                with CheckpointReader(self.tiers[tier].store.source(step_dir_name(step))) as r:
-                    m = r.manifest
+                m = self.manifest(step, tier)
                 self._nbytes[key] = sum(f.size for f in m.files.values())
                 if isinstance(m.metadata.get("metrics"), dict):
                     metrics = m.metadata["metrics"]
@@ -474,8 +486,7 @@ def _files_present(store, name: str) -> bool:
     """Whether this rank sees every data file of a committed checkpoint (a node-local
     tier holds only its node's files)."""
     try:
-        with CheckpointReader(store.source(name)) as reader:
-            files = list(reader.manifest.files)
+        files = list(read_manifest(store.source(name)).files)
     except UckptError:
         return True  # damaged: let the load report it and fall back
     return store.files_present(name, files)
