@@ -81,9 +81,11 @@ class Method:
         self.dir.mkdir(parents=True)
         self.manager = None
         if name.startswith("uckpt"):
-            self.manager = uckpt.CheckpointManager(self.dir, keep_last=2,
-                                                   async_save=(name == "uckpt-async"))
+            self.manager = self.make_manager(uckpt, name)
         self.torch = torch
+
+    def make_manager(self, uckpt, name: str):
+        return uckpt.CheckpointManager(self.dir, keep_last=2, async_save=(name == "uckpt-async"))
 
     def save(self, step: int) -> None:
         state = {"model": self.model, "optimizer": self.opt, "step": step}
@@ -104,7 +106,9 @@ class Method:
             self.manager.close()  # waits for the last async save: counted in the total
 
 
-def train(method_name, k, steps, width, depth, batch, workdir):
+def train(method_name, k, steps, width, depth, batch, workdir, method_factory=None):
+    """One run: ``steps`` training steps, a save every ``k`` (``method_factory(name,
+    model, opt, workdir)`` makes the method; default :class:`Method`)."""
     import torch
 
     model, opt = build(width, depth)
@@ -117,7 +121,8 @@ def train(method_name, k, steps, width, depth, batch, workdir):
         opt.step()
 
     step_fn()  # momentum buffers exist from here on; warm-up, untimed
-    method = None if method_name == "none" else Method(method_name, model, opt, workdir)
+    method = None if method_name == "none" else \
+        (method_factory or Method)(method_name, model, opt, workdir)
     if method is not None:  # one untimed save+wait: allocator and staging warm, files created
         method.save(0)
         if method.manager is not None:

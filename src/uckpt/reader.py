@@ -13,11 +13,12 @@ a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back
 from __future__ import annotations
 
 import os
+import threading
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import dtypes, fsutil, knobs
+from . import dtypes, fsutil
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
@@ -142,7 +143,8 @@ class CheckpointReader:
             dest = target if target is not None else _new_array(entry)
             out[entry.path] = dest
             jobs.extend((entry, chunk, dest, origin) for chunk in cs)
-        parallel_map(lambda j: self._read_chunk(*j), jobs, knobs.io_threads, "uckpt-read")
+        parallel_map(lambda j: self._read_chunk(*j), jobs, self.source.read_threads,
+                     "uckpt-read")
         return out
 
     def _check_allocation(self, entries: List[ArrayEntry], files) -> None:
@@ -213,21 +215,30 @@ class CheckpointReader:
     # -- verification --------------------------------------------------------------------------
     def verify(self, progress=None, files: Optional[set] = None) -> int:
         """Re-check every chunk's checksum (of ``files`` only, if given), streaming;
-        returns the bytes verified."""
+        returns the bytes verified. Chunks are checked one after another (local files:
+        sequential reads), or on ``source.verify_threads`` threads (object stores: each
+        block is a request, and requests in parallel are what make them fast)."""
         for name in self.manifest.files:
             if files is None or name in files:
                 self._open(name)  # every file is checked first, even one without chunks
-        total = 0
-        scratch = np.empty(self.source.block_bytes, dtype=np.uint8)
-        for entry in self.manifest.arrays.values():
-            for chunk in entry.chunks:
-                if files is not None and chunk.file not in files:
-                    continue
-                self._stream(entry, chunk, lambda done, want: scratch[:want])
-                total += chunk.length
+        jobs = [(entry, chunk) for entry in self.manifest.arrays.values()
+                for chunk in entry.chunks if files is None or chunk.file in files]
+        done = [0]
+        lock = threading.Lock()
+        scratch = threading.local()
+
+        def check(job) -> None:
+            if not hasattr(scratch, "buf"):
+                scratch.buf = np.empty(self.source.block_bytes, dtype=np.uint8)
+            buf = scratch.buf
+            self._stream(job[0], job[1], lambda done_, want: buf[:want])
+            with lock:
+                done[0] += job[1].length
                 if progress:
-                    progress(total)
-        return total
+                    progress(done[0])
+
+        parallel_map(check, jobs, self.source.verify_threads, "uckpt-verify")
+        return done[0]
 
 
 def _new_array(entry: ArrayEntry) -> np.ndarray:

@@ -57,6 +57,9 @@ class CheckpointSource:
     where: str = ""
     #: bytes a reader asks for at once within a chunk (each block is checksummed as it lands)
     block_bytes: int = 1 << 20
+    #: chunks read at once by ``read_arrays``, and checked at once by ``verify``
+    read_threads: int = 1
+    verify_threads: int = 1
 
     def manifest_bytes(self) -> bytes:
         """The manifest's exact bytes, read up to the manifest size cap (+1 byte to tell).

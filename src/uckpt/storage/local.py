@@ -73,6 +73,8 @@ class LocalSource(CheckpointSource):
         self.directory = Path(directory)
         self.where = str(self.directory)
         self.block_bytes = knobs.read_block_bytes
+        self.read_threads = knobs.io_threads
+        self.verify_threads = 1  # one chunk after another: sequential reads of each file
         self._fds: Dict[str, int] = {}
         self.dir_fd = fsutil.open_dir(self.directory)
 

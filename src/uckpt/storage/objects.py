@@ -89,6 +89,8 @@ class ObjectSource(CheckpointSource):
         self.prefix = prefix
         self.where = client.url(prefix)
         self.block_bytes = max(READ_BLOCK_BYTES, knobs.read_block_bytes)
+        # requests in flight at once: as many as the parts of an upload
+        self.read_threads = self.verify_threads = max(knobs.io_threads, client.opts.threads)
         self._etags: Dict[str, str] = {}
 
     def manifest_bytes(self) -> bytes:

@@ -27,6 +27,19 @@ class Readable:
     def pread(self, n: int, offset: int) -> bytes:
         raise NotImplementedError
 
+    def crc32c(self, offset: int, length: int) -> int:
+        """CRC-32C of bytes ``[offset, offset + length)`` (read in blocks; override to
+        compute it in place)."""
+        value, end = 0, offset + length
+        while offset < end:
+            data = self.pread(min(_CRC_BLOCK, end - offset), offset)
+            if not data:
+                raise TruncatedDataError(f"the source being uploaded ended at byte {offset}, "
+                                         f"before the {end} bytes asked for")
+            value = crc32c(data, value)
+            offset += len(data)
+        return value
+
 
 class Gather(Readable):
     """``size`` bytes made of ``(offset, buffer)`` pieces sorted by offset, the gaps
@@ -51,6 +64,37 @@ class Gather(Readable):
                 out[lo - offset:hi - offset] = view[lo - start:hi - start]
             i += 1
         return out
+
+    def crc32c(self, offset: int, length: int) -> int:
+        """In place: each piece's bytes, zeros for the gaps between them."""
+        value, pos, end = 0, offset, min(offset + length, self.size)
+        i = max(0, bisect.bisect_right(self._offsets, pos) - 1)
+        while pos < end:
+            start = self._offsets[i] if i < len(self._offsets) else end
+            view = self._views[i] if i < len(self._offsets) else memoryview(b"")
+            if start > pos:  # a gap before this piece (or after the last)
+                gap = min(start, end) - pos
+                value = _crc_zeros(value, gap)
+                pos += gap
+                continue
+            lo, hi = pos - start, min(start + len(view), end) - start
+            if lo < hi:
+                value = crc32c(view[lo:hi], value)
+                pos = start + hi
+            i += 1
+        return value
+
+
+_ZEROS = 1 << 16
+
+
+def _crc_zeros(value: int, n: int) -> int:
+    zeros = bytes(_ZEROS)
+    while n:
+        k = min(n, _ZEROS)
+        value = crc32c(zeros[:k], value)
+        n -= k
+    return value
 
 
 class RangeBody:
@@ -104,17 +148,22 @@ class RangeBody:
         return True
 
     def crc32c(self) -> int:
-        """CRC-32C of the whole range (read once more from the file; no copy of a buffer)."""
+        """CRC-32C of the whole range: of a buffer or a :class:`Readable` in place, of a
+        file read once more through one reused block (fresh memory per block would cost
+        a page fault per page)."""
         if self._view is not None:
             return crc32c(self._view[self._offset:self._offset + self._length])
+        if self._reader is not None:
+            return self._reader.crc32c(self._offset, self._length)
         value, pos, end = 0, self._offset, self._offset + self._length
+        block = memoryview(bytearray(min(_CRC_BLOCK, max(self._length, 1))))
         while pos < end:
-            data = self._pread(min(_CRC_BLOCK, end - pos), pos)
-            if not data:
+            n = os.preadv(self._fd, [block[:min(len(block), end - pos)]], pos)
+            if not n:
                 raise TruncatedDataError(f"the file being uploaded ended at byte {pos}, "
                                          f"before the {end} bytes asked for")
-            value = crc32c(data, value)
-            pos += len(data)
+            value = crc32c(block[:n], value)
+            pos += n
         return value
 
 
