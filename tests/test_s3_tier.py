@@ -225,6 +225,13 @@ def test_server_killed_mid_upload(tmp_path, own_s3_server, monkeypatch):
     assert server.endpoint_url in str(ei.value) or "s3://" in str(ei.value)
     # the local checkpoint is intact; nothing of step 2 is committed on S3
     assert_same(uckpt.load(fast / "step_00000002"), big)
+    # with the store down, a restore lists the other tiers (saying so) and reads from them
+    other = uckpt.CheckpointManager(tiers=[fast, durable], storage_options=opts, role="reader")
+    holder = {"w": np.zeros_like(big["w"]), "b": {"x": np.zeros((3, 4))}, "step": None,
+              "name": None}
+    with pytest.warns(RuntimeWarning, match="tier 'run' .* cannot be listed"):
+        assert other.restore(holder) == 2
+    assert_same(holder, big)
     server.restart()
     assert keys(server, bucket, "run/step_00000002/").get("run/step_00000002/manifest.json") is None
     reader = uckpt.CheckpointManager(durable, storage_options=opts, role="reader")

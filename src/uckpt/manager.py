@@ -38,7 +38,8 @@ from .collective import (copy_collective, flatten_shared, prepare_collective, sa
 from .comm import get_communicator
 from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
-                     ManifestError, NotACheckpointError, UckptError)
+                     ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
+                     StorageUnavailableError, UckptError)
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
@@ -154,7 +155,8 @@ class CheckpointManager:
         self._pins: Dict[int, int] = {}  # steps on tier 0 still to be copied -> count
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
         self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # pins and pending handles
+        self._retaining = threading.Lock()  # one retention pass at a time (and its caches)
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
@@ -339,7 +341,16 @@ class CheckpointManager:
         def available() -> Dict[str, List[int]]:  # this rank's view: step -> tiers
             out: Dict[str, List[int]] = {}
             for i, tier in enumerate(self.tiers):
-                for s in tier.store.steps():
+                try:
+                    steps = tier.store.steps()
+                except (StorageUnavailableError, StorageAccessError, ObjectStoreError) as e:
+                    if len(self.tiers) == 1:
+                        raise
+                    warnings.warn(f"uckpt: tier {tier.name!r} ({tier.path}) cannot be listed, "
+                                  f"restoring from the others: {e}", RuntimeWarning,
+                                  stacklevel=3)
+                    continue
+                for s in steps:
                     if (step is None or s == step) and \
                             (self.comm.size == 1 or _files_present(tier.store, step_dir_name(s))):
                         out.setdefault(str(s), []).append(i)
@@ -449,14 +460,17 @@ class CheckpointManager:
         store = self.tiers[tier].store
         if store.remote and self.comm.rank != 0:
             return  # every rank sees the same objects: rank 0 deletes for all
-        with self._lock:
+        # not under self._lock: listing and deleting in an object store take network round
+        # trips, and save() must not wait for them (it takes self._lock to pin a step)
+        with self._retaining:
             steps = store.steps()
             if not steps:
                 return
             keep = self._retention[tier].keep([self._info(tier, s) for s in steps])
             keep |= {steps[-1]}  # never the newest
             if tier == 0:
-                keep |= set(self._pins)  # never one still to be copied
+                with self._lock:  # after the listing: a step listed was pinned before it
+                    keep |= set(self._pins)  # never one still to be copied
             for s in steps:
                 if s not in keep:
                     self._delete(tier, s)
