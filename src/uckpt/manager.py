@@ -140,6 +140,10 @@ class CheckpointManager:
         default = keep if keep is not None else keep_last
         self._retention = [as_retention(t.keep if t.keep is not None else default)
                            for t in self.tiers]
+        # one retention pass per tier at a time; tiers apart, so that the local tier's
+        # (run by a save, before its staging memory is released) never waits for an
+        # object store's listing and deletions
+        self._retaining = [threading.Lock() for _ in self.tiers]
         self.root = self.tiers[0].path
         self.keep_last = keep_last
         self.durable_every = durable_every
@@ -156,7 +160,6 @@ class CheckpointManager:
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
         self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
         self._lock = threading.RLock()  # pins and pending handles
-        self._retaining = threading.Lock()  # one retention pass at a time (and its caches)
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
@@ -462,7 +465,7 @@ class CheckpointManager:
             return  # every rank sees the same objects: rank 0 deletes for all
         # not under self._lock: listing and deleting in an object store take network round
         # trips, and save() must not wait for them (it takes self._lock to pin a step)
-        with self._retaining:
+        with self._retaining[tier]:
             steps = store.steps()
             if not steps:
                 return
