@@ -259,3 +259,18 @@ def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
     assert not (tmp_path / "second").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert_intact(good)
+
+
+def test_mixed_str_and_int_keys_are_refused_at_save(tmp_path):
+    with pytest.raises(errors.UnsupportedObjectError, match="mixes str and int keys"):
+        uckpt.save(tmp_path / "ck", {"d": {0: 1, "0": 2}})
+    assert not (tmp_path / "ck").exists()
+
+
+def test_key_type_must_match_on_restore(tmp_path):
+    uckpt.save(tmp_path / "ck", {"d": {0: np.ones(2), 10: np.ones(2)}})
+    with pytest.raises(errors.KeyMismatchError, match="key '0' is str, the checkpoint's keys here are int"):
+        uckpt.load(tmp_path / "ck", {"d": {"0": np.zeros(2), "10": np.zeros(2)}})
+    state = {"d": {0: np.zeros(2), 10: np.zeros(2)}}
+    uckpt.load(tmp_path / "ck", state)
+    assert (state["d"][0] == 1).all() and (state["d"][10] == 1).all()
