@@ -23,8 +23,9 @@ import errno
 import json
 import os
 import secrets
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from ._version import __version__ as _version
 from . import fsutil
@@ -81,10 +82,8 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     check_target(directory, overwrite)
     plan = plan or flat.plan or plan_save(metas(flat.arrays))
-    lease = None
-    try:
-        lease = make_parent_and_tmp(directory)
-        tmp = lease.path
+    with staged_dir(directory, f"writing checkpoint {str(directory)!r}",
+                    f" ({flat.nbytes} bytes of arrays)") as tmp:
         chunks = {}
         for rank, (file, size) in enumerate(plan.file_sizes):
             chunks.update(write_data_file(tmp, file, size, plan.for_rank(rank), flat.arrays,
@@ -93,17 +92,6 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         fsutil.write_file_durably(tmp / MANIFEST_NAME, manifest.to_bytes())
         fsutil.fsync_dir(tmp)
         publish(tmp, directory, overwrite)
-    except BaseException as e:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        err = save_failure(e, f"writing checkpoint {str(directory)!r}", directory,
-                           f" ({flat.nbytes} bytes of arrays)")
-        if err is e:
-            raise
-        raise err from e
-    finally:
-        if lease is not None:
-            lease.release()
     return directory
 
 
@@ -128,6 +116,27 @@ def make_parent_and_tmp(directory: Path):
     """Create ``directory``'s parent if needed and a locked temporary directory beside it."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     return make_tmp_dir(directory)
+
+
+@contextmanager
+def staged_dir(directory: Path, doing: str, detail: str = "") -> Iterator[Path]:
+    """A locked temporary directory beside ``directory`` for the body to fill and publish.
+    On any failure it is removed and the error raised as uckpt's (:func:`save_failure`);
+    the lock is released either way."""
+    lease = None
+    try:
+        lease = make_parent_and_tmp(directory)
+        yield lease.path
+    except BaseException as e:
+        if lease is not None:
+            fsutil.remove_tree(lease.path)
+        err = save_failure(e, doing, directory, detail)
+        if err is e:
+            raise
+        raise err from e
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def save_failure(e: BaseException, doing: str, directory: Path, detail: str = "") -> BaseException:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import fsutil
-from .commit import make_parent_and_tmp, publish, save_failure
+from .commit import publish, staged_dir
 from .errors import CheckpointExistsError, TruncatedDataError
 from .format import MANIFEST_NAME, Manifest
 from .reader import CheckpointReader, manifest_bytes_at
@@ -108,31 +108,17 @@ def copy_checkpoint(src: Path, dst: Path, verify: bool = True) -> Optional[Path]
     """
     if (dst / MANIFEST_NAME).exists():
         return None
-    lease = None
     try:
-        with Source(src) as source:  # validates the source manifest first
-            lease = make_parent_and_tmp(dst)
-            tmp = lease.path
+        with Source(src) as source, \
+                staged_dir(dst, f"copying {str(src)!r} to tier {str(dst.parent)!r}") as tmp:
             for name in source.manifest.files:
                 source.copy_file(name, tmp / name)
             source.write_manifest(tmp / MANIFEST_NAME)
-        fsutil.fsync_dir(tmp)
-        if verify:
-            with CheckpointReader(tmp) as copy:
-                copy.verify()
-        publish(tmp, dst, overwrite=False)
+            fsutil.fsync_dir(tmp)
+            if verify:
+                with CheckpointReader(tmp) as copy:
+                    copy.verify()
+            publish(tmp, dst, overwrite=False)
     except CheckpointExistsError:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        return None
-    except BaseException as e:
-        if lease is not None:
-            fsutil.remove_tree(lease.path)
-        err = save_failure(e, f"copying {str(src)!r} to tier {str(dst.parent)!r}", dst)
-        if err is e:
-            raise
-        raise err from e
-    finally:
-        if lease is not None:
-            lease.release()
+        return None  # committed there meanwhile (the temporary copy is removed)
     return dst
