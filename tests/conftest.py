@@ -23,6 +23,20 @@ def small_chunks(monkeypatch):
     return knobs
 
 
+def mount_tmpfs(path: Path, size: str):
+    """Mount a tmpfs of ``size`` (e.g. "1m") at the new directory ``path`` for a fixture
+    to yield (needs root; the test is skipped where mounting is not allowed)."""
+    import subprocess
+
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    yield path
+    subprocess.run(["umount", "-l", str(path)], check=False)
+
+
 def entries(root: Path) -> list:
     """Names under a checkpoint root, less the writer's lock file (always there once a
     manager has saved to it)."""

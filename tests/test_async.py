@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import uckpt
+from conftest import mount_tmpfs
 from uckpt import errors
 from uckpt.engine import AsyncSaver
 from uckpt.tree import flatten
@@ -100,13 +101,7 @@ def test_max_inflight_blocks_the_next_snapshot():
 
 @pytest.fixture
 def tiny_fs(tmp_path):
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from mount_tmpfs(tmp_path / "tiny", "2m")
 
 
 def test_background_failure_raised_on_next_save_and_previous_restores(tiny_fs):

@@ -3,7 +3,6 @@ import errno
 import hashlib
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -11,7 +10,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.format import integrity
-from conftest import flip_byte
+from conftest import flip_byte, mount_tmpfs
 
 STATE = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(8), "epoch": 2}
 
@@ -220,14 +219,7 @@ def test_bad_metadata_and_step(tmp_path):
 @pytest.fixture
 def tiny_fs(tmp_path):
     """A 1 MiB tmpfs (needs root); skipped where mounting is not allowed."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from mount_tmpfs(tmp_path / "tiny", "1m")
 
 
 def test_disk_full_on_a_real_small_filesystem(tiny_fs):
@@ -259,3 +251,18 @@ def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
     assert not (tmp_path / "second").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
     assert_intact(good)
+
+
+def test_mixed_str_and_int_keys_are_refused_at_save(tmp_path):
+    with pytest.raises(errors.UnsupportedObjectError, match="mixes str and int keys"):
+        uckpt.save(tmp_path / "ck", {"d": {0: 1, "0": 2}})
+    assert not (tmp_path / "ck").exists()
+
+
+def test_key_type_must_match_on_restore(tmp_path):
+    uckpt.save(tmp_path / "ck", {"d": {0: np.ones(2), 10: np.ones(2)}})
+    with pytest.raises(errors.KeyMismatchError, match="key '0' is str, the checkpoint's keys here are int"):
+        uckpt.load(tmp_path / "ck", {"d": {"0": np.zeros(2), "10": np.zeros(2)}})
+    state = {"d": {0: np.zeros(2), 10: np.zeros(2)}}
+    uckpt.load(tmp_path / "ck", state)
+    assert (state["d"][0] == 1).all() and (state["d"][10] == 1).all()

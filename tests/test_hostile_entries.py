@@ -66,14 +66,17 @@ def run_python(code, *args, timeout=60, preexec_fn=None):
 
 
 LOAD_REPORT = """
-import json, resource, sys
+import json, sys
 import uckpt
 try:
     uckpt.load(sys.argv[1])
     out = {"error": None}
 except Exception as e:
     out = {"error": type(e).__name__, "message": str(e), "errno": getattr(e, "errno", None)}
-out["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak; ru_maxrss also counts the parent it was forked from
+# (Linux carries the high-water mark across exec), which is the whole pytest process
+hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
+out["maxrss_mib"] = int(hwm) / 1024
 print(json.dumps(out))
 """
 

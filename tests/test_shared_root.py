@@ -7,7 +7,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -17,9 +16,8 @@ import numpy as np
 import pytest
 
 import uckpt
-from conftest import PYTHON, entries
+from conftest import PYTHON, entries, mount_tmpfs
 from uckpt import errors
-from uckpt.leases import LOCK_NAME
 
 WORKER = Path(__file__).with_name("shared_root_worker.py")
 SAVES = int(os.environ.get("UCKPT_SHARED_ROOT_SAVES", "1000"))
@@ -302,14 +300,7 @@ def test_two_savers_of_one_step(tmp_path):
 
 @pytest.fixture
 def ro_fs(tmp_path):
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)],
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], check=False)
+    yield from mount_tmpfs(tmp_path / "ro", "4m")
 
 
 def test_read_only_file_system(ro_fs, tmp_path):

@@ -104,6 +104,14 @@ class _Matcher:
 
     def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
         items = node["items"]
+        int_keys = node.get("key_type") == "int"
+        wrong = [k for k in obj if (isinstance(k, int) and not isinstance(k, bool)) != int_keys]
+        if wrong:  # 0 and "0" are different keys: never match them by their text
+            raise KeyMismatchError(
+                f"state {join(parts) or '<root>'!r}", mismatched=[
+                    f"key {k!r} is {type(k).__name__}, the checkpoint's keys here are "
+                    f"{'int' if int_keys else 'str'}" for k in wrong[:5]],
+                hint="use keys of the type that was saved")
         keys = {str(k): k for k in obj}
         missing = [k for k in keys if k not in items]
         unexpected = [k for k in items if k not in keys]

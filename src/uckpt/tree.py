@@ -141,7 +141,12 @@ class _Flattener:
         elif all(isinstance(k, int) and not isinstance(k, bool) for k in keys):
             key_type = "int"
         else:
-            bad = next(k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool))
+            bad = next((k for k in keys if not isinstance(k, (str, int)) or isinstance(k, bool)),
+                       None)
+            if bad is None:  # str and int keys mixed: "0" and 0 would be one key on disk
+                raise UnsupportedObjectError(
+                    f"dict at {_where(parts)!r} mixes str and int keys", leaf=join(parts),
+                    hint="keys must be all str or all int")
             raise UnsupportedObjectError(
                 f"dict at {_where(parts)!r} has key {bad!r} of type {type(bad).__name__}",
                 hint="keys must be all str or all int", leaf=join(parts))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ..errors import UckptError
 from . import detect as _detect
 from .errors import ConvertWarning
+from .limits import Limits, using
 from .model import Tree
 from .progress import Progress
 
@@ -55,16 +56,21 @@ class Report:
                 "values": self.values, "warnings": self.warnings}
 
 
-def open_checkpoint(path, format: Optional[str] = None) -> Tree:
+def open_checkpoint(path, format: Optional[str] = None, *,
+                    limits: Optional[Limits] = None) -> Tree:
     """Open a checkpoint of any supported format as a tree of lazy leaves (close it after use,
-    or use it as a context manager). ``format`` overrides detection from the content."""
+    or use it as a context manager). ``format`` overrides detection from the content;
+    ``limits`` (:class:`~uckpt.conversion.limits.Limits`) raise or lower the limits on
+    hostile input (default: those in force, see docs/convert.md)."""
     fmt = _detect.canonical(format) or _detect.detect(path)
-    return _module(READERS[fmt]).read(path, fmt)
+    with using(limits):
+        return _module(READERS[fmt]).read(path, fmt)
 
 
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             force: bool = False, dry_run: bool = False,
-            progress: Optional[Callable[[int, int], None]] = None) -> Report:
+            progress: Optional[Callable[[int, int], None]] = None,
+            limits: Optional[Limits] = None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -78,7 +84,9 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     target cannot hold, or holds differently, is listed in ``Report.warnings`` and raised
     as a :class:`~uckpt.conversion.errors.ConvertWarning`. ``progress(done, total)`` is
     called with bytes of array data as they are written. With ``dry_run``, nothing is
-    written and the report lists what would be.
+    written and the report lists what would be. ``limits`` (a
+    :class:`~uckpt.conversion.limits.Limits`) raise the limits on hostile input for a
+    legitimate source that exceeds them (tree nodes, bytes made per byte stored).
     """
     from .output import check_output, write_atomically
 
@@ -94,7 +102,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     if not dry_run:
         check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
-    with open_checkpoint(src, src_fmt) as tree:
+    with open_checkpoint(src, src_fmt, limits=limits) as tree:
         lay = writer.plan(tree)
         report = Report(str(src), str(dst), src_fmt, dst_fmt, dry_run=dry_run,
                         arrays=[(n, leaf.dtype, leaf.shape, leaf.nbytes) for n, leaf in lay.arrays],

@@ -25,7 +25,7 @@ from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from .errors import UnsafeInputError
 from .fileio import RandomAccessFile, require_fits
-from .model import Leaf, Tree, reading
+from .model import Leaf, Tree, check_shape, reading
 from .torch_pickle import TORCH_DTYPES, OTHER_TORCH_DTYPES, TorchDtype, _refused_dtype, \
     load_archive, normalize, torch_size
 from .unpickler import StandIn, restricted_load
@@ -57,6 +57,10 @@ class Record:
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.fields.get(name, default)
+
+    def graph_children(self) -> List[Any]:
+        """What :func:`.limits.check_graph` counts: field names and values, and the state."""
+        return [*self.fields, *self.fields.values(), self.state]
 
     def __eq__(self, other: Any) -> bool:  # MetadataIndex compares fqn and offset only
         return isinstance(other, Record) and self._key() == other._key()
@@ -115,7 +119,7 @@ class _Files:
                                    f"{name!r}, which is not a file of the checkpoint directory",
                                    path=str(self.directory))
         if name not in self.open:
-            self.open[name] = RandomAccessFile(self.directory / name)
+            self.open[name] = RandomAccessFile(self.directory / name, follow=False)
         return self.open[name]
 
     def close(self) -> None:
@@ -128,9 +132,13 @@ def read(path, fmt: str = "dcp") -> Tree:
     directory = Path(path)
     mpath = directory / METADATA
     where = str(mpath)
-    size = mpath.stat().st_size
-    require_fits(size, _MAX_METADATA, METADATA, where)
-    md = restricted_load(mpath.read_bytes(), allowed(), where)
+    raf = RandomAccessFile(mpath, follow=False)
+    try:
+        require_fits(raf.size, _MAX_METADATA, METADATA, where)
+        data = raf.pread(raf.size, 0)
+    finally:
+        raf.close()
+    md = restricted_load(data, allowed(), where)
     if not isinstance(md, Record) or md.kind != "Metadata":
         raise CorruptCheckpointError(f"{where}: not DCP metadata", path=where)
     files = _Files(directory)
@@ -186,14 +194,21 @@ def _tensor(files: _Files, storage: Dict, meta: Record, fqn: str, where: str,
         (props.get("dtype") if isinstance(props, Record) else None)
     if not isinstance(dtype, TorchDtype):
         raise CorruptCheckpointError(f"{where}: {fqn!r} has no dtype", path=where)
-    shape = tuple(meta.get("size") or ())
+    shape = check_shape(meta.get("size") or (), dtypes.itemsize(dtype.name), where,
+                        f"tensor {fqn!r}")
+    chunks = meta.get("chunks") or []
+    if not isinstance(chunks, list) or not all(isinstance(c, Record) for c in chunks):
+        raise CorruptCheckpointError(f"{where}: the chunks of {fqn!r} are malformed",
+                                     path=where)
     parts = []
-    for chunk in meta.get("chunks") or []:
-        offsets, sizes = tuple(chunk.get("offsets") or ()), tuple(chunk.get("sizes") or ())
-        if len(offsets) != len(shape) or len(sizes) != len(shape) or \
+    for chunk in chunks:
+        offsets, sizes = chunk.get("offsets") or (), chunk.get("sizes") or ()
+        if not all(isinstance(v, (tuple, list)) and len(v) == len(shape) and
+                   all(type(i) is int and i >= 0 for i in v) for v in (offsets, sizes)) or \
                 any(o + s > n for o, s, n in zip(offsets, sizes, shape)):
             raise CorruptCheckpointError(f"{where}: a chunk of {fqn!r} lies outside it",
                                          path=where)
+        offsets, sizes = tuple(offsets), tuple(sizes)
         leaf = _chunk_archive(files, storage.get((fqn, offsets)), fqn, where, tree)
         if not isinstance(leaf, Leaf) or leaf.dtype != dtype.name or leaf.shape != sizes:
             raise CorruptCheckpointError(f"{where}: a chunk of {fqn!r} does not hold a "

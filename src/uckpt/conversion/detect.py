@@ -19,12 +19,13 @@ A target that does not exist yet is named by its extension (``.npz``, ``.pt``,
 """
 from __future__ import annotations
 
-import zipfile
+import os
 from pathlib import Path
 from typing import Optional
 
-from ..errors import CheckpointNotFoundError
+from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from .errors import UnknownFormatError
+from .fileio import RandomAccessFile, ZipArchive, open_regular
 
 FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp")
 TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt")
@@ -63,17 +64,19 @@ def detect(path) -> str:
             return "dcp"
         raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt) or "
                                  ".metadata (PyTorch DCP)", path=str(p), hint=_HINT)
-    size = p.stat().st_size
-    with open(p, "rb") as f:
-        head = f.read(16)
+    fd = open_regular(p)  # no FIFO or device: reading one could block forever
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, 16, 0)
         if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
             return _zip_kind(p)
         for offset in [0] + [512 << i for i in range(16)]:
             if offset >= size:
                 break
-            f.seek(offset)
-            if f.read(8) == HDF5_SIGNATURE:
+            if os.pread(fd, 8, offset) == HDF5_SIGNATURE:
                 return "hdf5"
+    finally:
+        os.close(fd)
     if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8:
         return "safetensors"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
@@ -83,12 +86,14 @@ def detect(path) -> str:
 
 
 def _zip_kind(p: Path) -> str:
+    raf = RandomAccessFile(p)
     try:
-        with zipfile.ZipFile(p) as z:
-            names = z.namelist()
-    except zipfile.BadZipFile as e:
-        raise UnknownFormatError(f"{str(p)!r} looks like a zip archive but is not readable: {e}",
-                                 path=str(p)) from None
+        names = list(ZipArchive(raf).members)
+    except CorruptCheckpointError as e:
+        raise UnknownFormatError(f"{str(p)!r} looks like a zip archive but is not readable: "
+                                 f"{e.args[0]}", path=str(p)) from None
+    finally:
+        raf.close()
     if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
         return "pickle"
     if any(n.endswith(".npy") for n in names) or not names:

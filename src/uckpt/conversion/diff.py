@@ -17,6 +17,7 @@ import numpy as np
 from .. import dtypes
 from ..tree import join
 from .api import open_checkpoint
+from .limits import Limits
 from .model import Leaf, Obj, Tree, same_value, walk
 
 _BLOCK = 1 << 20  # elements compared at a time
@@ -93,9 +94,12 @@ def describe(node: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None) -> DiffReport:
-    """Compare checkpoints ``a`` and ``b`` (any supported formats, detected from content)."""
-    with open_checkpoint(a, a_format) as ta, open_checkpoint(b, b_format) as tb:
+def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None,
+         limits: Optional[Limits] = None) -> DiffReport:
+    """Compare checkpoints ``a`` and ``b`` (any supported formats, detected from content);
+    ``limits`` as for :func:`~uckpt.conversion.convert`."""
+    with open_checkpoint(a, a_format, limits=limits) as ta, \
+            open_checkpoint(b, b_format, limits=limits) as tb:
         report = DiffReport(str(a), str(b), ta.format, tb.format)
         ea, eb = entries(ta), entries(tb)
         for path, node in ea.items():

@@ -22,6 +22,27 @@ class RefusedGlobalError(UnsafeInputError):
     """
 
 
+class UnsafeNameError(UnsafeInputError):
+    """A name of the input (an NPZ member, a safetensors key, a dict key) would become an
+    unsafe name in the output (a zip member or HDF5 path with ``..``, ``.`` or empty
+    components, an absolute path, a backslash, NUL or another control character).
+
+    ``name`` is the offending name, as the input spells it.
+    """
+
+
+class LimitExceededError(UnsafeInputError):
+    """The input asks for more work or memory than uckpt's limits on hostile input allow
+    (tree nodes after shared references are expanded, nesting depth, bytes produced per
+    stored byte). ``limit`` names the limit; the message says how to raise it when the
+    input is legitimate (docs/convert.md, "Limits on hostile input")."""
+
+
+class InvalidLimitError(UckptError, ValueError):
+    """A limit on hostile input was set to something that is not a positive integer
+    (``Limits(...)``, ``UCKPT_CONVERT_MAX_NODES``, ``UCKPT_CONVERT_MAX_RATIO``)."""
+
+
 class UnknownFormatError(NotACheckpointError):
     """The format of a file or directory could not be recognised (or is not a source)."""
 

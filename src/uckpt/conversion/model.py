@@ -31,6 +31,22 @@ from ..tree import MAX_DEPTH, escape, join
 from .unpickler import Sealed
 
 PLAIN = (type(None), bool, int, float, str, bytes)
+MAX_NDIM = 64 if int(np.__version__.split(".")[0]) >= 2 else 32  # NumPy's limit
+
+
+def check_shape(shape: Any, itemsize: int, where_: str, what: str) -> Tuple[int, ...]:
+    """``shape`` as a tuple, if NumPy can hold an array of it: at most 64 dimensions, each
+    an int >= 0, fewer than 2**63 bytes in all. Raises :class:`CorruptCheckpointError`."""
+    ok = isinstance(shape, (tuple, list)) and len(shape) <= MAX_NDIM and \
+        all(type(n) is int and 0 <= n < (1 << 63) for n in shape)
+    if ok and math.prod(shape) * itemsize >= (1 << 63):
+        ok = False
+    if not ok:
+        text = repr(tuple(shape)) if isinstance(shape, (tuple, list)) else repr(shape)
+        raise CorruptCheckpointError(
+            f"{where_}: {what} has a shape no array can have: {text[:120]}", path=where_,
+            hint=f"a shape is at most {MAX_NDIM} sizes >= 0 of fewer than 2**63 bytes in all")
+    return tuple(shape)
 
 
 def contiguous(arr: np.ndarray) -> np.ndarray:
@@ -120,7 +136,7 @@ def where(parts: List[str]) -> str:
 def children(node: Any) -> Optional[List[Tuple[str, Any]]]:
     """The (path component, child) pairs of a dict, list or tuple; None for anything else."""
     if isinstance(node, dict):
-        return [(escape(str(k)), v) for k, v in node.items()]
+        return [(escape(key_text(k, [])), v) for k, v in node.items()]
     if isinstance(node, (list, tuple)):
         return [(str(i), v) for i, v in enumerate(node)]
     return None
@@ -186,12 +202,33 @@ def nest(items: List[Tuple[str, Any]], notes: List[str], what: str,
 
 # -- plain values ---------------------------------------------------------------------------
 def check_plain(value: Any, parts: List[str]) -> None:
+    """Refuse what no format can hold: other types, text that is not valid Unicode (an
+    unpaired surrogate), ints too long to write as decimal text (over 4,300 digits)."""
     if not isinstance(value, PLAIN):
         raise UnsupportedObjectError(
             f"{where(parts)!r} holds a {type(value).__module__}.{type(value).__qualname__}, "
             "which no checkpoint format here can hold",
             hint="values may be arrays, None, bool, int, float, str, bytes and "
                  "dicts, lists and tuples of them", leaf=join(parts))
+    _check_text(value, parts, "holds")
+
+
+def _check_text(value: Any, parts: List[str], what: str) -> str:
+    """``value`` as text, if every format can write it (see :func:`check_plain`)."""
+    try:
+        if isinstance(value, str):
+            value.encode("utf-8")
+            return value
+        return str(value)
+    except (UnicodeError, ValueError) as e:  # a surrogate; an int of over 4,300 digits
+        raise UnsupportedObjectError(
+            f"{where(parts)!r} {what} a {type(value).__name__} that cannot be written as "
+            f"text: {e}", leaf=join(parts)) from None
+
+
+def key_text(key: Any, parts: List[str]) -> str:
+    """A dict key as the (unescaped) text of its path component."""
+    return _check_text(key, parts, "has a key of type")
 
 
 def same_value(a: Any, b: Any) -> bool:

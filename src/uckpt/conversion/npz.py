@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+import tokenize
 import zipfile
 from typing import Any, Dict, List, Tuple
 
@@ -25,32 +26,39 @@ from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError
 from . import rawbits, skeleton
 from .errors import UnsafeInputError
-from .fileio import RandomAccessFile, ZipArchive, require_fits
-from .model import Leaf, Tree, reading
+from . import names
+from .fileio import RandomAccessFile, ZipArchive
+from .model import Leaf, Tree, check_shape, reading
 from .progress import Progress
 from .zipout import ZipOut
 
 RECORD = "__uckpt__"
 NATIVE = tuple(n for n in dtypes.NAMES if n not in ("bfloat16", "float8_e4m3fn", "float8_e5m2"))
-_MAX_HEADER = 1 << 20
+_MAX_HEADER = 10000  # NumPy's own limit: a header is parsed by ast.literal_eval
+_NAME_HINT = ("NPZ names nest on '/' and become zip member names and HDF5 paths when "
+              "converted; rename the member (e.g. np.load it and np.savez it again)")
 
 
 # -- reading -----------------------------------------------------------------------------------
 def _header(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Tuple[np.dtype, tuple,
                                                                              bool, int]:
-    """(dtype, shape, fortran_order, header length) of a member's .npy header."""
-    with archive.zf.open(info) as f:
-        head = io.BytesIO(f.read(min(info.file_size, _MAX_HEADER + 16)))
+    """(dtype, shape, fortran_order, header length) of a member's .npy header (at most
+    ``_MAX_HEADER`` + 16 bytes of the member are read, or inflated, for it)."""
+    first = archive.read_into(info, 0, np.empty(min(info.file_size, _MAX_HEADER + 16),
+                                                 dtype=np.uint8))
+    head = io.BytesIO(first.tobytes())
     try:
         version = np.lib.format.read_magic(head)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(head, _MAX_HEADER)
         else:
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(head, _MAX_HEADER)
-    except (ValueError, SyntaxError, TypeError, EOFError) as e:
+    except (ValueError, SyntaxError, TypeError, EOFError, OverflowError, MemoryError,
+            RecursionError, tokenize.TokenError) as e:
         raise CorruptCheckpointError(f"{archive.where}: {key!r} has no valid .npy header: {e}",
                                      path=archive.where) from None
-    return dtype, tuple(shape), bool(fortran), head.tell()
+    shape = check_shape(shape, dtype.itemsize, archive.where, f"array {key!r}")
+    return dtype, shape, bool(fortran), head.tell()
 
 
 def _entry(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Any:
@@ -64,6 +72,14 @@ def _entry(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Any:
             hint="save plain numeric arrays; a Chainer value of None is saved as an object array")
     count = math.prod(shape)
     np_dtype = dtype
+    if info.file_size != start + count * dtype.itemsize:
+        # checked before anything is inflated: a member holds its header and array, no more
+        raise CorruptCheckpointError(
+            f"{archive.where}: array {key!r} declares {count * dtype.itemsize} bytes (a "
+            f"{dtype.str} array of shape {shape}), but its zip member holds "
+            f"{info.file_size - start} after the {start}-byte .npy header",
+            path=archive.where, leaf=key,
+            hint="the archive is damaged or was crafted; nothing was inflated past the header")
     if dtype.kind in "US":
         if shape != ():
             raise UnsupportedDtypeError(f"{where} is an array of strings; only single strings "
@@ -74,8 +90,6 @@ def _entry(archive: ZipArchive, info: zipfile.ZipInfo, key: str) -> Any:
         name = dtypes.name_of(dtype)
     except UnsupportedDtypeError as e:
         raise UnsupportedDtypeError(f"{where}: {e.args[0]}", leaf=key) from None
-    require_fits(count * dtype.itemsize, info.file_size - start, f"array {key!r}",
-                 archive.where)
     read_shape = shape[::-1] if fortran else shape
 
     def read() -> np.ndarray:
@@ -107,6 +121,7 @@ def read(path, fmt: str = "npz") -> Tree:
                 tree.notes.append(f"{raf.path}: member {name!r} is not an array; skipped")
                 continue
             key = name[:-4]
+            names.check(key, raf.path, "zip member", _NAME_HINT, shown=name)
             if key == RECORD:
                 record = skeleton.loads(_record_bytes(archive, info), raf.path)
                 continue
@@ -148,6 +163,8 @@ def marks_for(lay: skeleton.Layout, native) -> Dict[str, str]:
 
 def plan(tree: Tree) -> skeleton.Layout:
     lay = skeleton.layout(tree.root, copies=True)
+    names.check_output([name for name, _ in lay.arrays + lay.values], "an NPZ file",
+                       "a zip member name")
     if any(name == RECORD for name, _ in lay.arrays + lay.values):
         raise UnsupportedDtypeError(f"the name {RECORD!r} is reserved for uckpt's structure "
                                     "record in NPZ files")

@@ -35,7 +35,7 @@ def encode(arr: np.ndarray, dtype: str, native: Collection[str]) -> np.ndarray:
     name, shape = stored_as(dtype, arr.shape, native)
     if name == dtype:
         return arr
-    return contiguous(arr).view(dtypes.to_numpy(name)).reshape(shape)
+    return contiguous(arr).reshape(-1).view(dtypes.to_numpy(name)).reshape(shape)
 
 
 def decode(arr: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
@@ -43,7 +43,7 @@ def decode(arr: np.ndarray, dtype: str, shape: Tuple[int, ...]) -> np.ndarray:
     want = dtypes.to_numpy(dtype)
     if arr.dtype == want:
         return arr
-    return contiguous(arr).view(want).reshape(shape)
+    return contiguous(arr).reshape(-1).view(want).reshape(shape)
 
 
 def logical(stored_dtype: str, stored_shape: Tuple[int, ...], dtype: str) -> Tuple[int, ...]:

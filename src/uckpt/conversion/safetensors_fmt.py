@@ -21,7 +21,8 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError
 from ..format.manifest import strict_json_loads
 from . import rawbits, skeleton
 from .fileio import RandomAccessFile, require_fits
-from .model import Leaf, Tree, reading
+from . import names
+from .model import Leaf, Tree, check_shape, reading
 from .npz import marks_for, rawbits_note
 from .progress import Progress
 from .zipout import write_pieces
@@ -34,6 +35,8 @@ NAMES = {v: k for k, v in CODES.items()}
 NATIVE = tuple(NAMES)
 MAX_HEADER = 100 << 20  # as the safetensors package
 RECORD_KEY = "uckpt"
+_NAME_HINT = ("safetensors names nest on '/' and become zip member names and HDF5 paths when "
+              "converted; rename the tensor (safetensors.numpy.load_file, rename, save_file)")
 
 
 def _fail(path: str, msg: str):
@@ -56,6 +59,8 @@ def _entries(header: Dict[str, Any], data_len: int, path: str) -> List[Tuple[str
                 all(type(o) is int and o >= 0 for o in offs) and offs[0] <= offs[1]):
             _fail(path, f"entry {name!r} has bad data_offsets {offs!r}")
         dtype = CODES[code]
+        names.check(name, path, "tensor", _NAME_HINT)
+        check_shape(shape, dtypes.itemsize(dtype), path, f"tensor {name!r}")
         declared = dtypes.nbytes(dtype, shape)
         require_fits(offs[1], data_len, f"tensor {name!r}", path)
         if offs[1] - offs[0] != declared:

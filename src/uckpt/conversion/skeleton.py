@@ -28,7 +28,7 @@ from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.manifest import strict_json_loads
 from ..tree import MAX_DEPTH, escape, join
 from . import rawbits
-from .model import Leaf, Obj, check_plain, nest, where
+from .model import Leaf, Obj, check_plain, key_text, nest, where
 
 VERSION = 1
 ROOT_KEY = "root"  # a root that is not a dict is stored under this key
@@ -89,6 +89,7 @@ def _node(obj: Any, parts: List[str], depth: int, out: Layout, seen: Dict[int, s
         return {"type": "float", "value": "nan" if math.isnan(obj) else
                 ("inf" if obj > 0 else "-inf")}
     if obj is None or isinstance(obj, (bool, int, float, str)):
+        check_plain(obj, parts)
         if obj is not None:
             out.values.append((name, obj))
         return {"type": "value", "value": obj}
@@ -115,9 +116,9 @@ def _node(obj: Any, parts: List[str], depth: int, out: Layout, seen: Dict[int, s
 def _keys(obj: dict, parts: List[str], out: Layout) -> List[str]:
     """Keys as the skeleton writes them: all str, or all int (canonical decimal)."""
     keys = list(obj)
+    names = [key_text(k, parts) for k in keys]
     if all(type(k) is str for k in keys) or all(type(k) is int for k in keys):
-        return [str(k) for k in keys]
-    names = [str(k) for k in keys]
+        return names
     if len(set(names)) != len(names):
         raise UnsupportedObjectError(
             f"dict at {where(parts)!r} has keys that are equal as text ({keys!r:.200})",
@@ -170,8 +171,9 @@ def build(node: Any, leaf_of: Callable[[str], Leaf], where_: str, depth: int = 0
         if not isinstance(items, dict):
             bad("dict node without items")
         if node.get("key_type", "str") == "int":
-            if not all(_INT_KEY.fullmatch(k) for k in items):
-                bad("int-keyed dict with a key that is not a decimal integer")
+            if not all(_INT_KEY.fullmatch(k) and len(k) < 4300 for k in items):
+                bad("int-keyed dict with a key that is not a decimal integer (of fewer than "
+                    "4,300 digits)")
             return {int(k): build(v, leaf_of, where_, depth + 1) for k, v in items.items()}
         return {k: build(v, leaf_of, where_, depth + 1) for k, v in items.items()}
     if kind in ("list", "tuple"):
@@ -241,7 +243,17 @@ def record(lay: Layout, extras: Dict[str, Dict[str, Any]],
 
 
 def dumps(doc: Dict[str, Any]) -> str:
-    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """The record as compact JSON text, which is valid Unicode (raises
+    :class:`~uckpt.errors.UnsupportedObjectError` for text with an unpaired surrogate)."""
+    text = json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UnsupportedObjectError(f"the structure record would hold text that is not valid "
+                                     f"Unicode: {text[max(0, e.start - 40):e.end + 40]!r}",
+                                     hint="an attribute, a key or a value of the source holds "
+                                          "an unpaired surrogate") from None
+    return text
 
 
 def loads(data, where_: str) -> Dict[str, Any]:
@@ -250,6 +262,11 @@ def loads(data, where_: str) -> Dict[str, Any]:
         doc = strict_json_loads(data if isinstance(data, bytes) else data.encode("utf-8"))
     except (UnicodeError, ValueError, RecursionError) as e:
         raise SkeletonError(f"{where_}: the structure record is not valid JSON: {e}") from None
+    try:
+        dumps(doc)
+    except (UnsupportedObjectError, ValueError, TypeError, RecursionError):
+        raise SkeletonError(f"{where_}: the structure record holds text that is not valid "
+                            "Unicode") from None
     if not isinstance(doc, dict) or doc.get("uckpt_convert") != VERSION:
         raise SkeletonError(f"{where_}: the structure record is not of version {VERSION}")
     if not isinstance(doc.get("tree"), dict) or not all(
@@ -267,10 +284,14 @@ def unwrap(root: Any, doc: Dict[str, Any]) -> Any:
     return root
 
 
+NO_MATCH = object()  # what :func:`rebuild` returns when a record does not fit its file
+
+
 def rebuild(doc: Dict[str, Any], stored: Dict[str, Any], where_: str,
-            notes: List[str]) -> Optional[Any]:
-    """The tree of a record, or None (with a note) when the file's entries no longer match it
-    (another tool changed the file): the caller then uses the file's own layout.
+            notes: List[str]) -> Any:
+    """The tree of a record (which may be None: a pickle of None), or ``NO_MATCH`` (with a
+    note) when the file's entries no longer match it (another tool changed the file): the
+    caller then uses the file's own layout.
 
     ``stored`` maps the names of the file's entries to leaves (or, for entries that hold
     one of the record's plain values, to anything).
@@ -282,24 +303,26 @@ def rebuild(doc: Dict[str, Any], stored: Dict[str, Any], where_: str,
         diff = sorted(missing)[:3] + sorted(extra)[:3]
         notes.append(f"{where_}: the structure record does not match the entries of the file "
                      f"(e.g. {', '.join(map(repr, diff))}); using the file's own layout")
-        return None
+        return NO_MATCH
     return unwrap(build(doc["tree"], stored.__getitem__, where_), doc)
 
 
 def restore(tree, record: Dict[str, Any], items: List[Tuple[str, Any]], where_: str
-            ) -> List[Tuple[str, Any]]:
+            ) -> Tuple[List[Tuple[str, Any]], bool]:
     """Apply a structure record to a file's entries (name, leaf or value): arrays stored as
     raw bits get their marked dtypes back, and when the record matches the entries, its tree
-    and extras replace ``tree.root`` and ``tree.extras``. Returns the entries, unmarked."""
+    and extras replace ``tree.root`` and ``tree.extras``. Returns the entries, unmarked, and
+    whether the record matched them."""
     marks = record.get("dtypes", {})
     items = [(k, rawbits.unmark(v, marks[k], where_)
               if k in marks and isinstance(v, Leaf) and v.dtype != marks[k] else v)
              for k, v in items]
     root = rebuild(record, dict(items), where_, tree.notes)
-    if root is not None:
-        tree.root = root
-        tree.extras = dict(record.get("extras", {}))
-    return items
+    if root is NO_MATCH:
+        return items, False
+    tree.root = root
+    tree.extras = dict(record.get("extras", {}))
+    return items, True
 
 
 def settle(tree, record: Optional[Dict[str, Any]], items: List[Tuple[str, Any]],
@@ -307,6 +330,7 @@ def settle(tree, record: Optional[Dict[str, Any]], items: List[Tuple[str, Any]],
     """The tree of a format of named entries (NPZ, safetensors): the record's when there is
     one that matches, else the names nested on ``/``."""
     if record is not None:
-        items = restore(tree, record, items, where_)
-    if tree.root is None:
-        tree.root = nest(items, tree.notes, where_)
+        items, matched = restore(tree, record, items, where_)
+        if matched:
+            return
+    tree.root = nest(items, tree.notes, where_)

@@ -16,7 +16,6 @@ members that hold them before anything is allocated.
 """
 from __future__ import annotations
 
-import io
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -27,10 +26,11 @@ from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedObjectError
 from . import skeleton
 from .errors import UnsafeInputError
-from .fileio import RandomAccessFile, Window, ZipArchive, require_fits
+from .fileio import BoundedReader, RandomAccessFile, Window, ZipArchive, require_fits
 from ..tree import MAX_DEPTH, escape, join
-from .model import Leaf, Tree, check_plain, reading, where
-from .unpickler import GENERIC, OrderedDictStandIn, Sealed, StandIn, restricted_load
+from .limits import check_ratio, current
+from .model import Leaf, Tree, check_plain, check_shape, key_text, reading, where
+from .unpickler import GENERIC, OrderedDictStandIn, Sealed, StandIn, restricted_load, short
 
 #: ``torch.<Name>Storage`` -> neutral dtype
 TYPED_STORAGES = {
@@ -100,6 +100,7 @@ class Tensors:
     def __init__(self, where_: str, big_endian: bool = False) -> None:
         self.where, self.big_endian = where_, big_endian
         self.cache: Dict[tuple, Leaf] = {}
+        self.limits = current()
 
     def allowed(self) -> Dict[str, Any]:
         out: Dict[str, Any] = dict(GENERIC)
@@ -146,11 +147,13 @@ class Tensors:
                                          f"{sorted(metadata)!r} that uckpt cannot keep",
                                          path=self.where)
         size, stride = tuple(size), tuple(stride)
-        if not (type(offset) is int and offset >= 0 and len(size) == len(stride) and
-                all(type(v) is int and v >= 0 for v in size + stride)):
+        if not (type(offset) is int and 0 <= offset < (1 << 63) and
+                len(size) == len(stride) and
+                all(type(v) is int and 0 <= v < (1 << 63) for v in size + stride)):
             raise CorruptCheckpointError(f"{self.where}: a tensor has a bad layout: offset "
-                                         f"{offset!r}, size {size!r}, stride {stride!r}",
-                                         path=self.where)
+                                         f"{short(offset)}, size {short(size)}, stride "
+                                         f"{short(stride)}", path=self.where)
+        check_shape(size, dtypes.itemsize(dtype), self.where, "a tensor")
         key = (store.key, dtype, offset, size, stride)
         if key not in self.cache:
             self.cache[key] = self._make(store, dtype, offset, size, stride)
@@ -162,6 +165,9 @@ class Tensors:
         span = 0 if count == 0 else 1 + sum((n - 1) * s for n, s in zip(size, stride))
         require_fits((offset + span) * item, store.nbytes,
                      f"a {dtype} tensor of shape {size} in storage {store.key!r}", self.where)
+        # strides that repeat elements (an expanded tensor) make more than the storage holds
+        check_ratio(count * item, span * item, f"a {dtype} tensor of shape {size} with "
+                    f"strides {stride} (in storage {store.key!r})", self.where, self.limits)
         np_dtype = dtypes.to_numpy(dtype)
         if self.big_endian:
             np_dtype = np_dtype.newbyteorder(">")
@@ -190,15 +196,16 @@ def _c_strides(size: tuple) -> List[int]:
 
 
 def _storage_args(pid: Any, n: int, where_: str) -> tuple:
-    if not (isinstance(pid, tuple) and len(pid) == n and pid[0] in ("storage", b"storage")):
+    if not (isinstance(pid, tuple) and len(pid) == n and
+            isinstance(pid[0], (str, bytes)) and pid[0] in ("storage", b"storage")):
         raise UnsafeInputError(f"{where_}: the pickle uses a persistent id that is not a "
-                               f"tensor storage: {str(pid)[:80]}", path=where_)
+                               f"tensor storage: {short(pid)}", path=where_)
     _, stype, key, _location, numel = pid[:5]
     if isinstance(key, bytes):
         key = key.decode("ascii", "replace")
     if not isinstance(stype, StorageType) or not isinstance(key, str) or \
-            type(numel) is not int or numel < 0:
-        raise CorruptCheckpointError(f"{where_}: a storage id is malformed: {str(pid)[:80]}",
+            type(numel) is not int or not 0 <= numel < (1 << 62):
+        raise CorruptCheckpointError(f"{where_}: a storage id is malformed: {short(pid)}",
                                      path=where_)
     return stype, key, numel * (dtypes.itemsize(stype.dtype) if stype.dtype else 1)
 
@@ -243,7 +250,7 @@ def load_archive(raf: RandomAccessFile, base: int = 0, length: Optional[int] = N
 def load_legacy(raf: RandomAccessFile) -> Any:
     """The tree of a pre-zip ``torch.save`` file, or of a plain pickle of containers."""
     where_ = raf.path
-    stream = io.BufferedReader(Window(raf))
+    stream = BoundedReader(Window(raf))
     first = restricted_load(stream, GENERIC, where_)
     if type(first) is not int or first != LEGACY_MAGIC:
         stream.seek(0)
@@ -265,12 +272,18 @@ def load_legacy(raf: RandomAccessFile) -> Any:
     def persistent(pid: Any) -> Tuple[Storage, Optional[str]]:
         stype, key, nbytes = _storage_args(pid, 6, where_)
         view = pid[5]
-        found.setdefault(key, [nbytes, None])
+        if found.setdefault(key, [nbytes, None])[0] != nbytes:
+            raise CorruptCheckpointError(f"{where_}: storage {key!r} is declared with two "
+                                         "sizes", path=where_)
         if view is None:
             return Storage(key, nbytes, read_into(key, 0)), stype.dtype
+        if not (isinstance(view, tuple) and len(view) == 3 and
+                all(type(v) is int and 0 <= v < (1 << 62) for v in view[1:])):
+            raise CorruptCheckpointError(f"{where_}: a storage view is malformed: "
+                                         f"{short(view)}", path=where_)
         vkey, voffset, vsize = view  # a view of the storage ``key`` (old torch versions)
         item = dtypes.itemsize(stype.dtype) if stype.dtype else 1
-        require_fits((voffset + vsize) * item, nbytes, f"storage view {vkey!r}", where_)
+        require_fits((voffset + vsize) * item, nbytes, f"storage view {short(vkey)}", where_)
         return Storage(f"{key}:{vkey}", vsize * item, read_into(key, voffset * item)), \
             stype.dtype
 
@@ -297,7 +310,7 @@ def normalize(obj: Any, parts: List[str], extras: Dict[str, Dict[str, Any]], dep
         raise CorruptCheckpointError(f"the pickle nests deeper than {MAX_DEPTH} levels at "
                                      f"{where(parts)!r}")
     if isinstance(obj, dict):
-        out = {k: normalize(v, parts + [escape(str(k))], extras, depth + 1)
+        out = {k: normalize(v, parts + [escape(key_text(k, parts))], extras, depth + 1)
                for k, v in obj.items()}
         if isinstance(obj, OrderedDictStandIn):
             extra: Dict[str, Any] = {"pickle.class": "collections.OrderedDict"}
@@ -317,7 +330,7 @@ def normalize(obj: Any, parts: List[str], extras: Dict[str, Dict[str, Any]], dep
 def _jsonable_or_none(state: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     try:
         skeleton.dumps(state)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, UnsupportedObjectError, RecursionError):
         return None
     return state
 

@@ -17,10 +17,26 @@ from __future__ import annotations
 import _compat_pickle
 import io
 import pickle
-from typing import Any, Callable, Dict, Mapping, Optional
+import pickletools
+import reprlib
+import struct
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, UckptError
+from . import limits
 from .errors import RefusedGlobalError, UnsafeInputError
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+
+
+def short(obj: Any) -> str:
+    """A bounded ``repr`` of anything a pickle made (shared, nested or huge values
+    included): for messages."""
+    try:
+        return _SHORT.repr(obj)[:200]
+    except Exception:  # a stand-in's repr cannot fail, but a message must never raise
+        return f"<{type(obj).__name__}>"
 
 
 class RestrictedUnpickler(pickle.Unpickler):
@@ -55,23 +71,51 @@ class RestrictedUnpickler(pickle.Unpickler):
         return self.persistent(pid)
 
 
+_PUTS = frozenset(("PUT", "BINPUT", "LONG_BINPUT"))
+
+
+def prescan(f, where: str) -> None:
+    """Walk the opcodes of the pickle at ``f``'s position (then seek back), before the
+    real unpickler runs: every length it declares must be there, and every memo index
+    it stores under must be at most the number of opcodes so far (a pickler numbers them
+    0, 1, 2, ...; CPython's unpickler would otherwise allocate and clear a memo table of
+    the index's size: 32 GiB for a 6-byte pickle)."""
+    start = f.tell()
+    count = 0
+    for op, arg, _ in pickletools.genops(f):
+        count += 1
+        if op.name in _PUTS and not (type(arg) is int and 0 <= arg <= count):
+            raise CorruptCheckpointError(
+                f"{where}: the pickle stores memo entry {arg!r} after {count} opcodes (a "
+                "pickler numbers them from 0); refused", path=where,
+                hint="the file is damaged or was crafted; nothing was unpickled")
+    f.seek(start)
+
+
 def restricted_load(data, allowed: Mapping[str, Any], where: str,
                     persistent: Optional[Callable[[Any], Any]] = None) -> Any:
-    """Read one pickle from ``data`` (bytes or a binary file) with :class:`RestrictedUnpickler`.
+    """Read one pickle from ``data`` (bytes or a seekable binary file) with
+    :class:`RestrictedUnpickler`, after :func:`prescan`, and check the tree it makes with
+    :func:`.limits.check_graph` (nodes with shared references expanded, depth, cycles)
+    against the limits in force, for the pickle's length.
 
     Malformed pickles raise :class:`~uckpt.errors.CorruptCheckpointError`; refused globals
-    :class:`RefusedGlobalError`.
+    :class:`RefusedGlobalError`; trees over the limits :class:`LimitExceededError`.
     """
     f = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
-        return RestrictedUnpickler(f, allowed, where, persistent).load()
-    except (UnsafeInputError, CorruptCheckpointError):
+        start = f.tell()
+        prescan(f, where)
+        root = RestrictedUnpickler(f, allowed, where, persistent).load()
+        limits.check_graph(root, f.tell() - start, where, limits.current(), "the pickle")
+        return root
+    except UckptError:
         raise
     except RecursionError:
         raise CorruptCheckpointError(f"{where}: the pickle nests too deeply",
                                      path=where) from None
     except (pickle.UnpicklingError, EOFError, TypeError, ValueError, AttributeError, KeyError,
-            IndexError, OverflowError, MemoryError, UnicodeError) as e:
+            IndexError, OverflowError, MemoryError, UnicodeError, struct.error) as e:
         # the only callables reachable are our stand-ins; they raise these on bad arguments
         raise CorruptCheckpointError(f"{where}: not a valid pickle of tensors and plain "
                                      f"values: {type(e).__name__}: {e}", path=where) from None
@@ -114,6 +158,10 @@ class OrderedDictStandIn(dict):
         if not isinstance(state, dict):
             raise TypeError(f"OrderedDict state must be a dict, got {type(state).__name__}")
         self.pickle_state = state
+
+    def graph_children(self) -> List[Any]:
+        """What :func:`.limits.check_graph` counts: keys, values and the BUILD state."""
+        return [*self, *self.values(), self.pickle_state]
 
 
 def codecs_encode(text: Any, encoding: str = "utf-8") -> bytes:
