@@ -415,6 +415,27 @@ def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options):
     assert uckpt.CheckpointManager(root, storage_options=s3_options).steps() == [1, 2]
 
 
+def test_lock_of_an_exited_writer(s3_server, s3_bucket, s3_options):
+    """A writer that exits without close() gives the lock up; one that dies (no exit
+    handlers run) leaves it, and the next writer is told whose it is and how to remove it."""
+    root = url(s3_bucket, "exits")
+    code = ("import os, sys, json, numpy as np, uckpt\n"
+            "m = uckpt.CheckpointManager(sys.argv[1], storage_options=json.loads(sys.argv[2]))\n"
+            "m.save(int(sys.argv[4]), {'w': np.arange(3)})\n"
+            "print(os.getpid(), flush=True)\n"
+            "if sys.argv[3] == 'die': os._exit(0)\n")
+    run = [sys.executable, "-c", code, root, json.dumps(s3_options)]
+    subprocess.run(run + ["exit", "1"], check=True, timeout=120)
+    uckpt.CheckpointManager(root, role="writer", storage_options=s3_options).close()
+    died = subprocess.run(run + ["die", "2"], check=True, timeout=120, capture_output=True, text=True)
+    with pytest.raises(errors.RootLockedError, match=f"process {died.stdout.strip()} on host") as ei:
+        uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
+    assert f"aws s3 rm {root}/{LOCK_NAME}" in str(ei.value)
+    s3_server.client().delete_object(Bucket=s3_bucket, Key=f"exits/{LOCK_NAME}")  # by hand
+    with uckpt.CheckpointManager(root, role="writer", storage_options=s3_options) as m:
+        assert m.steps() == [1, 2]
+
+
 def test_debris_removed_by_the_writer_only_when_old(s3_server, s3_bucket, s3_options, monkeypatch):
     c = s3_server.client()
     for step in (7, 8):

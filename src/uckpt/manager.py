@@ -511,10 +511,14 @@ def _files_present(store, name: str) -> bool:
 
 @atexit.register
 def _report_unclosed() -> None:
-    """At exit, background work has finished (its threads are joined); say what failed."""
+    """At exit, background work has finished (its threads are joined); say what failed,
+    and give up the writer locks (an object store's lock object outlives the process)."""
     for manager in list(_open_managers):
         try:
             manager.wait()
         except BaseException as e:  # noqa: B902 - nobody is left to raise it to
             log.error("uckpt: a background save failed and was never reported: %s: %s",
-                  type(e).__name__, e)
+                      type(e).__name__, e)
+        finally:
+            for lock in manager._locks:
+                lock.release()
