@@ -232,13 +232,8 @@ def _require_server_tools() -> str:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    weed = _require_server_tools()
-    server = SeaweedServer(tmp_path_factory.mktemp("seaweedfs"), weed)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop(TEARDOWN_GRACE_S)
+    yield from _running(SeaweedServer(tmp_path_factory.mktemp("seaweedfs"),
+                                      _require_server_tools()))
 
 
 @pytest.fixture
@@ -255,6 +250,11 @@ def s3_options(s3_server) -> Dict[str, str]:
 def own_s3_server(tmp_path):
     server = SeaweedServer(tmp_path / "own-seaweedfs", _require_server_tools())
     server.data_dir.mkdir()
+    yield from _running(server)
+
+
+def _running(server):
+    """Start ``server``, yield it to the fixture, stop it (by its process group) after."""
     server.start()
     try:
         yield server

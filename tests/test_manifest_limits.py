@@ -464,12 +464,7 @@ def test_parse_memory_is_a_small_multiple_of_the_size(case):
     text = json.dumps(base(), separators=(",", ":")).replace(
         '"metadata":{}', '"metadata":{"x":' + HOSTILE[case] + "}")
     data = sealed_text(text)
-    tracemalloc.start()
-    try:
-        Manifest.parse(data)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    peak = parse_peak(data)
     assert peak < 32 * max(len(data), 10_000), (case, len(data), peak)
 
 
@@ -478,13 +473,18 @@ def test_parse_memory_of_a_real_layout():
     doc = base(arrays={"w": {"dtype": "uint8", "shape": [n], "chunks": [
         chunk([i], [1], offset=i, itemsize=1) for i in range(n)]}}, size=n)
     data = sealed(doc)
+    peak = parse_peak(data)
+    assert peak < 16 * len(data), (len(data), peak)
+
+
+def parse_peak(data: bytes) -> int:
+    """Peak bytes allocated (tracemalloc) while parsing ``data``."""
     tracemalloc.start()
     try:
         Manifest.parse(data)
-        peak = tracemalloc.get_traced_memory()[1]
+        return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 16 * len(data), (len(data), peak)
 
 
 def test_error_messages_stay_short():
