@@ -23,7 +23,7 @@ from .format import ArrayEntry, FileEntry, Manifest
 from .leases import DEL_MARK, OLD_MARK, TMP_MARK  # noqa: F401 (re-exported)
 from .plan import SavePlan, metas, plan_save
 from .storage import locate
-from .storage.local import check_target, make_parent_and_tmp, publish  # noqa: F401 (re-exported)
+from .storage.local import check_target, publish  # noqa: F401 (re-exported)
 from .tree import Flat
 from .writer import write_data_file
 

@@ -281,7 +281,7 @@ def claim_roots(stores: List[Any], comm: Any, shared: bool) -> List[Any]:
     :class:`RootLockedError` (with several ranks: a
     :class:`~uckpt.errors.DistributedError` on every rank) when another job holds one.
     A lock that one rank takes for the whole job (an object store's) is taken by rank 0."""
-    from .commit import save_failure  # commit imports this module
+    from .commit import raise_save_failure  # commit imports this module
 
     job = comm.broadcast(new_job_id() if comm.rank == 0 else None)
     locks = [store.writer_lock(job, shared) for store in stores]
@@ -296,11 +296,8 @@ def claim_roots(stores: List[Any], comm: Any, shared: bool) -> List[Any]:
                 store.prepare_root()
                 got.append(lock.try_acquire() is None)
             except OSError as e:
-                err = save_failure(e, f"opening checkpoint root {str(store.where)!r} for "
+                raise_save_failure(e, f"opening checkpoint root {str(store.where)!r} for "
                                       "writing", store.where)
-                if err is e:
-                    raise
-                raise err from e
         return got
 
     def check(got: List[bool]) -> None:

@@ -44,7 +44,6 @@ from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .reader import read_manifest
-from .storage.local import committed_steps  # noqa: F401 (re-exported)
 from .tiers import Tier, as_tier
 
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
