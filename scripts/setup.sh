@@ -24,6 +24,7 @@ EXTRAS=(
     tensorflow
     chainer
     mpi
+    lightning
     test
     bench
     convert
@@ -74,6 +75,10 @@ run "$VENV/bin/python" -m pip install --quiet -c constraints.txt "setuptools>=77
 run "$VENV/bin/python" -m pip install --quiet -c constraints.txt --no-build-isolation chainer==7.8.1
 run "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e "$spec" \
     ${PACKAGES[@]+"${PACKAGES[@]}"}
+
+# tf_keras (Keras 2, for Horovod's TensorFlow callbacks) declares `tensorflow` as its
+# dependency, which would install a second copy of TensorFlow beside tensorflow-cpu.
+run "$VENV/bin/python" -m pip install --quiet -c constraints.txt --no-deps tf_keras
 
 # 3. Horovod: PyPI has only its sdist, built here against the venv's torch (the pinned
 # version in constraints.txt); the script returns at once when it is installed.
