@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Tuple
 
 
 from .convert import unique
+from .keras_files import build_optimizer, file_variables, is_file_layout
 from .variables import NamedVariablesAdapter
 
 _AUTO_VARIABLE = re.compile(r"^variable(_\d+)?$")  # Keras's name for an unnamed variable
@@ -102,6 +103,12 @@ class LayerAdapter(NamedVariablesAdapter):
 
     def variables(self, obj):
         return layer_variables(obj)
+
+    def variables_for(self, obj, tree):
+        if is_file_layout(tree):  # a Keras .weights.h5 converted to uckpt
+            build_optimizer(obj, tree)
+            return file_variables(obj)
+        return self.variables(obj)
 
     def describe(self, obj):
         return f"the {type(obj).__name__} {getattr(obj, 'name', '')!r}".rstrip()
