@@ -13,6 +13,8 @@ stores them (``layers/dense/vars/0``, ``vars/0`` for the model's own, ``optimize
 * :func:`uckpt_root`: the tree to write as a uckpt checkpoint: a Keras ``.weights.h5``
   file's tree nested under ``model``, so that ``uckpt.load(d, {"model": model})``
   restores it (the layer adapter reads Keras's layout, see ``uckpt_tf.keras_files``).
+* :func:`adapt` applies both for ``convert``; :func:`comparable` lets ``diff`` compare a
+  weights file with its uckpt conversion.
 
 The live layout maps to Keras's by position, with no model at hand: a layer's variables
 in the checkpoint's order are Keras's ``vars/0``, ``vars/1``, ... (both list trainable
@@ -56,6 +58,24 @@ def uckpt_root(root: Any) -> Any:
     return {MODEL_KEY: root} if is_weights_file(root) else root
 
 
+def _unnested(root: Any) -> Any:
+    """A Keras weights file's tree that a uckpt checkpoint holds under ``model``, or None."""
+    if isinstance(root, dict) and set(root) == {MODEL_KEY} and is_weights_file(root[MODEL_KEY]):
+        return root[MODEL_KEY]
+    return None
+
+
+def comparable(a: Any, b: Any):
+    """Roots ``a`` and ``b`` for comparing path by path: when one is a Keras weights file's
+    tree and the other the same under ``model`` (its conversion to uckpt), the latter
+    without the ``model`` level."""
+    if _unnested(a) is not None and is_weights_file(b):
+        return _unnested(a), b
+    if _unnested(b) is not None and is_weights_file(a):
+        return a, _unnested(b)
+    return a, b
+
+
 def _objects(root: Dict[Any, Any], adapter: str) -> List[Any]:
     return [k for k, v in root.items() if isinstance(v, Obj) and v.adapter == adapter]
 
@@ -67,8 +87,8 @@ def weights_file_root(root: Any, notes: List[str]) -> Optional[Dict[str, Any]]:
     cannot hold (other top-level entries) is listed in ``notes``."""
     if not isinstance(root, dict):
         return None
-    if set(root) == {MODEL_KEY} and is_weights_file(root[MODEL_KEY]):
-        return root[MODEL_KEY]
+    if _unnested(root) is not None:
+        return _unnested(root)
     models, optimizers = _objects(root, LAYER), _objects(root, OPTIMIZER)
     if not models:
         return None
