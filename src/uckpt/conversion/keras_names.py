@@ -13,8 +13,9 @@ stores them (``layers/dense/vars/0``, ``vars/0`` for the model's own, ``optimize
 * :func:`uckpt_root`: the tree to write as a uckpt checkpoint: a Keras ``.weights.h5``
   file's tree nested under ``model``, so that ``uckpt.load(d, {"model": model})``
   restores it (the layer adapter reads Keras's layout, see ``uckpt_tf.keras_files``).
-* :func:`adapt` applies both for ``convert``; :func:`comparable` lets ``diff`` compare a
-  weights file with its uckpt conversion.
+* :func:`unnested`: the weights file's tree inside such a uckpt tree.
+
+:mod:`.layouts` applies them for ``convert`` and ``diff``.
 
 The live layout maps to Keras's by position, with no model at hand: a layer's variables
 in the checkpoint's order are Keras's ``vars/0``, ``vars/1``, ... (both list trainable
@@ -58,22 +59,11 @@ def uckpt_root(root: Any) -> Any:
     return {MODEL_KEY: root} if is_weights_file(root) else root
 
 
-def _unnested(root: Any) -> Any:
+def unnested(root: Any) -> Any:
     """A Keras weights file's tree that a uckpt checkpoint holds under ``model``, or None."""
     if isinstance(root, dict) and set(root) == {MODEL_KEY} and is_weights_file(root[MODEL_KEY]):
         return root[MODEL_KEY]
     return None
-
-
-def comparable(a: Any, b: Any):
-    """Roots ``a`` and ``b`` for comparing path by path: when one is a Keras weights file's
-    tree and the other the same under ``model`` (its conversion to uckpt), the latter
-    without the ``model`` level."""
-    if _unnested(a) is not None and is_weights_file(b):
-        return _unnested(a), b
-    if _unnested(b) is not None and is_weights_file(a):
-        return a, _unnested(b)
-    return a, b
 
 
 def _objects(root: Dict[Any, Any], adapter: str) -> List[Any]:
@@ -87,8 +77,8 @@ def weights_file_root(root: Any, notes: List[str]) -> Optional[Dict[str, Any]]:
     cannot hold (other top-level entries) is listed in ``notes``."""
     if not isinstance(root, dict):
         return None
-    if _unnested(root) is not None:
-        return _unnested(root)
+    if unnested(root) is not None:
+        return unnested(root)
     models, optimizers = _objects(root, LAYER), _objects(root, OPTIMIZER)
     if not models:
         return None
@@ -147,35 +137,3 @@ def _optimizer_leaves(state: Any) -> List[Leaf]:
                                           "model.save_weights")
     return [leaf for part in ("variables", "slots")
             for _, leaf in walk(state.get(part, {})) if isinstance(leaf, Leaf)]
-
-
-def adapt(tree: Any, dst_format: str, dst: Any) -> None:
-    """Put ``tree`` (a :class:`~uckpt.conversion.model.Tree` about to be written as
-    ``dst_format`` at ``dst``) in the layout the target's framework reads: Keras's for a
-    ``*.weights.h5`` target of a live Keras checkpoint (Keras reads its layout only from
-    files so named), ``model``-nested for a uckpt target of a Keras weights file (HDF5
-    attributes kept in ``tree.extras`` move with their nodes). Other trees are left as
-    they are."""
-    if dst_format == "hdf5" and str(dst).endswith(".weights.h5"):
-        new = weights_file_root(tree.root, tree.notes)
-        if new is not None and new is not tree.root:
-            nested = isinstance(tree.root, dict) and tree.root.get(MODEL_KEY) is new
-            tree.root = new
-            if nested:
-                tree.extras = _moved(tree.extras, MODEL_KEY, "")
-    elif dst_format == "uckpt" and uckpt_root(tree.root) is not tree.root:
-        tree.root = uckpt_root(tree.root)
-        tree.extras = _moved(tree.extras, "", MODEL_KEY)
-
-
-def _moved(extras: Dict[str, Any], old: str, new: str) -> Dict[str, Any]:
-    """``extras`` re-keyed from paths under ``old`` to the same paths under ``new``."""
-    out: Dict[str, Any] = {}
-    for path, value in extras.items():
-        if old and path != old and not path.startswith(old + "/"):
-            key = path  # not in the moved subtree: a checkpoint-wide entry
-        else:
-            rest = path[len(old):].lstrip("/") if old else path
-            key = "/".join(p for p in (new, rest) if p)
-        out.setdefault(key, {}).update(value)
-    return out
