@@ -18,7 +18,9 @@ by several parents is stored once, under the first path. Any variable of
 
 save: ``extract`` returns the nested dict of arrays (``{"conv2d": {"kernel":
 array, ...}, ...}``).
-load: ``prepare`` compares keys, shapes and dtypes and raises one
+load: a checkpoint in Keras's own ``.weights.h5`` layout (``layers/dense/vars/0``,
+a converted weights file) is matched by Keras's names instead, see
+:mod:`uckpt_tf.keras_files`. ``prepare`` compares keys, shapes and dtypes and raises one
 :class:`~uckpt.errors.KeyMismatchError` listing missing, unexpected and
 mismatched variables before anything changes; it also records a compiled
 model's optimizer (see :mod:`uckpt_tf.optim`). ``restore`` assigns every
