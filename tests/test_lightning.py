@@ -97,6 +97,9 @@ def test_async_saves_wait_and_refusals(tmp_path):
     before = w.clone()
     io.save_checkpoint({"state_dict": {"w": w}, "global_step": 1}, tmp_path / "s1.ckpt")
     w.add_(1)  # after the call: not in the checkpoint (the save took a snapshot)
+    io.save_checkpoint({"state_dict": {"w": w}, "global_step": 2}, tmp_path / "s2.ckpt")
+    io.remove_checkpoint(tmp_path / "s2.ckpt")  # waits for that save, then removes it
+    assert not (tmp_path / "s2.ckpt").exists()
     io.teardown()
     assert torch.equal(io.load_checkpoint(tmp_path / "s1.ckpt")["state_dict"]["w"], before)
     with pytest.raises(UnsupportedObjectError):

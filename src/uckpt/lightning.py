@@ -14,7 +14,8 @@ path whole. ``load_checkpoint`` gives the dictionary back with the same tensors,
 ``blocking=False`` saves through uckpt's asynchronous saves: the call returns once the
 tensors are copied to host memory, the write and commit run in the background, and
 loading or removing a checkpoint, and ``teardown`` (the end of ``fit``), wait for the
-saves still running and raise the first error one of them met. Lightning's own
+saves still running (removing: those to its path) and raise the first error one of
+them met. Lightning's own
 ``AsyncCheckpointIO(uckpt.lightning.CheckpointIO())`` works as well (its thread calls
 the blocking save).
 """
@@ -126,10 +127,10 @@ class CheckpointIO(_LightningCheckpointIO):
             return _tensors(reader.manifest.tree, tree, _device(map_location))
 
     def remove_checkpoint(self, path) -> None:
-        """Delete the uckpt checkpoint at ``path`` (after the saves still running); nothing
+        """Delete the uckpt checkpoint at ``path`` (after a save to it still running); nothing
         if it is not there. A directory that is not a uckpt checkpoint is refused."""
-        self.wait()
         path = os.fspath(path)
+        self.wait(path)
         store, name = locate(path, self._options(path))
         if not is_remote(path) and os.path.isfile(path):
             os.remove(path)  # a torch.save file Lightning wrote before this plugin was used
@@ -141,9 +142,11 @@ class CheckpointIO(_LightningCheckpointIO):
                                       "a uckpt checkpoint, so it was not removed",
                                       hint="remove it by hand if it is not needed")
 
-    def wait(self) -> None:
-        """Wait for every asynchronous save still running; raise the first error."""
-        pending, self._pending = self._pending, []
+    def wait(self, path: Optional[str] = None) -> None:
+        """Wait for every asynchronous save still running (or those to ``path``); raise the
+        first error."""
+        pending = [(p, h) for p, h in self._pending if path is None or p == path]
+        self._pending = [(p, h) for p, h in self._pending if (p, h) not in pending]
         errors = [e for e in (handle.exception() for _, handle in pending) if e is not None]
         if errors:
             raise errors[0]
