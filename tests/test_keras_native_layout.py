@@ -124,3 +124,34 @@ def test_keras_applications_both_directions(tmp_path, name):
     (tmp_path / "b").mkdir()
     _live_to_file(tmp_path / "a", model, make)
     _file_to_live(tmp_path / "b", model, make)
+
+
+def test_two_models_cannot_share_a_weights_file(tmp_path):
+    from uckpt.errors import UnsupportedObjectError
+
+    a, b = _small(), _small()
+    for m in (a, b):
+        m.build((None, 3))
+    uckpt.save(tmp_path / "live", {"a": a, "b": b})
+    with pytest.raises(UnsupportedObjectError, match=r"models at \['a', 'b'\]"):
+        convert(tmp_path / "live", tmp_path / "out.weights.h5")
+    assert not (tmp_path / "out.weights.h5").exists()
+    # any other HDF5 name keeps uckpt's own layout (Keras reads its layout only from
+    # *.weights.h5 files), and converts back to the same checkpoint
+    convert(tmp_path / "live", tmp_path / "plain.h5")
+    assert diff(tmp_path / "live", tmp_path / "plain.h5").identical
+
+
+def test_cli_writes_keras_layout(tmp_path):
+    import subprocess
+    import sys
+
+    model = _trained(_small, (3,), (2,))
+    uckpt.save(tmp_path / "live", {"model": model, "optimizer": model.optimizer})
+    r = subprocess.run([sys.executable, "-m", "uckpt.cli", "convert", str(tmp_path / "live"),
+                        str(tmp_path / "out.weights.h5")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    again = _small()
+    again.optimizer.build(again.trainable_variables)
+    again.load_weights(tmp_path / "out.weights.h5")
+    _assert_same(model, again)
