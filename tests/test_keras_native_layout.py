@@ -116,7 +116,7 @@ def _app(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["MobileNetV2", "EfficientNetB0"])
+@pytest.mark.parametrize("name", ["MobileNetV2", "EfficientNetB0", "ResNet50"])
 def test_keras_applications_both_directions(tmp_path, name):
     make = _app(name)
     model = _trained(make, (32, 32, 3), (3,))
