@@ -22,17 +22,22 @@ dropout masks and the next epoch's shuffle continue as if never interrupted.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 from chainer.training import extension as _extension
 from chainer.training import trigger as _trigger
 
+from uckpt.errors import KeyMismatchError
 from uckpt.rng import RandomState
+
+log = logging.getLogger("uckpt.chainer")
+_RNG = "rng"
 
 
 def checkpoint_state(trainer, extra: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The mapping the extension saves and ``resume`` restores."""
-    state: Dict[str, Any] = {"trainer": trainer, "rng": RandomState()}
+    state: Dict[str, Any] = {"trainer": trainer, _RNG: RandomState()}
     for key, value in (extra or {}).items():
         if key in state:
             raise ValueError(f"extra must not use the key {key!r}: the snapshot saves it itself")
@@ -43,8 +48,21 @@ def checkpoint_state(trainer, extra: Optional[Mapping[str, Any]] = None) -> Dict
 def resume(manager, trainer, *, step: Optional[int] = None,
            extra: Optional[Mapping[str, Any]] = None) -> Optional[int]:
     """Restore the newest intact checkpoint (or ``step``) into ``trainer``; call before
-    ``trainer.run()``. Returns the iteration restored, or None when there is none."""
-    return manager.restore(checkpoint_state(trainer, extra), step=step)
+    ``trainer.run()``. Returns the iteration restored, or None when there is none.
+
+    A checkpoint converted from Chainer's own ``extensions.snapshot()`` file (``uckpt
+    convert snapshot_iter_N root/step_0000000N``) holds the trainer alone: Chainer's
+    snapshots do not save the random state, so the trainer is restored without it, as
+    Chainer's own resume would, and a note is logged."""
+    state = checkpoint_state(trainer, extra)
+    try:
+        return manager.restore(state, step=step)
+    except KeyMismatchError as e:  # raised before anything changed
+        if e.missing != [_RNG] or e.unexpected:
+            raise
+    log.info("the checkpoint holds no random state (a converted Chainer snapshot): restoring "
+             "the trainer without it")
+    return manager.restore({k: v for k, v in state.items() if k != _RNG}, step=step)
 
 
 class Snapshot(_extension.Extension):

@@ -27,6 +27,7 @@ configuration, not state: create them again before restoring.
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, Dict, List, Tuple
 
 import chainer
@@ -39,10 +40,13 @@ from uckpt.errors import DtypeMismatchError, ShapeMismatchError, StateMismatchEr
 from .checks import _PLAIN, Findings, class_name, compare_strict, flatten, nest, require_dict
 from .serializer import is_deserializer, join, probe, restore_with, serialize_tree, split
 
+log = logging.getLogger("uckpt.chainer")
+
 CLASS = "uckpt:class"
 HYPER = "uckpt:hyperparam"
 HOOKS = "uckpt:hooks"
 LOSS = "uckpt:loss_scaling"
+ADDITIONS = (CLASS, HYPER, HOOKS, LOSS)
 HINT = "create the same optimizer (class, hooks, hyperparameter names) over the same link"
 # dynamic loss scaling: (tree key, attribute)
 _LOSS_ATTRS = (("scale", "_loss_scale"), ("dynamic", "_loss_scaling_is_dynamic"),
@@ -88,6 +92,8 @@ def serialize_additions(opt, s, hyperparameters: bool = True) -> None:
     loading = is_deserializer(s)
     if not loading:
         s(CLASS, class_name(opt))
+    elif not s.has(CLASS):
+        return  # Chainer's own layout (a converted snapshot): it holds none of these
 
     hp, sub = opt.hyperparam, s[HYPER]
     for key, value in sorted(hp.get_dict().items()) if hyperparameters else ():
@@ -149,7 +155,12 @@ def _expected_state(param) -> Dict[str, Tuple[Any, str]]:
 def check_optimizer(opt, live, saved, findings: Findings, prefix: str = ""):
     """Compare an optimizer's probed tree with the checkpoint's; return in-place targets."""
     saved = require_dict(saved, f"the {class_name(opt)}")
-    if saved.get(CLASS) != class_name(opt):
+    if CLASS not in saved and saved:  # Chainer's own layout: nothing of uckpt's additions
+        log.info("restoring the %s%s from Chainer's own layout (a converted snapshot or "
+                 "save_npz file): its class, hooks and hyperparameters are not in it",
+                 class_name(opt), " at " + prefix if prefix else "")
+        live = {k: v for k, v in live.items() if k not in ADDITIONS}
+    elif saved.get(CLASS) != class_name(opt):
         held = f"the state of a {saved.get(CLASS)}" if saved.get(CLASS) else "no optimizer state"
         raise StateMismatchError(
             f"the checkpoint holds {held}{' at ' + prefix if prefix else ''} but the optimizer "

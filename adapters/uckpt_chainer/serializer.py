@@ -148,7 +148,14 @@ class TreeDeserializer(_protocol.Deserializer):
         if is_array(value):
             copy_into(value, stored, path)
             return value
+        if isinstance(value, (bool, int, float)) and isinstance(stored, np.ndarray) and \
+                stored.ndim == 0:  # Chainer's own files hold scalars as 0-d arrays
+            return type(value)(stored)
         return stored
+
+    def has(self, key: str) -> bool:
+        """Whether the tree holds an entry at ``key`` below this serializer's path."""
+        return self._lookup(self.parts + split(key)) is not _ABSENT
 
 
 def copy_into(dest: Any, stored: Any, path: str) -> None:

@@ -18,7 +18,9 @@ by several parents is stored once, under the first path. Any variable of
 
 save: ``extract`` returns the nested dict of arrays (``{"conv2d": {"kernel":
 array, ...}, ...}``).
-load: ``prepare`` compares keys, shapes and dtypes and raises one
+load: a checkpoint in Keras's own ``.weights.h5`` layout (``layers/dense/vars/0``,
+a converted weights file) is matched by Keras's names instead, see
+:mod:`uckpt_tf.keras_files`. ``prepare`` compares keys, shapes and dtypes and raises one
 :class:`~uckpt.errors.KeyMismatchError` listing missing, unexpected and
 mismatched variables before anything changes; it also records a compiled
 model's optimizer (see :mod:`uckpt_tf.optim`). ``restore`` assigns every
@@ -33,6 +35,7 @@ from typing import Any, Dict, List, Tuple
 
 
 from .convert import unique
+from .keras_files import build_optimizer, file_variables, is_file_layout
 from .variables import NamedVariablesAdapter
 
 _AUTO_VARIABLE = re.compile(r"^variable(_\d+)?$")  # Keras's name for an unnamed variable
@@ -102,6 +105,12 @@ class LayerAdapter(NamedVariablesAdapter):
 
     def variables(self, obj):
         return layer_variables(obj)
+
+    def variables_for(self, obj, tree):
+        if is_file_layout(tree):  # a Keras .weights.h5 converted to uckpt
+            build_optimizer(obj, tree)
+            return file_variables(obj)
+        return self.variables(obj)
 
     def describe(self, obj):
         return f"the {type(obj).__name__} {getattr(obj, 'name', '')!r}".rstrip()

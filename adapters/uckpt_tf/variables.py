@@ -86,12 +86,17 @@ class NamedVariablesAdapter(Adapter):
     def extract(self, obj):
         return nested((k.split("/"), to_numpy(v)) for k, v in self.variables(obj).items())
 
+    def variables_for(self, obj, tree) -> Dict[str, Any]:
+        """The variables to restore from ``tree``, by key (a subclass may choose its naming
+        by the checkpoint's layout)."""
+        return self.variables(obj)
+
     def prepare(self, obj, spec):
-        check_variables(self.describe(obj), self.variables(obj), spec, self.hint)
+        check_variables(self.describe(obj), self.variables_for(obj, spec), spec, self.hint)
         return None
 
     def restore(self, obj, tree):
-        live = self.variables(obj)
+        live = self.variables_for(obj, tree)
         check_variables(self.describe(obj), live, tree, self.hint)
         saved = flat(tree)
         for key, var in live.items():

@@ -29,6 +29,7 @@ from .convert import from_numpy, same_memory, tree_from_numpy, tree_to_numpy, \
     writable_view
 from .device import to_leaf
 from .dtensor import fill, is_dtensor, read_target
+from .layout import align_compiled
 
 _EXTRA = "_extra_state"
 
@@ -51,6 +52,18 @@ def _target(key: str, t, spec):
     return writable_view(t)
 
 
+def _renames(tree, live, obj, note: bool) -> dict:
+    """{checkpoint key: live key} for the keys that differ by ``torch.compile``'s prefix."""
+    aligned = align_compiled(tree, live.keys(), type(obj).__name__, note)
+    if aligned is tree:
+        return {}
+    return {old: new for old, new in zip(tree, aligned) if old != new}
+
+
+def _rename(tree, names: dict):
+    return {names.get(k, k): v for k, v in tree.items()} if names else tree
+
+
 class ModuleAdapter(Adapter):
     name = "torch.module"
 
@@ -71,11 +84,16 @@ class ModuleAdapter(Adapter):
 
     def prepare(self, obj, spec):
         live = obj.state_dict(keep_vars=True)
+        names = _renames(spec, live, obj, note=True)
+        spec = _rename(spec, names)
         self._check(obj, live, spec)
-        return {key: _target(key, t, spec[key]) for key, t in live.items()}
+        targets = {key: _target(key, t, spec[key]) for key, t in live.items()}
+        back = {new: old for old, new in names.items()}
+        return {back.get(key, key): t for key, t in targets.items()}
 
     def restore(self, obj, tree):
         live = obj.state_dict(keep_vars=True)
+        tree = _rename(tree, _renames(tree, live, obj, note=False))
         self._check(obj, live, tree)
         sd = {}
         for key, value in tree.items():

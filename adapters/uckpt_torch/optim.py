@@ -29,9 +29,10 @@ import torch
 from uckpt.adapter import Adapter, ArraySpec
 from uckpt.errors import StateMismatchError
 
-from .checks import check_class, class_name
+from .checks import class_name
 from .convert import _NAMES, tree_from_numpy, tree_to_numpy, writable_view
 from .dtensor import fill, is_dtensor, like, read_target
+from .layout import check_kind
 
 
 def _layout_of(t, param, want: ArraySpec):
@@ -60,7 +61,7 @@ class OptimizerAdapter(Adapter):
         return {"class": class_name(obj), **tree_to_numpy(obj.state_dict())}
 
     def prepare(self, obj, spec):
-        self._check(obj, spec)
+        self._check(obj, spec, note=True)
         params = [p for g in obj.param_groups for p in g["params"]]
         targets, sharded = {}, {}
         for index, entries in spec["state"].items():
@@ -84,7 +85,7 @@ class OptimizerAdapter(Adapter):
         return {"state": targets}
 
     def restore(self, obj, tree):
-        self._check(obj, tree)
+        self._check(obj, tree, note=False)
         sharded = self._sharded.pop(obj, {})
         sd = {k: v for k, v in tree.items() if k != "class"}
         state = {index: dict(entries) for index, entries in sd["state"].items()}
@@ -101,8 +102,8 @@ class OptimizerAdapter(Adapter):
         obj.load_state_dict(tree_from_numpy({**sd, "state": state}))
 
     @staticmethod
-    def _check(obj, tree):
-        check_class(obj, tree, "optimizer")
+    def _check(obj, tree, note: bool):
+        check_kind(obj, tree, "optimizer", note)
         saved = [len(g["params"]) for g in tree["param_groups"]]
         mine = [len(g["params"]) for g in obj.param_groups]
         if saved != mine:

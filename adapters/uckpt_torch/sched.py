@@ -13,8 +13,9 @@ from torch.optim import lr_scheduler
 
 from uckpt.adapter import Adapter
 
-from .checks import check_class, class_name
+from .checks import class_name
 from .convert import tree_from_numpy, tree_to_numpy
+from .layout import check_kind
 
 _CLASSES = (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)
 
@@ -29,9 +30,9 @@ class SchedulerAdapter(Adapter):
         return {"class": class_name(obj), **tree_to_numpy(obj.state_dict())}
 
     def prepare(self, obj, spec):
-        check_class(obj, spec, "learning-rate scheduler")
+        check_kind(obj, spec, "learning-rate scheduler")
         return None
 
     def restore(self, obj, tree):
-        check_class(obj, tree, "learning-rate scheduler")
+        check_kind(obj, tree, "learning-rate scheduler", note=False)
         obj.load_state_dict(tree_from_numpy({k: v for k, v in tree.items() if k != "class"}))

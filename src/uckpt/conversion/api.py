@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import UckptError
 from . import detect as _detect
+from . import layouts
 from .errors import ConvertWarning
 from .limits import Limits, using
 from .model import Tree
@@ -103,6 +104,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
+        layouts.adapt(tree, dst_fmt, dst)  # the frameworks' own file layouts
         lay = writer.plan(tree)
         report = Report(str(src), str(dst), src_fmt, dst_fmt, dry_run=dry_run,
                         arrays=[(n, leaf.dtype, leaf.shape, leaf.nbytes) for n, leaf in lay.arrays],

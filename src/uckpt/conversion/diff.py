@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tree import join
+from . import layouts
 from .api import open_checkpoint
 from .limits import Limits
 from .model import Leaf, Obj, Tree, same_value, walk
@@ -101,6 +102,7 @@ def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None
     with open_checkpoint(a, a_format, limits=limits) as ta, \
             open_checkpoint(b, b_format, limits=limits) as tb:
         report = DiffReport(str(a), str(b), ta.format, tb.format)
+        ta.root, tb.root = layouts.comparable(ta.root, tb.root)  # a framework file vs uckpt
         ea, eb = entries(ta), entries(tb)
         for path, node in ea.items():
             if path not in eb:

@@ -1,0 +1,117 @@
+"""uckpt.lightning.CheckpointIO under a real lightning.Trainer (issue 14): a run SIGKILLed mid-run
+and resumed from its last checkpoint with ckpt_path= ends bit for bit where an uninterrupted run
+ends (weights, optimizer state, learning rate, global step), with blocking saves, the plugin's
+own asynchronous saves and Lightning's AsyncCheckpointIO."""
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import uckpt
+
+HERE = Path(__file__).resolve().parent
+
+
+def _run(root: Path, mode: str, *args: str) -> subprocess.CompletedProcess:
+    root.mkdir(exist_ok=True)
+    return subprocess.run([sys.executable, str(HERE / "lightning_train.py"), str(root), mode,
+                           *args], capture_output=True, text=True, timeout=300)
+
+
+def _final(root: Path) -> dict:
+    with np.load(root / "final.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lightning-ref")
+    r = _run(root, "sync")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return _final(root)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async", "lightning-async"])
+def test_killed_trainer_resumes_bit_for_bit(tmp_path, reference, mode):
+    root = tmp_path / "run"
+    killed = _run(root, mode, "--kill-at", "10")  # mid-epoch 2 (4 steps an epoch)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert not (root / "final.npz").exists()
+    last = root / "last.ckpt"
+    step = uckpt.manifest(last).step  # committed whole, whatever the kill interrupted
+    assert step in (4, 8)
+    uckpt.verify(last)
+    resumed = _run(root, mode, "--resume", str(last))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = _final(root)
+    assert got.keys() == reference.keys()
+    for k in reference:
+        assert got[k].dtype == reference[k].dtype and np.array_equal(got[k], reference[k]), k
+    assert int(got["global_step"]) == 16
+
+
+def test_checkpoint_dict_round_trip(tmp_path):
+    """What Lightning hands the plugin comes back with the same types: tensors (dtype, values),
+    ints, floats, strings, None, tuples, nested dicts; AttributeDict as a plain dict."""
+    import torch
+    from lightning.fabric.utilities.data import AttributeDict
+
+    import uckpt.lightning
+
+    ck = {"state_dict": {"a.weight": torch.randn(3, 2), "b": torch.arange(4),
+                         "h": torch.randn(2).to(torch.bfloat16)},
+          "epoch": 3, "global_step": 7, "lr": 0.5, "name": "x", "none": None,
+          "betas": (0.9, 0.99), "hyper_parameters": AttributeDict(width=8),
+          "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}},
+                                "param_groups": [{"params": [0], "lr": 0.1}]}]}
+    io = uckpt.lightning.CheckpointIO()
+    io.save_checkpoint(ck, tmp_path / "a.ckpt")
+    back = io.load_checkpoint(tmp_path / "a.ckpt")
+    assert uckpt.manifest(tmp_path / "a.ckpt").step == 7
+    for k, v in ck["state_dict"].items():
+        assert isinstance(back["state_dict"][k], torch.Tensor)
+        assert back["state_dict"][k].dtype == v.dtype and torch.equal(back["state_dict"][k], v)
+    assert back["optimizer_states"][0]["state"][0]["step"].dtype == torch.float32
+    assert back["betas"] == (0.9, 0.99) and back["none"] is None and back["lr"] == 0.5
+    assert back["hyper_parameters"] == {"width": 8}
+    # saving again at the same path (Lightning's last.ckpt) replaces it
+    io.save_checkpoint({**ck, "global_step": 9}, tmp_path / "a.ckpt")
+    assert io.load_checkpoint(tmp_path / "a.ckpt", map_location="cpu")["global_step"] == 9
+    io.remove_checkpoint(tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists()
+    io.remove_checkpoint(tmp_path / "a.ckpt")  # already gone: nothing to do
+
+
+def test_async_saves_wait_and_refusals(tmp_path):
+    import torch
+
+    import uckpt.lightning
+    from uckpt.errors import NotACheckpointError, UnsupportedObjectError
+
+    io = uckpt.lightning.CheckpointIO(blocking=False)
+    w = torch.randn(64, 64)
+    before = w.clone()
+    io.save_checkpoint({"state_dict": {"w": w}, "global_step": 1}, tmp_path / "s1.ckpt")
+    w.add_(1)  # after the call: not in the checkpoint (the save took a snapshot)
+    io.save_checkpoint({"state_dict": {"w": w}, "global_step": 2}, tmp_path / "s2.ckpt")
+    io.remove_checkpoint(tmp_path / "s2.ckpt")  # waits for that save, then removes it
+    assert not (tmp_path / "s2.ckpt").exists()
+    io.teardown()
+    assert torch.equal(io.load_checkpoint(tmp_path / "s1.ckpt")["state_dict"]["w"], before)
+    with pytest.raises(UnsupportedObjectError):
+        io.save_checkpoint({"obj": object()}, tmp_path / "bad.ckpt")
+    assert not (tmp_path / "bad.ckpt").exists()
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("keep")
+    with pytest.raises(NotACheckpointError, match="not removed"):
+        io.remove_checkpoint(tmp_path / "other")
+    assert (tmp_path / "other" / "x").read_text() == "keep"
+
+
+def test_import_uckpt_does_not_import_lightning():
+    code = "import sys, uckpt; assert 'lightning' not in sys.modules and 'torch' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
