@@ -9,7 +9,7 @@ pickles followed by the raw storages; both are read here.
 The pickle goes through :mod:`.unpickler` with an allowlist of uckpt's own
 stand-ins for what tensor checkpoints need: torch's tensor rebuild functions,
 typed and untyped storage classes, dtypes, ``torch.Size``, ``OrderedDict`` and
-``_codecs.encode``. A tensor becomes a lazy :class:`~.model.Leaf` that reads
+``_codecs.encode``, and plain numeric NumPy arrays (:mod:`.numpy_pickle`). A tensor becomes a lazy :class:`~.model.Leaf` that reads
 its bytes from the storage member at its offset when asked (strided views are
 gathered from the span they cover). Storage sizes are checked against the
 members that hold them before anything is allocated.
@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedObjectError
-from . import skeleton
+from . import numpy_pickle, skeleton
 from .errors import UnsafeInputError
 from .fileio import BoundedReader, RandomAccessFile, Window, ZipArchive, require_fits
 from ..tree import MAX_DEPTH, escape, join
@@ -113,6 +113,7 @@ class Tensors:
         out["torch._utils._rebuild_tensor_v3"] = StandIn(self.rebuild_v3)
         out["torch._utils._rebuild_parameter"] = StandIn(self.rebuild_parameter)
         out["torch._utils._rebuild_parameter_with_state"] = StandIn(self.rebuild_parameter)
+        out.update(numpy_pickle.allowed())  # plain numeric arrays (Trainer's rng_state.pth)
         return out
 
     # the stand-ins, with torch's signatures
@@ -309,6 +310,7 @@ def normalize(obj: Any, parts: List[str], extras: Dict[str, Dict[str, Any]], dep
     if depth > MAX_DEPTH:
         raise CorruptCheckpointError(f"the pickle nests deeper than {MAX_DEPTH} levels at "
                                      f"{where(parts)!r}")
+    obj = numpy_pickle.finish(obj)
     if isinstance(obj, dict):
         out = {k: normalize(v, parts + [escape(key_text(k, parts))], extras, depth + 1)
                for k, v in obj.items()}
