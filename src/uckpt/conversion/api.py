@@ -27,6 +27,9 @@ WRITERS = {"npz": "npz", "pickle": "torch_writer", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "keras": "keras_archive",
            "hf": "hf"}
 DIRECTORY_TARGETS = ("uckpt", "hf")
+#: sources whose arrays are read ahead on threads while the target is written (reading them
+#: costs CPU that releases the GIL: inflating deflated NPZ members)
+PREFETCHED = ("npz",)
 
 
 def _module(name: str):
@@ -106,6 +109,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     from .output import check_output, write_atomically
 
     from .options import WriteOptions, for_target, parse_size, target_of
+    from .prefetch import prefetch
     from .subtree import rename_keys, select as select_node
 
     start = time.monotonic()
@@ -138,8 +142,12 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             warnings.warn(text, ConvertWarning, stacklevel=2)
         if not dry_run:
             done = Progress(lay.nbytes, progress)
-            write_atomically(dst_path, directory, force,
-                             lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
+            stop = prefetch(lay.arrays) if src_fmt in PREFETCHED else (lambda: None)
+            try:
+                write_atomically(dst_path, directory, force,
+                                 lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
+            finally:
+                stop()
     report.seconds = time.monotonic() - start
     return report
 

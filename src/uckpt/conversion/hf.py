@@ -29,6 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.manifest import strict_json_loads
 from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
+from .detect import detect
 from .fileio import RandomAccessFile, open_regular
 from .model import Leaf, Obj, Tree, reading
 from .options import WriteOptions
@@ -81,13 +82,12 @@ def _member(directory: Path, name: Any, where: str) -> Path:
 
 def _read_file(path: Path, tree: Tree) -> Tree:
     """One shard or Trainer file, read by its own reader, closed with ``tree``."""
-    head = RandomAccessFile(path, follow=False)
-    try:
-        start = head.pread(min(2, head.size), 0)
-    finally:
-        head.close()
-    part = (torch_pickle if start[:2] == b"PK" or start[:1] == b"\x80" else
-            safetensors_fmt).read(path)
+    fmt = detect(path)
+    if fmt not in ("safetensors", "pickle"):
+        raise CorruptCheckpointError(f"{path}: a Hugging Face weights or Trainer file in the "
+                                     f"{fmt} format; expected safetensors or torch.save",
+                                     path=str(path))
+    part = (torch_pickle if fmt == "pickle" else safetensors_fmt).read(path)
     tree.closers.append(part.close)
     tree.notes.extend(part.notes)
     return part

@@ -112,7 +112,7 @@ def read(path, fmt: str = "safetensors") -> Tree:
         record = skeleton.loads(meta[RECORD_KEY], raf.path) if RECORD_KEY in meta else None
         skeleton.settle(tree, record, items, raf.path)
         own = {k: v for k, v in meta.items() if k != RECORD_KEY}
-        if own:
+        if own and own != {"format": DEFAULT_FORMAT}:  # that one every written file gets
             tree.extras.setdefault("", {})[META_EXTRA] = own
     return tree
 
