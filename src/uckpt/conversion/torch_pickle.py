@@ -252,10 +252,11 @@ def load_legacy(raf: RandomAccessFile) -> Any:
     """The tree of a pre-zip ``torch.save`` file, or of a plain pickle of containers."""
     where_ = raf.path
     stream = BoundedReader(Window(raf))
-    first = restricted_load(stream, GENERIC, where_)
+    plain = {**GENERIC, **numpy_pickle.allowed()}
+    first = restricted_load(stream, plain, where_)
     if type(first) is not int or first != LEGACY_MAGIC:
         stream.seek(0)
-        root = restricted_load(stream, GENERIC, where_)
+        root = restricted_load(stream, plain, where_)
         return root
     if restricted_load(stream, {}, where_) != LEGACY_PROTOCOL:
         raise CorruptCheckpointError(f"{where_}: unknown legacy torch.save protocol",
