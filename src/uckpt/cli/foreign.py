@@ -25,11 +25,17 @@ CHECKS = {
 
 
 def is_foreign(path: str) -> bool:
-    """A local path that is not a uckpt checkpoint directory."""
+    """A local file, or a directory of another format (DCP, Hugging Face); a directory
+    that is neither is left to uckpt's own reader (and its "no manifest.json" error)."""
     if is_remote(path):
         return False
     p = Path(path)
-    return p.exists() and not (p.is_dir() and (p / MANIFEST_NAME).is_file())
+    if p.is_dir():
+        from ..conversion.hf import is_hf_directory
+
+        return not (p / MANIFEST_NAME).is_file() and \
+            ((p / ".metadata").is_file() or is_hf_directory(p))
+    return p.is_file()
 
 
 def describe(path: str, fmt: Optional[str] = None) -> Dict[str, Any]:

@@ -91,8 +91,11 @@ def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress,
         "keras_version": "uckpt " + __version__,
         "date_saved": _dt.datetime.now().strftime("%Y-%m-%d@%H:%M:%S")}))
     inner = Path(str(path) + ".weights.h5")
+    extras = dict(tree.extras)  # the kept members go into the archive, not into the record
+    extras[""] = {k: v for k, v in extras.get("", {}).items() if k != KEPT}
+    weights = Tree(tree.root, tree.format, extras={k: v for k, v in extras.items() if v})
     try:
-        hdf5.write(tree, lay, inner, progress, options)
+        hdf5.write(weights, lay, inner, progress, options)
         with zipfile.ZipFile(path, "x", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for name in TEXT_MEMBERS:
                 if name in kept:
