@@ -41,7 +41,7 @@ HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
               ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors",
-              ".keras": "keras", ".index.json": "hf"}
+              ".keras": "keras"}
 _HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
          "archives), hf (Hugging Face directories); name one with --from / --to "
          "(src_format= / dst_format=)")
@@ -129,6 +129,11 @@ def target_format(path) -> str:
     if text.endswith(("/", os.sep)) or Path(text).is_dir():
         return "uckpt"
     name = Path(text).name.lower()
+    if name.endswith(".index.json"):
+        raise UnknownFormatError(
+            f"{text!r}: a Hugging Face index is written with its shards into a directory",
+            path=text, hint="name the directory as the target, with --to hf (and "
+                            "--max-shard-size SIZE)")
     for ext, fmt in EXTENSIONS.items():
         if name.endswith(ext):
             return fmt
