@@ -29,7 +29,8 @@ def resnet():
     return keras.applications.ResNet50(weights=None, input_shape=(32, 32, 3), classes=10)
 
 
-MODELS = [pytest.param(mobilenet, id="MobileNetV2"), pytest.param(efficientnet, id="EfficientNetB0"),
+MODELS = [pytest.param(mobilenet, id="MobileNetV2"),
+          pytest.param(efficientnet, id="EfficientNetB0"),
           pytest.param(resnet, id="ResNet50", marks=pytest.mark.slow)]
 
 

@@ -24,7 +24,9 @@ SRC's format is detected from its content and DST's from its name (.npz, .pt,
 extension, an existing directory or a name ending in / is a uckpt directory;
 any other extension is an error); --from and --to override them.
 --max-shard-size writes a Hugging Face directory of shards and an index.
---select, --strip-prefix and --add-prefix convert a part of SRC under new names. Arrays are copied bit for bit with
+--select, --strip-prefix and --add-prefix convert a part of SRC under new names.
+
+Arrays are copied bit for bit with
 their dtypes (bfloat16 and float8 where the target has none: stored as raw bits
 and marked), names and nesting; plain values (learning rates, step counts,
 strings) are kept. What the target cannot hold, or holds differently, is
