@@ -211,3 +211,24 @@ def test_cli_shards_inspect_verify(tmp_path):
     with open_checkpoint(tmp_path / "p.safetensors") as tree:
         assert "encoder.embeddings.word_embeddings.weight" in tree.root
         assert "encoder.cls.predictions.bias" in tree.root  # kept, not stripped
+
+
+def test_checkpoint_of_live_objects_to_from_pretrained(tmp_path):
+    """uckpt.save of a live model and optimizer -> model.safetensors (--select model) and a
+    Hugging Face directory: from_pretrained loads the weights bit for bit (tied BERT
+    weights included)."""
+    import uckpt
+
+    torch.manual_seed(0)
+    model = bert()
+    opt = torch.optim.AdamW(model.parameters())
+    uckpt.save(tmp_path / "ck", {"model": model, "optimizer": opt})
+    export = tmp_path / "export"
+    export.mkdir()
+    model.config.save_pretrained(export)
+    convert(tmp_path / "ck", export / "model.safetensors", select="model")
+    assert_loads_same(model, export)
+    convert(tmp_path / "ck", tmp_path / "hf", dst_format="hf", max_shard_size="30KB")
+    (tmp_path / "hf" / "config.json").write_bytes((export / "config.json").read_bytes())
+    assert (tmp_path / "hf" / "optimizer.pt").is_file()
+    assert_loads_same(model, tmp_path / "hf")
