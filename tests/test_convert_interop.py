@@ -146,3 +146,25 @@ def test_safetensors_metadata_kept_and_format_set(tmp_path):
     header = (tmp_path / "c.safetensors").read_bytes()
     n = int.from_bytes(header[:8], "little")
     assert json.loads(header[8:8 + n])["__metadata__"]["format"] == "pt"
+
+
+def test_inspect_and_verify_foreign_files(tmp_path):
+    """inspect lists a foreign file's arrays from its headers; verify reads every array and
+    says what it checked; a damaged deflated member fails verify with exit 1."""
+    np.savez_compressed(tmp_path / "a.npz", **{"l/W": np.arange(2000.0), "l/b": np.ones(3)})
+    proc = uckpt_module("inspect", tmp_path / "a.npz", "--json")
+    assert_ok(proc)
+    doc = json.loads(proc.stdout)
+    assert doc["format"] == "npz"
+    assert [(a["path"], a["shape"]) for a in doc["leaves"]] == [("l/W", [2000]), ("l/b", [3])]
+    proc = uckpt_module("verify", tmp_path / "a.npz")
+    assert_ok(proc)
+    assert proc.stdout.startswith("OK: npz: 2 arrays") and "CRC-32" in proc.stdout
+    data = bytearray((tmp_path / "a.npz").read_bytes())
+    with zipfile.ZipFile(tmp_path / "a.npz") as z:
+        info = z.getinfo("l/W.npy")
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra) + 200] ^= 0xFF
+    (tmp_path / "bad.npz").write_bytes(bytes(data))
+    proc = uckpt_module("verify", tmp_path / "a.npz", tmp_path / "bad.npz")
+    assert proc.returncode == 1 and "OK: npz" in proc.stdout
+    assert "bad.npz" in proc.stderr and "1 of 2" in proc.stderr

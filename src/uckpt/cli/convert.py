@@ -8,6 +8,7 @@ import warnings
 
 from ..conversion import detect
 from ..conversion.errors import ConvertWarning
+from ..conversion.options import OptionError
 from .common import human_bytes, print_json, shape_str, table
 
 HELP = "convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face and uckpt"
@@ -70,9 +71,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="remove P from the keys of the (selected) root that start with it")
     p.add_argument("--add-prefix", metavar="P",
                    help="put P before every key of the (selected) root")
-    p.add_argument("--compress", nargs="?", const="default", metavar="CODEC",
+    p.add_argument("--compress", action="store_true",
                    help="compress DST: npz deflate (as savez_compressed, Chainer's default), "
-                        "hdf5 and keras gzip (default) or lzf, uckpt zstd")
+                        "hdf5 and keras gzip, uckpt zstd")
+    p.add_argument("--codec", metavar="CODEC",
+                   help="the codec of --compress: lzf for hdf5 and keras (default: the "
+                        "target's first)")
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="cut Hugging Face weights into shards of at most SIZE (5GB, 500MB, "
                         "200MiB, bytes) with an index; DST is then a directory")
@@ -119,6 +123,12 @@ def limits_of(args):
     return Limits(max_nodes=args.max_nodes, max_ratio=args.max_ratio)
 
 
+def _codec(args):
+    if args.codec and not args.compress:
+        raise OptionError("--codec names the codec of --compress; add --compress")
+    return (args.codec or "default") if args.compress else None
+
+
 def run(args) -> int:
     from ..conversion.api import convert
     from ..conversion.progress import Bar, wanted
@@ -131,7 +141,7 @@ def run(args) -> int:
                              dst_format=args.dst_format, force=args.force,
                              dry_run=args.dry_run, progress=bar, limits=limits_of(args),
                              select=args.select, strip_prefix=args.strip_prefix,
-                             add_prefix=args.add_prefix, compress=args.compress,
+                             add_prefix=args.add_prefix, compress=_codec(args),
                              max_shard_size=args.max_shard_size, hf_weights=args.hf_weights)
     finally:
         if bar:
