@@ -164,12 +164,11 @@ def _carry(directory: Path, used: set, tree: Tree) -> None:
     files: Dict[str, Dict[str, str]] = {}
     total = 0
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
-        if entry.name in used or entry.name.startswith(".") or \
-                not entry.is_file(follow_symlinks=False):
+        if entry.name in used or entry.name.startswith(".") or not entry.is_file():
             if not entry.name.startswith(".") and entry.name not in used:
                 tree.notes.append(f"{entry.path}: not a regular file; not carried along")
             continue
-        fd = open_regular(entry.path, follow=False)
+        fd = open_regular(entry.path)  # a cache snapshot links its files to blobs
         try:
             size = os.fstat(fd).st_size
             total += size
