@@ -232,3 +232,25 @@ def test_checkpoint_of_live_objects_to_from_pretrained(tmp_path):
     (tmp_path / "hf" / "config.json").write_bytes((export / "config.json").read_bytes())
     assert (tmp_path / "hf" / "optimizer.pt").is_file()
     assert_loads_same(model, tmp_path / "hf")
+
+
+def test_cache_snapshot_of_links(tmp_path):
+    """A Hugging Face cache snapshot (every file a link to a blob) reads like its files;
+    a shard the index names outside the directory is refused."""
+    model, src = saved(tmp_path, "gpt2", "safetensors", SHARD)
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshots" / "abc"
+    blobs.mkdir()
+    snap.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        f.rename(blobs / f.name)
+        (snap / f.name).symlink_to(blobs / f.name)
+    convert(snap, tmp_path / "back", dst_format="hf")
+    assert (tmp_path / "back" / "config.json").read_bytes() == \
+        (blobs / "config.json").read_bytes()
+    assert_loads_same(model, tmp_path / "back")
+    index = blobs / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"][next(iter(doc["weight_map"]))] = "../blobs/model.safetensors"
+    index.write_text(json.dumps(doc))
+    with pytest.raises(Exception, match="not a file name in its directory"):
+        convert(snap, tmp_path / "x.npz")

@@ -57,7 +57,7 @@ def is_hf_directory(path: Path) -> bool:
 
 # -- reading -----------------------------------------------------------------------------------
 def _json(path: Path, limit: int) -> Any:
-    raf = RandomAccessFile(path, follow=False)
+    raf = RandomAccessFile(path)  # links to regular files are followed (cache snapshots)
     try:
         if raf.size > limit:
             raise CorruptCheckpointError(f"{path}: {raf.size} bytes is more than the "
