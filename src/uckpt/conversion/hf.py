@@ -278,8 +278,11 @@ def shards(items: List[Tuple[str, Leaf]], limit: Optional[int]) -> List[List[Tup
 
 
 def _write_part(tree: Tree, root: Any, path: Path, writer, progress: Progress) -> None:
-    part = Tree(root, tree.format, extras={"": tree.extras.get("", {})} if writer is
-                safetensors_fmt else {})
+    """One file of the directory; a safetensors shard keeps the source's ``__metadata__``
+    (the carried files go beside the shards, not into each header)."""
+    meta = tree.extras.get("", {}).get(safetensors_fmt.META_EXTRA)
+    part = Tree(root, tree.format, extras={"": {safetensors_fmt.META_EXTRA: meta}}
+                if meta and writer is safetensors_fmt else {})
     writer.write(part, writer.plan(part), path, progress)
 
 
