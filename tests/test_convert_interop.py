@@ -168,3 +168,22 @@ def test_inspect_and_verify_foreign_files(tmp_path):
     proc = uckpt_module("verify", tmp_path / "a.npz", tmp_path / "bad.npz")
     assert proc.returncode == 1 and "OK: npz" in proc.stdout
     assert "bad.npz" in proc.stderr and "1 of 2" in proc.stderr
+
+
+def test_compress_for_a_uckpt_target(tmp_path):
+    """--compress for a uckpt target passes compression="zstd" to uckpt's writer where it
+    takes it (the result reads back identical); until then it says "not supported yet"
+    and writes nothing."""
+    import inspect as _inspect
+    from uckpt.conversion import uckpt_fmt
+
+    np.savez(tmp_path / "a.npz", w=np.arange(1000.0))
+    if "compression" in _inspect.signature(uckpt_fmt.write).parameters:
+        convert(tmp_path / "a.npz", tmp_path / "u", compress="default")
+        assert diff(tmp_path / "a.npz", tmp_path / "u").identical
+    else:
+        with pytest.raises(UckptError, match="not supported yet"):
+            convert(tmp_path / "a.npz", tmp_path / "u", compress="default")
+        assert not (tmp_path / "u").exists()
+    with pytest.raises(UckptError, match="cannot be compressed with 'lzf'"):
+        convert(tmp_path / "a.npz", tmp_path / "b.npz", compress="lzf")
