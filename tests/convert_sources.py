@@ -77,10 +77,11 @@ def make_dcp(directory: Path):
         model2.load_state_dict(obj["model"], strict=True)
         for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
             assert torch.equal(a, b)
-        # DCP writes dict keys as strings: the optimizer's state comes back keyed "0", "1", ...
+        # DCP writes dict keys as strings; the reader maps the optimizer's state back to the
+        # parameter ids its param_groups name (issue 14), so load_state_dict restores it
         for i, entry in opt.state_dict()["state"].items():
             for k, v in entry.items():
-                assert torch.equal(v, obj["optimizer"]["state"][str(i)][k])
+                assert torch.equal(v, obj["optimizer"]["state"][i][k])
         assert obj["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
         assert obj["step"] == 7
     return path, check

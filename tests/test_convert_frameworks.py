@@ -58,11 +58,11 @@ def test_keras_legacy_save_weights_h5(tmp_path):
     assert_keras_equal(model, again, optimizer=False)
 
 
-def test_keras_archive_is_named(tmp_path):
+def test_keras_archive_is_read(tmp_path):
+    """A .keras archive is a source of its own (issue 14; tests/test_convert_keras.py)."""
     model = keras_model()
     model.save(tmp_path / "m.keras")
-    with pytest.raises(UnknownFormatError, match="extract model.weights.h5"):
-        convert(tmp_path / "m.keras", tmp_path / "out")
+    assert convert(tmp_path / "m.keras", tmp_path / "out").src_format == "keras"
 
 
 def test_chainer_chain_npz_hdf5_pickle_uckpt_npz_is_bit_exact(tmp_path):

@@ -8,18 +8,26 @@ import warnings
 
 from ..conversion import detect
 from ..conversion.errors import ConvertWarning
+from ..conversion.options import OptionError
 from .common import human_bytes, print_json, shape_str, table
 
-HELP = "convert a checkpoint between NPZ, Pickle, HDF5, safetensors and uckpt"
+HELP = "convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face and uckpt"
 DESCRIPTION = """\
 Convert the checkpoint SRC to DST. Formats: npz (np.savez, Chainer save_npz and
 trainer snapshots), pickle (torch.save files), hdf5 (Keras .weights.h5 and
-legacy .h5, any h5py tree), safetensors, uckpt (checkpoint directories) and,
-as a source only, dcp (PyTorch Distributed Checkpoint directories).
+legacy .h5, any h5py tree), safetensors, keras (.keras archives), hf (Hugging
+Face save_pretrained and Trainer checkpoint-N directories, sharded weights and
+their *.index.json), uckpt (checkpoint directories) and, as a source only, dcp
+(PyTorch Distributed Checkpoint directories).
 
 SRC's format is detected from its content and DST's from its name (.npz, .pt,
-.pth, .bin, .pkl, .h5, .hdf5, .safetensors; anything else is a uckpt
-directory); --from and --to override them. Arrays are copied bit for bit with
+.pth, .bin, .pkl, .h5, .hdf5, .safetensors, .keras; a name without an
+extension, an existing directory or a name ending in / is a uckpt directory;
+any other extension is an error); --from and --to override them.
+--max-shard-size writes a Hugging Face directory of shards and an index.
+--select, --strip-prefix and --add-prefix convert a part of SRC under new names.
+
+Arrays are copied bit for bit with
 their dtypes (bfloat16 and float8 where the target has none: stored as raw bits
 and marked), names and nesting; plain values (learning rates, step counts,
 strings) are kept. What the target cannot hold, or holds differently, is
@@ -51,12 +59,30 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("dst", metavar="DST", help="where to write the converted checkpoint")
     p.add_argument("--from", dest="src_format", metavar="FORMAT",
                    choices=sorted(detect.FORMATS + tuple(detect.ALIASES)),
-                   help="format of SRC: npz, pickle, hdf5, safetensors, uckpt, dcp "
-                        "(default: detected from its content)")
+                   help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, uckpt, "
+                        "dcp (default: detected from its content)")
     p.add_argument("--to", dest="dst_format", metavar="FORMAT",
                    choices=sorted(detect.TARGETS + tuple(detect.ALIASES)),
-                   help="format of DST: npz, pickle, hdf5, safetensors, uckpt "
+                   help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, uckpt "
                         "(default: from its name)")
+    p.add_argument("--select", metavar="PATH",
+                   help="convert only the node at PATH (e.g. model; see `uckpt inspect`)")
+    p.add_argument("--strip-prefix", metavar="P",
+                   help="remove P from the keys of the (selected) root that start with it")
+    p.add_argument("--add-prefix", metavar="P",
+                   help="put P before every key of the (selected) root")
+    p.add_argument("--compress", action="store_true",
+                   help="compress DST: npz deflate (as savez_compressed, Chainer's default), "
+                        "hdf5 and keras gzip, uckpt zstd")
+    p.add_argument("--codec", metavar="CODEC",
+                   help="the codec of --compress: lzf for hdf5 and keras (default: the "
+                        "target's first)")
+    p.add_argument("--max-shard-size", metavar="SIZE",
+                   help="cut Hugging Face weights into shards of at most SIZE (5GB, 500MB, "
+                        "200MiB, bytes) with an index; DST is then a directory")
+    p.add_argument("--hf-weights", choices=("safetensors", "pickle"), default="safetensors",
+                   help="weight files of a Hugging Face DST: model*.safetensors (default) or "
+                        "pytorch_model*.bin (pickle)")
     p.add_argument("-f", "--force", action="store_true", help="replace DST if it exists")
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would be converted; write nothing")
@@ -97,6 +123,12 @@ def limits_of(args):
     return Limits(max_nodes=args.max_nodes, max_ratio=args.max_ratio)
 
 
+def _codec(args):
+    if args.codec and not args.compress:
+        raise OptionError("--codec names the codec of --compress; add --compress")
+    return (args.codec or "default") if args.compress else None
+
+
 def run(args) -> int:
     from ..conversion.api import convert
     from ..conversion.progress import Bar, wanted
@@ -107,7 +139,10 @@ def run(args) -> int:
             warnings.simplefilter("ignore", ConvertWarning)  # printed below, once each
             report = convert(args.src, args.dst, src_format=args.src_format,
                              dst_format=args.dst_format, force=args.force,
-                             dry_run=args.dry_run, progress=bar, limits=limits_of(args))
+                             dry_run=args.dry_run, progress=bar, limits=limits_of(args),
+                             select=args.select, strip_prefix=args.strip_prefix,
+                             add_prefix=args.add_prefix, compress=_codec(args),
+                             max_shard_size=args.max_shard_size, hf_weights=args.hf_weights)
     finally:
         if bar:
             bar.finish()

@@ -10,6 +10,7 @@ from ..format import FORMAT_NAME, Manifest
 from ..reader import read_manifest
 from ..tree import escape
 from ..storage import is_remote
+from . import foreign
 from .remote import add_storage_arguments, options_for
 from .common import bytes_text, human_bytes, human_time, print_json, shape_str, table
 
@@ -19,7 +20,9 @@ Show what the checkpoint CKPT holds: its header (format version, world size,
 step, creation time, writer, size, files), user metadata, the framework
 objects and plain values of its state tree, and a table of its array leaves.
 Only the manifest is read, so this is fast on checkpoints of any size; run
-"uckpt verify" to check the data."""
+"uckpt verify" to check the data. CKPT may also be a file or directory in
+another format uckpt convert reads (NPZ, torch.save, HDF5, safetensors, .keras,
+Hugging Face, DCP): its arrays and values are listed from its headers."""
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -28,6 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CKPT",
                    help="a checkpoint directory, or an s3://bucket/prefix URL")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
+    add_from_argument(p)
     add_storage_arguments(p)
     p.set_defaults(run=run)
     return p
@@ -129,7 +133,22 @@ def render(doc: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_from_argument(p: argparse.ArgumentParser) -> None:
+    from ..conversion.detect import ALIASES, FORMATS
+
+    p.add_argument("--from", dest="src_format", metavar="FORMAT",
+                   choices=sorted(FORMATS + tuple(ALIASES)),
+                   help="format of a CKPT that is not a uckpt checkpoint (default: detected)")
+
+
 def run(args) -> int:
+    if foreign.is_foreign(args.checkpoint):
+        doc = foreign.describe(args.checkpoint, args.src_format)
+        if args.json:
+            print_json(doc)
+        else:
+            print(foreign.render(doc))
+        return 0
     manifest = read_manifest(args.checkpoint, options_for(args.checkpoint, args))
     doc = describe(args.checkpoint, manifest)
     if args.json:

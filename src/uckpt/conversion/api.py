@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 import time
 import warnings
@@ -19,11 +20,17 @@ from .progress import Progress
 
 #: format -> module reading it (``read(path) -> Tree``)
 READERS = {"npz": "npz", "pickle": "torch_pickle", "hdf5": "hdf5",
-           "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "dcp": "dcp"}
-#: format -> module writing it (``plan(tree) -> Layout``, ``write(tree, layout, path, progress)``)
+           "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "dcp": "dcp",
+           "keras": "keras_archive", "hf": "hf"}
+#: format -> module writing it (``plan(tree) -> Layout``, ``write(tree, layout, path, progress)``;
+#: a writer whose ``write`` takes ``options`` gets the :class:`~.options.WriteOptions`)
 WRITERS = {"npz": "npz", "pickle": "torch_writer", "hdf5": "hdf5",
-           "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt"}
-DIRECTORY_TARGETS = ("uckpt",)
+           "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "keras": "keras_archive",
+           "hf": "hf"}
+DIRECTORY_TARGETS = ("uckpt", "hf")
+#: sources whose arrays are read ahead on threads while the target is written (reading them
+#: costs CPU that releases the GIL: inflating deflated NPZ members)
+PREFETCHED = ("npz",)
 
 
 def _module(name: str):
@@ -71,7 +78,10 @@ def open_checkpoint(path, format: Optional[str] = None, *,
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             force: bool = False, dry_run: bool = False,
             progress: Optional[Callable[[int, int], None]] = None,
-            limits: Optional[Limits] = None) -> Report:
+            limits: Optional[Limits] = None, select: Optional[str] = None,
+            strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None,
+            compress: Optional[str] = None, max_shard_size=None,
+            hf_weights: str = "safetensors") -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -88,12 +98,29 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     written and the report lists what would be. ``limits`` (a
     :class:`~uckpt.conversion.limits.Limits`) raise the limits on hostile input for a
     legitimate source that exceeds them (tree nodes, bytes made per byte stored).
+
+    ``select`` converts only the node at that path (``"model"``); ``strip_prefix`` and
+    ``add_prefix`` rename the keys of the (selected) root dict. ``compress`` (``"default"``
+    or a codec: ``deflate`` for NPZ, ``gzip``/``lzf`` for HDF5 and .keras, ``zstd`` for
+    uckpt) compresses the target; ``max_shard_size`` (bytes, or text such as ``"5GB"``)
+    writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,
+    the default, or pickle: ``pytorch_model-*.bin``). ``hf_weights`` (``safetensors`` or
+    ``pickle``) is the kind of weight files a Hugging Face target (``dst_format="hf"``) gets.
     """
     from .output import check_output, write_atomically
 
+    from .options import WriteOptions, for_target, parse_size, target_of
+    from .prefetch import prefetch
+    from .subtree import rename_keys, select as select_node
+
     start = time.monotonic()
     src_fmt = _detect.canonical(src_format) or _detect.detect(src)
-    dst_fmt = _detect.canonical(dst_format, target=True) or _detect.target_format(dst)
+    named = _detect.canonical(dst_format, target=True) or _detect.target_format(dst)
+    options = WriteOptions(compress, None if max_shard_size is None
+                           else parse_size(max_shard_size), _detect.canonical(hf_weights))
+    dst_fmt = target_of(named, options)
+    options = for_target(named, options)
+    options.codec(dst_fmt)  # a codec the target cannot write fails before any work
     directory = dst_fmt in DIRECTORY_TARGETS
     dst_path = Path(dst).absolute()
     if Path(src).absolute() == dst_path or (dst_path.exists() and
@@ -103,8 +130,12 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     if not dry_run:
         check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
+    kwargs = _write_arguments(writer, dst_fmt, options)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
-        layouts.adapt(tree, dst_fmt, dst)  # the frameworks' own file layouts
+        if select:
+            select_node(tree, select)
+        rename_keys(tree, strip_prefix, add_prefix)
+        layouts.adapt(tree, dst_fmt, dst)  # the frameworks' own file layouts, after the user's selection
         lay = writer.plan(tree)
         report = Report(str(src), str(dst), src_fmt, dst_fmt, dry_run=dry_run,
                         arrays=[(n, leaf.dtype, leaf.shape, leaf.nbytes) for n, leaf in lay.arrays],
@@ -113,7 +144,28 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             warnings.warn(text, ConvertWarning, stacklevel=2)
         if not dry_run:
             done = Progress(lay.nbytes, progress)
-            write_atomically(dst_path, directory, force,
-                             lambda tmp: writer.write(tree, lay, tmp, done))
+            stop = prefetch(lay.arrays) if src_fmt in PREFETCHED else (lambda: None)
+            try:
+                write_atomically(dst_path, directory, force,
+                                 lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
+            finally:
+                stop()
     report.seconds = time.monotonic() - start
     return report
+
+
+def _write_arguments(writer, fmt: str, options) -> Dict[str, Any]:
+    """What ``writer.write`` is given beyond the tree: its options, or for a writer that
+    takes none (uckpt's), the one option it may accept (``compression``)."""
+    from .options import OptionError
+
+    params = inspect.signature(writer.write).parameters
+    if "options" in params:
+        return {"options": options}
+    codec = options.codec(fmt)
+    if codec is None:
+        return {}
+    if "compression" not in params:
+        raise OptionError(f"compressing a {fmt} target ({codec}) is not supported yet by "
+                          "uckpt convert", hint="convert without --compress")
+    return {"compression": codec}

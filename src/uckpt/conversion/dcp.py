@@ -8,7 +8,8 @@ archive too. ``.metadata`` goes through the restricted unpickler with stand-ins
 for exactly the metadata classes (plus dtypes, ``torch.Size``, layouts and
 ``pathlib`` paths); every chunk through the torch.save reader, whose allowlist
 admits tensors only. ``planner_data`` (flat key -> path) restores the nesting
-DCP flattened; int components become int dict keys (optimizer ``state``).
+DCP flattened; optimizer ``state`` keys become the parameter ids again
+(:mod:`.dcp_optim`).
 
 Chunks whose storage carries DCP transforms (compression extensions) and data
 files written in the safetensors serialization are refused.
@@ -24,6 +25,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from .errors import UnsafeInputError
+from .dcp_optim import fix_state_keys
 from .fileio import RandomAccessFile, require_fits
 from .model import Leaf, Tree, check_shape, reading
 from .torch_pickle import TORCH_DTYPES, OTHER_TORCH_DTYPES, TorchDtype, _refused_dtype, \
@@ -161,7 +163,8 @@ def read(path, fmt: str = "dcp") -> Tree:
             else:
                 raise CorruptCheckpointError(f"{where}: {fqn!r} has metadata of kind "
                                              f"{meta.kind}", path=where)
-        tree.root = _nest(items, md.get("planner_data"), tree.notes, where)
+        tree.root = fix_state_keys(_nest(items, md.get("planner_data"), tree.notes, where),
+                                   tree.notes, where)
     return tree
 
 

@@ -12,10 +12,16 @@ format                    recognised by
 ``hdf5``                  the HDF5 signature ``\\x89HDF\\r\\n\\x1a\\n`` at offset 0, 512,
                           1024, 2048, ... (after a user block)
 ``safetensors``           an 8-byte little-endian header length N <= size - 8, then ``{``
+``keras``                 a zip archive with ``model.weights.h5`` (a ``.keras`` file)
+``hf``                    a Hugging Face directory (``save_pretrained``, Trainer
+                          ``checkpoint-N``: ``*.index.json``, ``model.safetensors``,
+                          ``pytorch_model.bin``) or an index file itself
 ========================  ==========================================================
 
-A target that does not exist yet is named by its extension (``.npz``, ``.pt``,
-``.h5``, ``.safetensors``, ...); anything else is a uckpt checkpoint directory.
+A target is named by its extension (``.npz``, ``.pt``, ``.h5``, ``.safetensors``,
+``.keras``, ...). A name without an extension, an existing directory or a name
+ending in ``/`` is a uckpt checkpoint directory; any other extension is refused
+(name the format with ``--to``), so ``ck.pth.tar`` never becomes a directory.
 """
 from __future__ import annotations
 
@@ -27,16 +33,18 @@ from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from .errors import UnknownFormatError
 from .fileio import RandomAccessFile, ZipArchive, open_regular
 
-FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp")
-TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt")
+FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf")
+TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf")
 ALIASES = {"torch": "pickle", "pt": "pickle", "pth": "pickle", "pkl": "pickle", "h5": "hdf5",
-           "keras": "hdf5", "st": "safetensors"}
+           "st": "safetensors", "huggingface": "hf"}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
-              ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors"}
-_HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp; name one with "
-         "--from / --to (src_format= / dst_format=)")
+              ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors",
+              ".keras": "keras"}
+_HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
+         "archives), hf (Hugging Face directories); name one with --from / --to "
+         "(src_format= / dst_format=)")
 
 
 def canonical(name: Optional[str], *, target: bool = False) -> Optional[str]:
@@ -62,8 +70,14 @@ def detect(path) -> str:
             return "uckpt"
         if (p / ".metadata").is_file():
             return "dcp"
-        raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt) or "
-                                 ".metadata (PyTorch DCP)", path=str(p), hint=_HINT)
+        from .hf import is_hf_directory
+
+        if is_hf_directory(p):
+            return "hf"
+        raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt), "
+                                 ".metadata (PyTorch DCP) or Hugging Face weights "
+                                 "(model.safetensors, pytorch_model.bin, *.index.json)",
+                                 path=str(p), hint=_HINT)
     fd = open_regular(p)  # no FIFO or device: reading one could block forever
     try:
         size = os.fstat(fd).st_size
@@ -81,6 +95,8 @@ def detect(path) -> str:
         return "safetensors"
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
         return "pickle"
+    if p.name.endswith(".index.json"):
+        return "hf"
     raise UnknownFormatError(f"cannot tell the format of {str(p)!r} from its content",
                              path=str(p), hint=_HINT)
 
@@ -98,17 +114,34 @@ def _zip_kind(p: Path) -> str:
         return "pickle"
     if any(n.endswith(".npy") for n in names) or not names:
         return "npz"
-    hint = _HINT
     if "model.weights.h5" in names:
-        hint = "a .keras archive: extract model.weights.h5 (an HDF5 file) and convert that"
+        return "keras"
+    hint = _HINT
     raise UnknownFormatError(f"{str(p)!r} is a zip archive of neither .npy arrays (NPZ) nor a "
                              "torch.save pickle", path=str(p), hint=hint)
 
 
 def target_format(path) -> str:
-    """The target format named by a path: its extension, else a uckpt directory."""
-    name = Path(path).name.lower()
+    """The target format named by a path: its extension; a uckpt directory when the path
+    is one by intent (an existing directory, a trailing ``/``, a name without an extension);
+    any other extension raises :class:`UnknownFormatError` asking for ``--to``."""
+    text = os.fspath(path)
+    if text.endswith(("/", os.sep)) or Path(text).is_dir():
+        return "uckpt"
+    name = Path(text).name.lower()
+    if name.endswith(".index.json"):
+        raise UnknownFormatError(
+            f"{text!r}: a Hugging Face index is written with its shards into a directory",
+            path=text, hint="name the directory as the target, with --to hf (and "
+                            "--max-shard-size SIZE)")
     for ext, fmt in EXTENSIONS.items():
         if name.endswith(ext):
             return fmt
-    return "uckpt"
+    suffix = Path(name).suffix
+    if not suffix or not suffix[1:].isalpha():  # "ckpt", "step_100", "run.1"
+        return "uckpt"
+    raise UnknownFormatError(
+        f"{text!r}: uckpt does not know the extension {suffix!r}, so it cannot tell which "
+        "format to write", path=text,
+        hint="name the format with --to (dst_format=): npz, pickle, hdf5, safetensors, keras, "
+             "hf or uckpt; for a uckpt checkpoint directory also end the name with '/'")

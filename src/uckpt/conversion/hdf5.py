@@ -36,6 +36,7 @@ from .hdf5_values import decode_attr, read_values
 from .limits import check_ratio
 from .model import Leaf, Tree, check_shape, reading
 from .npz import NATIVE, marks_for, rawbits_note, value_array
+from .options import WriteOptions
 from .progress import Progress
 
 RECORD_ATTR = "uckpt"
@@ -295,8 +296,12 @@ def _storable(value: Any) -> bool:
     return not (isinstance(value, str) and "\0" in value)
 
 
-def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
+def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress,
+          options: WriteOptions = WriteOptions()) -> None:
+    """With ``options.compress``: every non-empty array of at least one dimension is a
+    chunked dataset with the gzip (level 4, h5py's default) or lzf filter."""
     h5py = h5py_module()
+    codec = options.codec("hdf5")
     arrays, values = dict(lay.arrays), dict(lay.values)
     marks = marks_for(lay, NATIVE)
     with h5py.File(path, "w", track_order=True) as f:
@@ -314,7 +319,9 @@ def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
                     node(v, obj, escape(k), parts + [escape(k)])
             elif kind in ("array", "bytes"):
                 leaf = arrays[here]
-                obj = g.create_dataset(name, data=rawbits.encode(leaf.read(), leaf.dtype, NATIVE))
+                data = rawbits.encode(leaf.read(), leaf.dtype, NATIVE)
+                filters = {"compression": codec} if codec and data.ndim and data.size else {}
+                obj = g.create_dataset(name, data=data, **filters)
                 if here in marks:
                     obj.attrs[DTYPE_ATTR] = marks[here]
                 progress.advance(leaf.nbytes)

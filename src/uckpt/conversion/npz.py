@@ -29,6 +29,7 @@ from .errors import UnsafeInputError
 from . import names
 from .fileio import RandomAccessFile, ZipArchive
 from .model import Leaf, Tree, check_shape, reading
+from .options import WriteOptions
 from .progress import Progress
 from .zipout import ZipOut
 
@@ -181,8 +182,11 @@ def rawbits_note(lay: skeleton.Layout, native, fmt: str) -> None:
                          f"see unsigned integers): {', '.join(list(marks)[:5])}")
 
 
-def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
-    out = ZipOut(path)
+def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress,
+          options: WriteOptions = WriteOptions()) -> None:
+    """With ``options.compress``, members are deflated, as ``np.savez_compressed`` and
+    Chainer's ``save_npz(compression=True)`` write them."""
+    out = ZipOut(path, deflate=options.codec("npz") == "deflate")
     try:
         for name, leaf in lay.arrays:
             stored = rawbits.encode(leaf.read(), leaf.dtype, NATIVE)

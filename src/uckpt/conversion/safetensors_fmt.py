@@ -8,6 +8,10 @@ has no bfloat16); writing streams tensor by tensor. Names ``a/b`` nest as in
 NPZ. The structure record goes to ``__metadata__["uckpt"]``; plain values
 (safetensors holds only tensors) live there only. complex128, which the format
 lacks, is stored as raw bits and marked.
+
+The source's other ``__metadata__`` entries are kept (``Tree.extras[""]``) and
+written back; a written file always says ``"format": "pt"`` unless its source
+said otherwise, as transformers' ``from_pretrained`` requires.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from .fileio import RandomAccessFile, require_fits
 from . import names
 from .model import Leaf, Tree, check_shape, reading
 from .npz import marks_for, rawbits_note
+from .errors import UnknownFormatError
 from .progress import Progress
 from .zipout import write_pieces
 
@@ -35,6 +40,8 @@ NAMES = {v: k for k, v in CODES.items()}
 NATIVE = tuple(NAMES)
 MAX_HEADER = 100 << 20  # as the safetensors package
 RECORD_KEY = "uckpt"
+META_EXTRA = "safetensors.metadata"  # Tree.extras[""] key: the source's own __metadata__
+DEFAULT_FORMAT = "pt"  # what transformers and the safetensors torch API check for
 _NAME_HINT = ("safetensors names nest on '/' and become zip member names and HDF5 paths when "
               "converted; rename the tensor (safetensors.numpy.load_file, rename, save_file)")
 
@@ -78,7 +85,14 @@ def read(path, fmt: str = "safetensors") -> Tree:
     with reading(fmt, raf.close) as tree:
         if raf.size < 8:
             _fail(raf.path, "the file is shorter than 8 bytes")
-        n = int.from_bytes(raf.pread(8, 0), "little")
+        head = raf.pread(8, 0)
+        if head.lstrip()[:1] in (b"{", b"["):
+            raise UnknownFormatError(
+                f"{raf.path} is a JSON document, not a safetensors file (a safetensors file "
+                "starts with an 8-byte header length)", path=raf.path,
+                hint="for a Hugging Face index (model.safetensors.index.json) convert it, or "
+                     "its directory, with --from hf")
+        n = int.from_bytes(head, "little")
         require_fits(n, min(raf.size - 8, MAX_HEADER), "the header", raf.path)
         try:
             header = strict_json_loads(raf.pread(n, 8))
@@ -97,7 +111,27 @@ def read(path, fmt: str = "safetensors") -> Tree:
                                      raf.read_into(np.empty(s, dtype=d), o))))
         record = skeleton.loads(meta[RECORD_KEY], raf.path) if RECORD_KEY in meta else None
         skeleton.settle(tree, record, items, raf.path)
+        own = {k: v for k, v in meta.items() if k != RECORD_KEY}
+        if own and own != {"format": DEFAULT_FORMAT}:  # that one every written file gets
+            tree.extras.setdefault("", {})[META_EXTRA] = own
     return tree
+
+
+def metadata_for(tree: Tree) -> Dict[str, str]:
+    """The ``__metadata__`` a written file gets besides the record: the source's, with
+    ``format`` set to ``pt`` when the source had none."""
+    meta = dict(tree.extras.get("", {}).get(META_EXTRA, {}))
+    meta.setdefault("format", DEFAULT_FORMAT)
+    return meta
+
+
+def record_extras(tree: Tree) -> Dict[str, Dict[str, Any]]:
+    """``tree.extras`` without what the header already says."""
+    root = {k: v for k, v in tree.extras.get("", {}).items() if k != META_EXTRA}
+    out = {k: v for k, v in tree.extras.items() if k != ""}
+    if root:
+        out[""] = root
+    return out
 
 
 def plan(tree: Tree) -> skeleton.Layout:
@@ -113,8 +147,9 @@ def plan(tree: Tree) -> skeleton.Layout:
 
 def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
     marks = marks_for(lay, NATIVE)
-    header: Dict[str, Any] = {"__metadata__": {RECORD_KEY: skeleton.dumps(
-        skeleton.record(lay, tree.extras, marks))}}
+    meta = metadata_for(tree)
+    meta[RECORD_KEY] = skeleton.dumps(skeleton.record(lay, record_extras(tree), marks))
+    header: Dict[str, Any] = {"__metadata__": meta}
     offset = 0
     for name, leaf in lay.arrays:
         dtype, shape = rawbits.stored_as(leaf.dtype, leaf.shape, NATIVE)

@@ -9,8 +9,8 @@ pickles followed by the raw storages; both are read here.
 The pickle goes through :mod:`.unpickler` with an allowlist of uckpt's own
 stand-ins for what tensor checkpoints need: torch's tensor rebuild functions,
 typed and untyped storage classes, dtypes, ``torch.Size``, ``OrderedDict`` and
-``_codecs.encode``. A tensor becomes a lazy :class:`~.model.Leaf` that reads
-its bytes from the storage member at its offset when asked (strided views are
+``_codecs.encode``, and plain numeric NumPy arrays (:mod:`.numpy_pickle`). A tensor
+becomes a lazy :class:`~.model.Leaf` that reads its bytes from the storage member at its offset when asked (strided views are
 gathered from the span they cover). Storage sizes are checked against the
 members that hold them before anything is allocated.
 """
@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedObjectError
-from . import skeleton
+from . import numpy_pickle, skeleton
 from .errors import UnsafeInputError
 from .fileio import BoundedReader, RandomAccessFile, Window, ZipArchive, require_fits
 from ..tree import MAX_DEPTH, escape, join
@@ -113,6 +113,7 @@ class Tensors:
         out["torch._utils._rebuild_tensor_v3"] = StandIn(self.rebuild_v3)
         out["torch._utils._rebuild_parameter"] = StandIn(self.rebuild_parameter)
         out["torch._utils._rebuild_parameter_with_state"] = StandIn(self.rebuild_parameter)
+        out.update(numpy_pickle.allowed())  # plain numeric arrays (Trainer's rng_state.pth)
         return out
 
     # the stand-ins, with torch's signatures
@@ -251,10 +252,11 @@ def load_legacy(raf: RandomAccessFile) -> Any:
     """The tree of a pre-zip ``torch.save`` file, or of a plain pickle of containers."""
     where_ = raf.path
     stream = BoundedReader(Window(raf))
-    first = restricted_load(stream, GENERIC, where_)
+    plain = {**GENERIC, **numpy_pickle.allowed()}
+    first = restricted_load(stream, plain, where_)
     if type(first) is not int or first != LEGACY_MAGIC:
         stream.seek(0)
-        root = restricted_load(stream, GENERIC, where_)
+        root = restricted_load(stream, plain, where_)
         return root
     if restricted_load(stream, {}, where_) != LEGACY_PROTOCOL:
         raise CorruptCheckpointError(f"{where_}: unknown legacy torch.save protocol",
@@ -309,6 +311,7 @@ def normalize(obj: Any, parts: List[str], extras: Dict[str, Dict[str, Any]], dep
     if depth > MAX_DEPTH:
         raise CorruptCheckpointError(f"the pickle nests deeper than {MAX_DEPTH} levels at "
                                      f"{where(parts)!r}")
+    obj = numpy_pickle.finish(obj)
     if isinstance(obj, dict):
         out = {k: normalize(v, parts + [escape(key_text(k, parts))], extras, depth + 1)
                for k, v in obj.items()}

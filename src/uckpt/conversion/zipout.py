@@ -1,5 +1,6 @@
 """Writing zip archives (NPZ, torch.save) member by member, with stored (uncompressed),
-64-byte aligned data, so readers can map members in place (as torch.save does)."""
+64-byte aligned data, so readers can map members in place (as torch.save does); or, when
+asked (``deflate``), deflated members as ``np.savez_compressed`` writes them."""
 from __future__ import annotations
 
 import struct
@@ -17,7 +18,8 @@ _ZIP64_LOCAL_EXTRA = 20  # zipfile appends this to a local header written with f
 
 
 class ZipOut:
-    def __init__(self, path) -> None:
+    def __init__(self, path, deflate: bool = False) -> None:
+        self.deflate = deflate
         self.zf = zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True)
 
     def close(self) -> None:
@@ -28,6 +30,9 @@ class ZipOut:
         info.compress_type = zipfile.ZIP_STORED
         info.file_size = size
         info.external_attr = 0o644 << 16
+        if self.deflate:
+            info.compress_type = zipfile.ZIP_DEFLATED
+            return info
         start = self.zf.fp.tell() + 30 + len(name.encode("utf-8")) + _ZIP64_LOCAL_EXTRA + 4
         pad = -start % ALIGN
         info.extra = b"FB" + struct.pack("<H", pad) + b"Z" * pad  # padding, as torch.save does
