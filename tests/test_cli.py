@@ -300,7 +300,7 @@ def test_inspect_text(root):
     assert leaves["model/weight"][1:5] == ["float32", "(4,", "3)", "48"]
     assert leaves["model/bias"][1:3] == ["float64", "(3,)"]
     assert leaves["emb/table"][1:5] == ["int64", "(8,", "2)", "128"]
-    assert leaves["emb/table"][-1] == "1"  # chunks
+    assert leaves["emb/table"][-3:] == ["1", "raw", "1.000"]  # chunks, codec, ratio
     assert "blob" in leaves and "(bytes)" in leaves["blob"]
     assert "emb/tied" not in leaves  # stored once
 

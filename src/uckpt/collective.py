@@ -39,6 +39,7 @@ from .errors import CheckpointExistsError
 from .format import Chunk, Manifest
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
+from .recode import recode_files, recoded_manifest
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten
@@ -235,13 +236,15 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
 
 
 def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
-                    verify: bool = True):
+                    verify: bool = True, compression: Optional[Compression] = None):
     """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's view of it)
     to ``dst``; returns its location there, or None if it was already committed there.
 
     Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
     process, every file) and checks every chunk of them read back from ``dst``; then the
-    lowest rank of each view of ``dst`` commits, with the source's manifest bytes.
+    lowest rank of each view of ``dst`` commits, with the source's manifest bytes. With
+    ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
+    manifest committed is the source's with the new chunks.
     """
     what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
     where = dst.location(name)
@@ -279,23 +282,31 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                 found.update(data=data, step=manifest.step)
                 mine = [f.name for f in manifest.files.values()
                         if comm.size == 1 or f.rank == comm.rank]
-                for n in mine:
-                    sink.copy_file(source, n, manifest.files[n].size)
+                recoded = None
+                if compression is not None:
+                    recoded = recode_files(source, manifest, mine, sink, compression)
+                else:
+                    for n in mine:
+                        sink.copy_file(source, n, manifest.files[n].size)
             found["nbytes"] = sum(manifest.files[n].size for n in mine)
         except BaseException as e:
             raise_save_failure(e, what, where)
         if verify:
             checked = time.perf_counter()
-            with CheckpointReader(sink.written(manifest), manifest=manifest) as copied:
+            written = manifest if recoded is None else recoded_manifest(manifest, [recoded])
+            with CheckpointReader(sink.written(written), manifest=written) as copied:
                 verified = copied.verify(files=set(mine))
             log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
                      "intact, %.3f s", manifest.step, where, verified,
                      time.perf_counter() - checked)
-        return {"view": view}
+        return {"view": view, "recoded": recoded}
 
     try:
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         views = [c["view"] for c in copied]
+        if compression is not None:  # every rank's new chunks, in one manifest
+            found["data"] = recoded_manifest(Manifest.parse(found["data"]),
+                                             [c["recoded"] for c in copied]).to_bytes()
 
         def commit() -> bool:
             if views.index(views[comm.rank]) != comm.rank:

@@ -176,9 +176,7 @@ class CheckpointReader:
         buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
         if chunk.compressed:
-            stored = np.empty(chunk.length, dtype=np.uint8)
-            self._stream(entry, chunk, lambda done, want: stored[done:done + want])
-            codecs.decode_into(chunk.codec, stored, raw, itemsize,
+            codecs.decode_into(chunk.codec, self.read_stored(entry, chunk), raw, itemsize,
                                where=self.source.file_where(chunk.file), leaf=entry.path,
                                offset=chunk.offset)
         else:
@@ -187,6 +185,18 @@ class CheckpointReader:
             whole = raw.view(dest.dtype).reshape(chunk.shape)
             region[...] = whole[tuple(slice(s - c, s - c + n)
                                       for s, c, n in zip(start, chunk.start, shape))]
+
+    def read_stored(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
+        """A chunk's stored bytes (compressed ones as they are), checksum verified; its
+        data file was opened by :meth:`open_files`."""
+        stored = np.empty(chunk.length, dtype=np.uint8)
+        self._stream(entry, chunk, lambda done, want: stored[done:done + want])
+        return stored
+
+    def open_files(self, names) -> None:
+        """Open data files ``names`` and check their sizes (before reading any chunk)."""
+        for name in names:
+            self._open(name)
 
     def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block

@@ -180,8 +180,8 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     for it, d in zip(items, data):
         assert d.nbytes == it.length, (it, d.nbytes)
     if compression is not None:
-        return write_encoded(sink, file, [(it.path, it, d) for it, d in zip(items, data)],
-                             compression)
+        pieces = [(it.path, it, d) for it, d in zip(items, data)]
+        return write_encoded(sink, file, pieces, encode_chunks(pieces, compression))
     sums: List[int] = [0] * len(items)
     errors: List[BaseException] = []
 
@@ -212,7 +212,8 @@ def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
     raw flat uint8 bytes)``), encoded on ``knobs.compress_threads`` threads, largest
     first; a large chunk is itself compressed on Zstandard's threads."""
     def one(k: int):
-        _, box, raw = pieces[k]
+        _, key, raw = pieces[k]
+        box = _box(key)
         itemsize = raw.nbytes // max(1, _elements(box.shape))
         threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
         codec, stored = codecs.encode(compression, raw, itemsize, threads)
@@ -230,7 +231,8 @@ def layout(pieces, encoded, file: str) -> List[Chunk]:
     """Chunks for encoded pieces in file order: each array starts at a multiple of
     ``knobs.alignment``, its chunks follow each other without gaps."""
     chunks, end, last = [], 0, None
-    for (path, box, _), (codec, stored, checksum) in zip(pieces, encoded):
+    for (path, key, _), (codec, stored, checksum) in zip(pieces, encoded):
+        box = _box(key)
         if path != last:
             end, last = -(-end // knobs.alignment) * knobs.alignment, path
         n = memoryview(stored).nbytes
@@ -239,10 +241,10 @@ def layout(pieces, encoded, file: str) -> List[Chunk]:
     return chunks
 
 
-def write_encoded(sink, file: str, pieces, compression: "codecs.Compression") -> Dict:
-    """Encode ``pieces`` (``(path, key, raw bytes)``; ``key`` has ``start`` and ``shape``),
-    write them as data file ``file`` and return ``{key: Chunk}``."""
-    encoded = encode_chunks(pieces, compression)
+def write_encoded(sink, file: str, pieces, encoded) -> Dict:
+    """Write ``encoded`` (:func:`encode_chunks` of ``pieces``: ``(path, key, raw bytes)``,
+    ``key`` a WriteItem or a Chunk, or ``(path, index, Chunk)``) as data file ``file``
+    and return ``{key: Chunk}``."""
     chunks = layout(pieces, encoded, file)
     sink.write_pieces(file, file_end(chunks),
                       [(c.offset, _as_uint8(e[1])) for c, e in zip(chunks, encoded)])
@@ -258,3 +260,8 @@ def _elements(shape) -> int:
     for s in shape:
         n *= s
     return n
+
+
+def _box(key):
+    """What has the box's ``start`` and ``shape`` in a piece's key."""
+    return key[2] if isinstance(key, tuple) else key
