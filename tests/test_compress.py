@@ -302,3 +302,60 @@ def test_zstd_codec_in_a_version_2_manifest_is_refused(packed):
     reseal(path, lambda m: m.update(format_version=2))
     with pytest.raises(errors.ManifestError, match="unknown codec 'zstd\\+bytegroup' for leaf"):
         uckpt.load(path)
+
+
+# --- the encoding pipeline ------------------------------------------------------------------------
+def test_ordered_map_keeps_order_and_bounds_what_it_holds():
+    """Compressed chunks are encoded a few ahead of the writing: results come in order,
+    and no item starts more than ``window`` ahead of the consumer."""
+    import threading
+    import time
+
+    from uckpt.parallel import ordered_map
+
+    lock, started, ahead = threading.Lock(), [0], []
+    consumed = [0]
+
+    def fn(x):
+        with lock:
+            started[0] += 1
+            ahead.append(started[0] - consumed[0])
+        time.sleep(0.001 * (x % 3))
+        return x * x
+
+    out = []
+    for value in ordered_map(fn, list(range(60)), threads=4, window=5):
+        out.append(value)
+        with lock:
+            consumed[0] += 1
+    assert out == [x * x for x in range(60)]
+    assert max(ahead) <= 5
+
+
+def test_ordered_map_raises_and_stops():
+    from uckpt.parallel import ordered_map
+
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        if x == 7:
+            raise OSError("disk on fire")
+        return x
+
+    with pytest.raises(OSError, match="disk on fire"):
+        list(ordered_map(fn, list(range(1000)), threads=3, window=4))
+    assert len(calls) < 20  # nothing started far beyond the failure
+
+
+def test_save_error_while_compressing_leaves_nothing(tmp_path, monkeypatch):
+    """A failure in a compressing thread fails the save: nothing committed, no debris."""
+    from uckpt import codecs
+
+    def broken(*args, **kwargs):
+        raise MemoryError("no memory for the frame")
+
+    monkeypatch.setattr(codecs, "encode", broken)
+    with pytest.raises(MemoryError):
+        uckpt.save(tmp_path / "c", {"w": smooth((100, 100), np.float32)}, compression="zstd")
+    assert list(tmp_path.iterdir()) == []

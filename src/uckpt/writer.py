@@ -28,7 +28,7 @@ from . import codecs, dtypes, knobs
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
-from .parallel import parallel_map
+from .parallel import ordered_map, parallel_map
 from .plan import WriteItem
 
 _IOV_MAX = 512  # buffers per pwritev call (the OS limit is 1024 on Linux)
@@ -82,7 +82,7 @@ class _Writeback:
         self.thread.join()
 
 
-def _write_in_order(fd: int, pieces: List[tuple]) -> None:
+def _write_in_order(fd: int, pieces) -> None:
     """Write (offset, bytes) pieces, sorted by offset, batching adjacent ones."""
     zeros = memoryview(bytes(4096))
     writeback = _Writeback(fd)
@@ -92,7 +92,7 @@ def _write_in_order(fd: int, pieces: List[tuple]) -> None:
         writeback.close()
 
 
-def _batched(fd: int, pieces: List[tuple], zeros: memoryview, writeback: _Writeback) -> None:
+def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
     batch: List[memoryview] = []
     start = end = 0
     for offset, data in pieces:
@@ -112,12 +112,15 @@ def _batched(fd: int, pieces: List[tuple], zeros: memoryview, writeback: _Writeb
         _pwritev_all(fd, batch, start)
 
 
-def write_buffered(path: Path, size: int, pieces: List[tuple]) -> None:
+def write_buffered(path: Path, size: Optional[int], pieces) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes
+    (None: a stream of pieces of unknown total; the file ends with the last one)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, size)
+        if size is not None:
+            preallocate(fd, size)
         _write_in_order(fd, pieces)
-        if os.fstat(fd).st_size != size:
+        if size is not None and os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
@@ -180,8 +183,8 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     for it, d in zip(items, data):
         assert d.nbytes == it.length, (it, d.nbytes)
     if compression is not None:
-        pieces = [(it.path, it, d) for it, d in zip(items, data)]
-        return write_encoded(sink, file, pieces, encode_chunks(pieces, compression))
+        return write_encoded(sink, file, [(it.path, it) for it in items],
+                             lambda k: encode_piece(compression, data[k], items[k]))
     sums: List[int] = [0] * len(items)
     errors: List[BaseException] = []
 
@@ -207,48 +210,48 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
             for it, s in zip(items, sums)}
 
 
+def encode_piece(compression: "codecs.Compression", raw: np.ndarray, box) -> tuple:
+    """``(codec, stored bytes, checksum)`` of one chunk's raw bytes (flat uint8); ``box``
+    has its ``shape``. A large chunk is itself compressed on Zstandard's own threads."""
+    itemsize = raw.nbytes // max(1, _elements(box.shape))
+    threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
+    codec, stored = codecs.encode(compression, raw, itemsize, threads)
+    return codec, stored, format_checksum(crc32c(stored))
+
+
 def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
-    """``[(codec, stored bytes, checksum)]`` for ``pieces`` (``(path, WriteItem or Chunk,
-    raw flat uint8 bytes)``), encoded on ``knobs.compress_threads`` threads, largest
-    first; a large chunk is itself compressed on Zstandard's threads."""
-    def one(k: int):
-        _, key, raw = pieces[k]
-        box = _box(key)
-        itemsize = raw.nbytes // max(1, _elements(box.shape))
-        threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
-        codec, stored = codecs.encode(compression, raw, itemsize, threads)
-        return codec, stored, format_checksum(crc32c(stored))
-
-    order = sorted(range(len(pieces)), key=lambda k: -pieces[k][2].nbytes)
-    out: List[tuple] = [None] * len(pieces)  # type: ignore[list-item]
-    for k, result in zip(order, parallel_map(one, order, knobs.compress_threads,
-                                             "uckpt-compress")):
-        out[k] = result
-    return out
+    """:func:`encode_piece` of every ``(path, box, raw bytes)`` of ``pieces``, on
+    ``knobs.compress_threads`` threads."""
+    return parallel_map(lambda piece: encode_piece(compression, piece[2], piece[1]), pieces,
+                        knobs.compress_threads, "uckpt-compress")
 
 
-def layout(pieces, encoded, file: str) -> List[Chunk]:
-    """Chunks for encoded pieces in file order: each array starts at a multiple of
-    ``knobs.alignment``, its chunks follow each other without gaps."""
-    chunks, end, last = [], 0, None
-    for (path, key, _), (codec, stored, checksum) in zip(pieces, encoded):
-        box = _box(key)
-        if path != last:
-            end, last = -(-end // knobs.alignment) * knobs.alignment, path
-        n = memoryview(stored).nbytes
-        chunks.append(Chunk(file, end, n, tuple(box.start), tuple(box.shape), codec, checksum))
-        end += n
+def write_encoded(sink, file: str, pieces, encode) -> Dict:
+    """Write data file ``file`` of ``pieces`` (``(path, key)`` in file order; ``key`` has
+    the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the stored bytes of
+    piece ``k`` being ``encode(k) -> (codec, stored, checksum)``; returns ``{key: Chunk}``.
+
+    Pieces are encoded on ``knobs.compress_threads`` threads, a few ahead of the writing
+    (:func:`~uckpt.parallel.ordered_map`), and handed to the sink as a stream: each array
+    starts at a multiple of ``knobs.alignment``, its chunks follow without gaps. A sink
+    that writes streams (local directories) holds only those few chunks at once."""
+    chunks: Dict = {}
+    threads = knobs.compress_threads
+
+    def stream():
+        end, last = 0, None
+        encoded = ordered_map(encode, range(len(pieces)), threads, 2 * threads, "uckpt-compress")
+        for (path, key), (codec, stored, checksum) in zip(pieces, encoded):
+            if path != last:
+                end, last = -(-end // knobs.alignment) * knobs.alignment, path
+            box, data = _box(key), _as_uint8(stored)
+            chunks[key] = Chunk(file, end, data.nbytes, tuple(box.start), tuple(box.shape),
+                                codec, checksum)
+            yield end, data
+            end += data.nbytes
+
+    sink.write_stream(file, stream())
     return chunks
-
-
-def write_encoded(sink, file: str, pieces, encoded) -> Dict:
-    """Write ``encoded`` (:func:`encode_chunks` of ``pieces``: ``(path, key, raw bytes)``,
-    ``key`` a WriteItem or a Chunk, or ``(path, index, Chunk)``) as data file ``file``
-    and return ``{key: Chunk}``."""
-    chunks = layout(pieces, encoded, file)
-    sink.write_pieces(file, file_end(chunks),
-                      [(c.offset, _as_uint8(e[1])) for c, e in zip(chunks, encoded)])
-    return {key: c for (_, key, _), c in zip(pieces, chunks)}
 
 
 def _as_uint8(data) -> np.ndarray:
