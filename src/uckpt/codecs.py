@@ -33,6 +33,7 @@ MAX_WINDOW = 1 << 27
 #: the values ``compression=`` takes (besides None): "zstd" picks the codec per dtype
 COMPRESSIONS = ("none", ZSTD, BYTEGROUP)
 DEFAULT_LEVEL = 1
+_BLOCK = 1 << 18  # byte planes are decoded this much at a time
 _MAGIC = b"\x28\xb5\x2f\xfd"
 
 
@@ -110,16 +111,6 @@ def group_bytes(raw: np.ndarray, itemsize: int) -> np.ndarray:
     return np.ascontiguousarray(raw.reshape(-1, itemsize).T)
 
 
-def ungroup_bytes(planes: np.ndarray, itemsize: int, out: np.ndarray) -> None:
-    """The inverse of :func:`group_bytes`, written into ``out`` (flat uint8)."""
-    if itemsize == 1:
-        out[...] = planes
-        return
-    items = out.reshape(-1, itemsize)
-    for j, plane in enumerate(planes.reshape(itemsize, -1)):
-        items[:, j] = plane
-
-
 def encode(compression: Compression, raw: np.ndarray, itemsize: int, threads: int = 0):
     """``(codec, stored bytes)`` for a chunk's raw bytes (flat uint8): compressed (on
     ``threads`` more threads of Zstandard's own when > 1), or ``(RAW, raw)`` when the
@@ -169,13 +160,10 @@ def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: st
     if end != len(memoryview(stored)):
         raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}"
                       if end is not None else "its frame is cut short")
-    target = out if codec == ZSTD else np.empty(want, dtype=np.uint8)
     try:
-        _inflate(stored, target, damaged)
+        _inflate(stored, out, damaged, itemsize if codec == BYTEGROUP else 1)
     except zstandard.ZstdError as e:
         raise damaged(f"Zstandard cannot decode it ({e})") from None
-    if codec == BYTEGROUP:
-        ungroup_bytes(target, itemsize, out)
 
 
 def _frame_end(stored, header: int, checksum: bool) -> Optional[int]:
@@ -193,14 +181,33 @@ def _frame_end(stored, header: int, checksum: bool) -> Optional[int]:
     return None
 
 
-def _inflate(stored, target: np.ndarray, damaged) -> None:
-    """Decode one frame into ``target``: exactly its size, no more."""
+def _inflate(stored, out: np.ndarray, damaged, planes: int) -> None:
+    """Decode one frame into ``out``: exactly its size, no more. With ``planes`` > 1 the
+    content is byte planes: decoded in blocks of ``_BLOCK`` bytes (in cache), each
+    scattered into its plane's place among the elements."""
     reader = _decompressor().stream_reader(stored, read_across_frames=False)
-    view, done = memoryview(target).cast("B"), 0
-    while done < len(view):
-        n = reader.readinto(view[done:])
-        if not n:
-            raise damaged(f"its frame ends after {done} of {len(view)} bytes")
-        done += n
+    want = out.nbytes
+    if planes == 1:
+        view, done = memoryview(out).cast("B"), 0
+        while done < want:
+            n = reader.readinto(view[done:])
+            if not n:
+                raise damaged(f"its frame ends after {done} of {want} bytes")
+            done += n
+    else:
+        items, count = out.reshape(-1, planes), want // planes
+        block = np.empty(min(want, _BLOCK), dtype=np.uint8)
+        done = 0
+        while done < want:
+            n = reader.readinto(memoryview(block)[:min(len(block), want - done)])
+            if not n:
+                raise damaged(f"its frame ends after {done} of {want} bytes")
+            at = 0
+            while at < n:  # a block may end one plane and start the next
+                j, i = divmod(done + at, count)
+                take = min(n - at, count - i)
+                items[i:i + take, j] = block[at:at + take]
+                at += take
+            done += n
     if reader.read(1):
-        raise damaged(f"its frame holds more than the {len(view)} bytes it declares")
+        raise damaged(f"its frame holds more than the {want} bytes it declares")
