@@ -248,6 +248,8 @@ def main():
             report(rank=rank, raised=type(e).__name__, msg=str(e), untouched=not local.any())
     elif scenario == "tiers":
         fast, durable = directory + "/fast", directory + "/durable"
+        if arg:  # a durable tier compressed while copying (tests/test_compress_distributed.py)
+            durable = uckpt.Tier(durable, compression=arg)
         with uckpt.CheckpointManager(tiers=[fast, durable], keep_last=2, async_save=True,
                                      comm=c) as m:
             for step in (1, 2, 3):

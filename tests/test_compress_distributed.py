@@ -48,3 +48,19 @@ def test_compressed_checkpoint_reshards(packed, loaders, backend, split):
     for res in r.results.values():
         assert res["model"] and res["optimizer"] and res["zero"], res
         assert res["step"] == 7
+
+
+def test_compressed_durable_tier_by_four_ranks(tmp_path):
+    """Async saves by 4 ranks to a raw fast tier, each rank compressing its own files while
+    copying them to the durable tier; after the fast tier is lost, every rank restores
+    from the compressed copy."""
+    r = run("mpi", 4, "tiers", tmp_path, "zstd").check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for rank, res in r.results.items():
+        assert res["durable"] == [2, 3] and res["restored"] == 3 and res["step"] == 3, res
+        assert res["model"] and res["zero"] and res["rank_state"] == 100 + rank, res
+    m = uckpt.verify(tmp_path / "durable" / "step_00000003")
+    assert m.world_size == 4 and len(m.files) == 4
+    assert "zstd+bytegroup" in {c.codec for a in m.arrays.values() for c in a.chunks}
+    for name, f in m.files.items():
+        assert f.size == (tmp_path / "durable" / "step_00000003" / name).stat().st_size
