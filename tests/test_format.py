@@ -947,8 +947,12 @@ def test_doc_sharded_excerpt_matches_golden():
     doc = manifest_doc(GOLDEN / "sharded")
     chunks = [c for a in doc["arrays"].values() for c in a["chunks"]]
     quoted = [json.loads(s) for s in re.findall(r'\{"file": [^{}]*\}', doc_text())]
-    assert len(quoted) == 4 and all(c in chunks for c in quoted)
+    assert len(quoted) == 6 and all(c in chunks for c in quoted[:4])
     assert f'"files": {json.dumps(doc["files"])}' in doc_text()
+    # section 6.3's example: golden_v3/codecs's weights, and what its frame starts with
+    assert quoted[4:] == manifest_doc(GOLDEN / "codecs")["arrays"]["weights"]["chunks"]
+    data = (GOLDEN / "codecs" / "data-00000.bin").read_bytes()
+    assert data[:7] == bytes.fromhex("28b52ffd600003") and "`28 b5 2f fd` (the magic" in doc_text()
 
 
 def _table_rows(heading):
