@@ -285,6 +285,23 @@ def test_bad_frames_are_refused_before_decoding(packed, case):
         uckpt.load(path)
 
 
+def test_frame_of_many_tiny_blocks_is_refused(packed):
+    """A frame padded with millions of empty blocks (3 bytes each) is refused after at
+    most 64 + U / 2048 of them: walking a chunk costs what its content size allows."""
+    import time
+
+    path, state = packed
+    content = state["ids"].view(np.uint8).reshape(-1, 8).T.tobytes()
+    good = _frame(content, write_content_size=True)
+    header = zstandard.frame_header_size(good)
+    hostile = good[:header] + b"\x00\x00\x00" * 2_000_000 + good[header:]  # empty raw blocks
+    replace_chunk(path, "ids", hostile)
+    started = time.monotonic()
+    with pytest.raises(errors.CorruptCheckpointError, match="more than 79 blocks"):
+        uckpt.load(path)
+    assert time.monotonic() - started < 30  # a hard bound against a hang, not a speed test
+
+
 def test_decompression_bomb_is_refused_before_allocating(packed):
     """A tiny frame declaring 2**40 bytes: the manifest's shape implies less, and the
     frame is refused from its header alone (the load would otherwise need a terabyte)."""

@@ -156,29 +156,41 @@ def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: st
     if params.window_size > MAX_WINDOW:
         raise damaged(f"its frame asks for a {params.window_size}-byte window, more than "
                       f"{MAX_WINDOW}")
-    end = _frame_end(stored, zstandard.frame_header_size(head), params.has_checksum)
+    most = max_blocks(want)
+    end = _frame_end(stored, zstandard.frame_header_size(head), params.has_checksum, most)
+    if end is None:
+        raise damaged("its frame is cut short")
+    if end < 0:
+        raise damaged(f"its frame has more than {most} blocks, the most {want} bytes may take")
     if end != len(memoryview(stored)):
-        raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}"
-                      if end is not None else "its frame is cut short")
+        raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}")
     try:
         _inflate(stored, out, damaged, itemsize if codec == BYTEGROUP else 1)
     except zstandard.ZstdError as e:
         raise damaged(f"Zstandard cannot decode it ({e})") from None
 
 
-def _frame_end(stored, header: int, checksum: bool) -> Optional[int]:
+def max_blocks(raw_size: int) -> int:
+    """The most blocks a frame of ``raw_size`` decoded bytes may have (docs/format.md
+    section 6.3, rule 2): bounds a reader's work by the content's size."""
+    return 64 + raw_size // 2048
+
+
+def _frame_end(stored, header: int, checksum: bool, most: int) -> Optional[int]:
     """Where the frame starting ``stored`` ends, walking its block headers (3 bytes each:
-    last-block bit, type, size); None if it runs past the end."""
+    last-block bit, type, size); None if it runs past the end, -1 after ``most`` blocks."""
     data = memoryview(stored).cast("B")
     at, size = header, len(data)
-    while at + 3 <= size:
+    for _ in range(most):
+        if at + 3 > size:
+            return None
         word = data[at] | data[at + 1] << 8 | data[at + 2] << 16
         kind, length = (word >> 1) & 3, word >> 3
         at += 3 + (1 if kind == 1 else length)  # an RLE block stores one byte
         if word & 1:  # the last block
             at += 4 if checksum else 0
             return at if at <= size else None
-    return None
+    return -1
 
 
 def _inflate(stored, out: np.ndarray, damaged, planes: int) -> None:
