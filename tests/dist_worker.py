@@ -158,7 +158,7 @@ def main():
 
     if scenario == "save":
         with uploads_seen() as uploaded:  # DIR may be an s3:// URL (tests/test_s3_tier.py)
-            uckpt.save(directory, save_state(rank, size), step=7)
+            uckpt.save(directory, save_state(rank, size), step=7, compression=arg)  # arg: None or "zstd"
         report(rank=rank, saved=True, uploaded=uploaded)
     elif scenario == "load":
         report(rank=rank, **check_loaded(directory, rank, size, arg))
@@ -248,6 +248,8 @@ def main():
             report(rank=rank, raised=type(e).__name__, msg=str(e), untouched=not local.any())
     elif scenario == "tiers":
         fast, durable = directory + "/fast", directory + "/durable"
+        if arg:  # a durable tier compressed while copying (tests/test_compress_distributed.py)
+            durable = uckpt.Tier(durable, compression=arg)
         with uckpt.CheckpointManager(tiers=[fast, durable], keep_last=2, async_save=True,
                                      comm=c) as m:
             for step in (1, 2, 3):

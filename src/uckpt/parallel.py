@@ -7,7 +7,7 @@ starts shutting down, and uckpt must be able to finish a background save then
 from __future__ import annotations
 
 import threading
-from typing import Callable, List, Sequence, TypeVar
+from typing import Callable, Iterator, List, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -45,3 +45,62 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: s
     if errors:
         raise errors[0]
     return results
+
+
+def ordered_map(fn: Callable[[T], R], items: Sequence[T], threads: int, window: int,
+                name: str = "uckpt") -> Iterator[R]:
+    """``fn(x) for x in items``, lazily and in order, computed on up to ``threads``
+    threads at most ``window`` items ahead of the consumer (so at most ``window``
+    results are held at once); re-raises the first error. Stopping early (an error in
+    the consumer) lets running calls finish and starts no new one."""
+    n = min(threads, len(items))
+    if n <= 1:
+        for x in items:
+            yield fn(x)
+        return
+    cond = threading.Condition()
+    state = {"next": 0, "consumed": 0, "stop": False}
+    results: dict = {}
+    errors: List[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            with cond:
+                while (state["next"] < len(items) and not state["stop"] and not errors
+                       and state["next"] >= state["consumed"] + window):
+                    cond.wait()
+                if state["next"] >= len(items) or state["stop"] or errors:
+                    return
+                i = state["next"]
+                state["next"] += 1
+            try:
+                value = fn(items[i])
+            except BaseException as e:  # noqa: B902 - re-raised in the consumer
+                with cond:
+                    errors.append(e)
+                    cond.notify_all()
+                return
+            with cond:
+                results[i] = value
+                cond.notify_all()
+
+    workers = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True) for k in range(n)]
+    for w in workers:
+        w.start()
+    try:
+        for i in range(len(items)):
+            with cond:
+                while i not in results and not errors:
+                    cond.wait()
+                if i not in results:
+                    raise errors[0]
+                value = results.pop(i)
+                state["consumed"] = i + 1
+                cond.notify_all()
+            yield value
+    finally:
+        with cond:
+            state["stop"] = True
+            cond.notify_all()
+        for w in workers:
+            w.join()

@@ -7,6 +7,11 @@ storage with O_DIRECT. Otherwise one thread writes the chunks in file order with
 writes serialise on its inode lock anyway), while another computes their
 checksums over the same memory: the two overlap, so a save costs about what
 writing the bytes costs.
+
+With a :class:`~uckpt.codecs.Compression`, chunks are first encoded on
+``knobs.compress_threads`` threads (Zstandard releases the GIL; on the background
+threads of an asynchronous save), each checksummed as stored, and laid out anew:
+the plan's offsets are those of the raw bytes, the file's those of the stored ones.
 """
 from __future__ import annotations
 
@@ -15,14 +20,15 @@ import os
 import queue
 import threading
 from pathlib import Path
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from . import dtypes
+from . import codecs, dtypes, knobs
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
+from .parallel import ordered_map, parallel_map
 from .plan import WriteItem
 
 _IOV_MAX = 512  # buffers per pwritev call (the OS limit is 1024 on Linux)
@@ -76,7 +82,7 @@ class _Writeback:
         self.thread.join()
 
 
-def _write_in_order(fd: int, pieces: List[tuple]) -> None:
+def _write_in_order(fd: int, pieces) -> None:
     """Write (offset, bytes) pieces, sorted by offset, batching adjacent ones."""
     zeros = memoryview(bytes(4096))
     writeback = _Writeback(fd)
@@ -86,7 +92,7 @@ def _write_in_order(fd: int, pieces: List[tuple]) -> None:
         writeback.close()
 
 
-def _batched(fd: int, pieces: List[tuple], zeros: memoryview, writeback: _Writeback) -> None:
+def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
     batch: List[memoryview] = []
     start = end = 0
     for offset, data in pieces:
@@ -106,12 +112,15 @@ def _batched(fd: int, pieces: List[tuple], zeros: memoryview, writeback: _Writeb
         _pwritev_all(fd, batch, start)
 
 
-def write_buffered(path: Path, size: int, pieces: List[tuple]) -> None:
+def write_buffered(path: Path, size: Optional[int], pieces) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes
+    (None: a stream of pieces of unknown total; the file ends with the last one)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, size)
+        if size is not None:
+            preallocate(fd, size)
         _write_in_order(fd, pieces)
-        if os.fstat(fd).st_size != size:
+        if size is not None and os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
@@ -145,16 +154,24 @@ def write_image(path: Path, image: np.ndarray, size: int) -> None:
         os.close(fd)
 
 
+def file_end(chunks) -> int:
+    """The size of a data file holding ``chunks`` (Chunks): the end of the last one."""
+    return max((c.offset + c.length for c in chunks), default=0)
+
+
 def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                     arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
-                    origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
+                    origins: "Mapping[str, tuple] | None" = None,
+                    compression: "Optional[codecs.Compression]" = None
+                    ) -> Dict[WriteItem, Chunk]:
     """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
-    offset, durably; return the chunks.
+    offset, durably; return the chunks (the file's size is :func:`file_end` of them).
 
     ``image``, when given, is the whole file's bytes (a staging arena laid out
     by the plan): it is written in one piece and the items are checksummed from it.
     ``origins`` gives, for arrays that are a box of a larger one, where the box
-    starts: items' boxes are global, the arrays local.
+    starts: items' boxes are global, the arrays local. With ``compression``, chunks are
+    encoded first and the file laid out by their stored sizes (``size`` is then unused).
     """
     items = sorted(items, key=lambda it: it.offset)
     origins = origins or {}
@@ -165,6 +182,9 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                 for it in items]
     for it, d in zip(items, data):
         assert d.nbytes == it.length, (it, d.nbytes)
+    if compression is not None:
+        return write_encoded(sink, file, [(it.path, it) for it in items],
+                             lambda k: encode_piece(compression, data[k], items[k]))
     sums: List[int] = [0] * len(items)
     errors: List[BaseException] = []
 
@@ -188,3 +208,63 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
         raise errors[0]
     return {it: Chunk(file, it.offset, it.length, it.start, it.shape, "raw", format_checksum(s))
             for it, s in zip(items, sums)}
+
+
+def encode_piece(compression: "codecs.Compression", raw: np.ndarray, box) -> tuple:
+    """``(codec, stored bytes, checksum)`` of one chunk's raw bytes (flat uint8); ``box``
+    has its ``shape``. A large chunk is itself compressed on Zstandard's own threads."""
+    itemsize = raw.nbytes // max(1, _elements(box.shape))
+    threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
+    codec, stored = codecs.encode(compression, raw, itemsize, threads)
+    return codec, stored, format_checksum(crc32c(stored))
+
+
+def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
+    """:func:`encode_piece` of every ``(path, box, raw bytes)`` of ``pieces``, on
+    ``knobs.compress_threads`` threads."""
+    return parallel_map(lambda piece: encode_piece(compression, piece[2], piece[1]), pieces,
+                        knobs.compress_threads, "uckpt-compress")
+
+
+def write_encoded(sink, file: str, pieces, encode) -> Dict:
+    """Write data file ``file`` of ``pieces`` (``(path, key)`` in file order; ``key`` has
+    the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the stored bytes of
+    piece ``k`` being ``encode(k) -> (codec, stored, checksum)``; returns ``{key: Chunk}``.
+
+    Pieces are encoded on ``knobs.compress_threads`` threads, a few ahead of the writing
+    (:func:`~uckpt.parallel.ordered_map`), and handed to the sink as a stream: each array
+    starts at a multiple of ``knobs.alignment``, its chunks follow without gaps. A sink
+    that writes streams (local directories) holds only those few chunks at once."""
+    chunks: Dict = {}
+    threads = knobs.compress_threads
+
+    def stream():
+        end, last = 0, None
+        encoded = ordered_map(encode, range(len(pieces)), threads, 2 * threads, "uckpt-compress")
+        for (path, key), (codec, stored, checksum) in zip(pieces, encoded):
+            if path != last:
+                end, last = -(-end // knobs.alignment) * knobs.alignment, path
+            box, data = _box(key), _as_uint8(stored)
+            chunks[key] = Chunk(file, end, data.nbytes, tuple(box.start), tuple(box.shape),
+                                codec, checksum)
+            yield end, data
+            end += data.nbytes
+
+    sink.write_stream(file, stream())
+    return chunks
+
+
+def _as_uint8(data) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+
+
+def _elements(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _box(key):
+    """What has the box's ``start`` and ``shape`` in a piece's key."""
+    return key[2] if isinstance(key, tuple) else key

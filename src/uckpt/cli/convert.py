@@ -88,6 +88,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="list what would be converted; write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--compress", nargs="?", const="zstd", metavar="CODEC",
+                   help="compress the target: a uckpt target's chunks with Zstandard "
+                        "(CODEC: zstd, the default, or zstd+bytegroup)")
     add_limit_options(p)
     p.set_defaults(run=run)
     return p

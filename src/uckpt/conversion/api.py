@@ -156,7 +156,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
 
 def _write_arguments(writer, fmt: str, options) -> Dict[str, Any]:
     """What ``writer.write`` is given beyond the tree: its options, or for a writer that
-    takes none (uckpt's), the one option it may accept (``compression``)."""
+    takes none (uckpt's), the one option it may accept (``compress``, section 6.3)."""
+    from ..codecs import compression_of
     from .options import OptionError
 
     params = inspect.signature(writer.write).parameters
@@ -165,7 +166,7 @@ def _write_arguments(writer, fmt: str, options) -> Dict[str, Any]:
     codec = options.codec(fmt)
     if codec is None:
         return {}
-    if "compression" not in params:
-        raise OptionError(f"compressing a {fmt} target ({codec}) is not supported yet by "
+    if "compress" not in params:
+        raise OptionError(f"compressing a {fmt} target ({codec}) is not supported by "
                           "uckpt convert", hint="convert without --compress")
-    return {"compression": codec}
+    return {"compress": compression_of(codec)}

@@ -14,7 +14,7 @@ from ..errors import UckptError
 
 #: target format -> the codecs it can write (the first is what ``--compress`` alone means)
 CODECS = {"npz": ("deflate",), "hdf5": ("gzip", "lzf"), "keras": ("gzip", "lzf"),
-          "uckpt": ("zstd",)}
+          "uckpt": ("zstd", "zstd+bytegroup")}
 #: target formats that can be cut into shards (the Hugging Face layout)
 SHARDABLE = ("hf", "safetensors", "pickle")
 WEIGHTS = ("safetensors", "pickle")

@@ -112,6 +112,15 @@ class CheckpointSink:
         pieces sorted by offset (gaps are zero), durably."""
         raise NotImplementedError
 
+    def write_stream(self, name: str, pieces) -> None:
+        """Write data file ``name`` from an iterator of ``(offset, uint8 buffer)`` pieces
+        sorted by offset (gaps are zero; the file ends with the last piece), durably.
+        Compressed chunks come this way, encoded while earlier ones are written; this
+        default gathers them first and calls :meth:`write_pieces`."""
+        pieces = list(pieces)
+        size = pieces[-1][0] + memoryview(pieces[-1][1]).nbytes if pieces else 0
+        self.write_pieces(name, size, pieces)
+
     def write_image(self, name: str, image, size: int) -> None:
         """Write data file ``name`` from ``image``, a page-aligned buffer holding the
         file's ``size`` bytes (and padding), durably."""

@@ -224,6 +224,11 @@ class LocalSink(CheckpointSink):
 
         write_buffered(self._new(name), size, pieces)
 
+    def write_stream(self, name, pieces) -> None:
+        from ..writer import write_buffered
+
+        write_buffered(self._new(name), None, pieces)  # each piece written as it comes
+
     def write_image(self, name, image, size) -> None:
         from ..writer import write_image
 
