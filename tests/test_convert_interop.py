@@ -9,6 +9,7 @@ import zipfile
 import numpy as np
 import pytest
 
+import uckpt
 from convert_common import assert_error, assert_ok
 from uckpt.conversion import RefusedGlobalError, convert, diff, open_checkpoint
 from uckpt.errors import UckptError
@@ -171,19 +172,11 @@ def test_inspect_and_verify_foreign_files(tmp_path):
 
 
 def test_compress_for_a_uckpt_target(tmp_path):
-    """--compress for a uckpt target passes compression="zstd" to uckpt's writer where it
-    takes it (the result reads back identical); until then it says "not supported yet"
-    and writes nothing."""
-    import inspect as _inspect
-    from uckpt.conversion import uckpt_fmt
-
-    np.savez(tmp_path / "a.npz", w=np.arange(1000.0))
-    if "compression" in _inspect.signature(uckpt_fmt.write).parameters:
-        convert(tmp_path / "a.npz", tmp_path / "u", compress="default")
-        assert diff(tmp_path / "a.npz", tmp_path / "u").identical
-    else:
-        with pytest.raises(UckptError, match="not supported yet"):
-            convert(tmp_path / "a.npz", tmp_path / "u", compress="default")
-        assert not (tmp_path / "u").exists()
+    """--compress for a uckpt target compresses its chunks with zstd (format 6.3); the
+    result reads back identical."""
+    np.savez(tmp_path / "a.npz", w=np.arange(100000.0))
+    convert(tmp_path / "a.npz", tmp_path / "u", compress="default")
+    assert diff(tmp_path / "a.npz", tmp_path / "u").identical
+    assert {c.codec for c in uckpt.manifest(tmp_path / "u").arrays["w"].chunks} == {"zstd+bytegroup"}
     with pytest.raises(UckptError, match="cannot be compressed with 'lzf'"):
         convert(tmp_path / "a.npz", tmp_path / "b.npz", compress="lzf")

@@ -75,7 +75,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="compress DST: npz deflate (as savez_compressed, Chainer's default), "
                         "hdf5 and keras gzip, uckpt zstd")
     p.add_argument("--codec", metavar="CODEC",
-                   help="the codec of --compress: lzf for hdf5 and keras (default: the "
+                   help="the codec of --compress: lzf for hdf5 and keras, zstd or zstd+bytegroup for uckpt (default: the "
                         "target's first)")
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="cut Hugging Face weights into shards of at most SIZE (5GB, 500MB, "
@@ -88,9 +88,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="list what would be converted; write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--compress", nargs="?", const="zstd", metavar="CODEC",
-                   help="compress the target: a uckpt target's chunks with Zstandard "
-                        "(CODEC: zstd, the default, or zstd+bytegroup)")
     add_limit_options(p)
     p.set_defaults(run=run)
     return p

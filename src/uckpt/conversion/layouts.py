@@ -29,7 +29,8 @@ def adapt(tree: Any, dst_format: str, dst: Any) -> None:
                 tree.extras = _moved(tree.extras, "", key)
                 return
         return
-    if dst_format == "hdf5" and str(dst).endswith(".weights.h5"):  # Keras reads only these
+    if dst_format == "keras" or (dst_format == "hdf5" and str(dst).endswith(".weights.h5")):
+        # Keras reads only these (a .keras archive holds a model.weights.h5)
         new, key = keras_names.weights_file_root(tree.root, tree.notes), keras_names.MODEL_KEY
     elif dst_format in ("npz", "hdf5"):
         new, key = chainer_names.snapshot_root(tree.root, tree.notes), chainer_names.TRAINER_KEY
