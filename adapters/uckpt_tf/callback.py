@@ -46,6 +46,14 @@ gradient averaging gives. The callback keeps its own calls collective:
   ``MetricAverageCallback`` before this callback for averaged ones);
 * ``restore`` agrees on the steps to try (those every rank sees), so every
   rank restores the same checkpoint.
+
+Keras 2 (``tf_keras``, what ``tf.keras`` is under ``TF_USE_LEGACY_KERAS=1`` and
+what Horovod's ``horovod.tensorflow.keras`` needs): its ``fit`` takes only
+callbacks derived from ``tf_keras.callbacks.Callback``. ``Checkpoint(...)``
+returns such a callback, :class:`uckpt_tf.callback_keras2.Checkpoint` (the same
+logic, :class:`CheckpointLogic`), when ``TF_USE_LEGACY_KERAS`` is set as
+TensorFlow reads it (``1``, ``true``, ``True``); create that class directly to
+use tf_keras without the variable.
 """
 from __future__ import annotations
 
@@ -58,11 +66,16 @@ import keras
 import uckpt
 from uckpt.errors import CorruptCheckpointError, UckptError
 
+from . import keras2
+
 RESERVED = ("model", "optimizer", "rng", "epoch", "batch", "step")
 
 
-class Checkpoint(keras.callbacks.Callback):
+class CheckpointLogic:
     """Save ``model.fit``'s complete training state through a :class:`uckpt.CheckpointManager`.
+
+    The callback without its Keras base class: :class:`Checkpoint` adds Keras 3's,
+    :class:`uckpt_tf.callback_keras2.Checkpoint` tf_keras's.
 
     manager
         where and how checkpoints go (tiers, retention, async saves, policies).
@@ -274,3 +287,17 @@ class Checkpoint(keras.callbacks.Callback):
                           metrics=metrics or None, overwrite=overwrite)
         self._last_saved = self.step
 
+
+
+class Checkpoint(CheckpointLogic, keras.callbacks.Callback):
+    __doc__ = CheckpointLogic.__doc__ + """
+    A Keras 3 callback; under ``TF_USE_LEGACY_KERAS=1`` ``Checkpoint(...)`` returns
+    the tf_keras one instead (see the module docstring).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if cls is Checkpoint and keras2.legacy_keras_selected():
+            from .callback_keras2 import Checkpoint as Keras2Checkpoint
+
+            return Keras2Checkpoint(*args, **kwargs)  # not a Checkpoint: __init__ runs once
+        return super().__new__(cls)
