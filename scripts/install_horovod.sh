@@ -14,10 +14,11 @@
 # PyPI if missing) against the venv's torch, tensorflow and MPI (the `mpich` package's
 # mpicc/mpiexec in the venv's bin/), installs it in one `pip install --no-deps`, then runs
 # an allreduce of each framework under `mpiexec -n 2`. PyPI has no Horovod wheels, only
-# the sdist, which needs three patches, each matched on an exact line (a changed sdist
-# stops the script instead of building wrong): C++14 -> C++17 (torch's headers need 17),
-# and horovod/tensorflow/xla_mpi_ops.cc left out (the TensorFlow wheel lacks the
-# highwayhash headers it includes; it only serves XLA-compiled Horovod ops). When the
+# the sdist, which needs patches, each matched on an exact line (a changed sdist stops
+# the script instead of building wrong): C++14 -> C++17 (torch's headers need 17);
+# horovod/tensorflow/xla_mpi_ops.cc left out (the TensorFlow wheel lacks the highwayhash
+# headers it includes; it only serves XLA-compiled Horovod ops); horovod.tensorflow.keras
+# takes tf.keras's backend, not Keras 3's (its callbacks fail on Keras 3's). When the
 # TensorFlow part does not build (or tensorflow is absent), the script says so and
 # installs a PyTorch-only build.
 set -euo pipefail
@@ -28,7 +29,7 @@ WHEEL_DIR=""
 INSTALL=1
 while [[ $# -gt 0 ]]; do
     case "$1" in
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
         --force) FORCE=1 ;;
         --wheel-dir|--wheel-only)
             [[ $# -ge 2 && -n "$2" ]] || { echo "install_horovod.sh: $1 needs a directory (see -h)" >&2; exit 2; }
@@ -78,7 +79,9 @@ WANT_TF=0
 #    horovod.tensorflow too when tensorflow is installed: a PyTorch-only build from
 #    before is rebuilt).
 CHECK='import horovod, horovod.torch as hvd; print(horovod.__version__, hvd.mpi_built())'
-CHECK_TF='import horovod.tensorflow as hvd; print(hvd.mpi_built())'
+# (and horovod.tensorflow.keras patched for tf.keras's backend, see 4. below)
+CHECK_TF='import horovod.tensorflow as hvd, horovod.tensorflow.keras as k
+print(hvd.mpi_built() and "K = keras.backend" in open(k.__file__).read())'
 if [[ $FORCE == 0 && $INSTALL == 1 ]] && have=$("$PY" -c "$CHECK" 2>/dev/null | tail -n 1); then
     if [[ "$have" == "$VERSION True" ]]; then
         if [[ $WANT_TF == 0 ]]; then
@@ -160,6 +163,14 @@ unpack() {  # destination directory; prints the patched source tree
         patch_line "$src" horovod/tensorflow/CMakeLists.txt \
             'list(APPEND TF_SOURCES "${PROJECT_SOURCE_DIR}/horovod/tensorflow/xla_mpi_ops.cc")' \
             '# xla_mpi_ops.cc left out by uckpt scripts/install_horovod.sh (needs headers the TensorFlow wheel lacks)'
+        # Keras: the backend of tf.keras (tf_keras under TF_USE_LEGACY_KERAS=1, what
+        # horovod.tensorflow.keras works with), not the top-level Keras 3 package's,
+        # which lacks get_value/set_value/constant that Horovod's callbacks call.
+        local f
+        for f in horovod/tensorflow/keras/__init__.py horovod/tensorflow/keras/callbacks.py; do
+            patch_line "$src" "$f" '    from keras import backend as K' \
+                '    K = keras.backend  # tf.keras: tf_keras under TF_USE_LEGACY_KERAS=1 (uckpt install_horovod.sh)'
+        done
     } >&2
     echo "$src"
 }
