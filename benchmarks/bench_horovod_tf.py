@@ -91,7 +91,8 @@ def run(ranks: int, mode: str, size: str, epochs: int, steps: int) -> dict:
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if out.returncode != 0:
-        raise SystemExit(f"{mode} on {ranks} ranks failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        raise SystemExit(f"{mode} on {ranks} ranks failed:\n{out.stdout[-3000:]}\n"
+                         f"{out.stderr[-3000:]}")
     return json.loads(out.stdout.split("RESULT ")[-1].splitlines()[0])
 
 

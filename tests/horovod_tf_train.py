@@ -186,8 +186,8 @@ def main():
     rank = hvd.rank()
     assert hvd.size() == (2 if mode == "load" else WORLD), hvd.size()
     if mode == "first":
-        full = {"fit": fit(f"{directory}/fit-full", hvd), "tape": tape(f"{directory}/tape-full", hvd_tf)}
-        report(rank, **full)  # before the killed run
+        report(rank, fit=fit(f"{directory}/fit-full", hvd),  # before the killed run
+               tape=tape(f"{directory}/tape-full", hvd_tf))
         fit(f"{directory}/fit", hvd, killer=FIT_KILLER)
         raise SystemExit("the fit run was not killed")
     if mode == "second":

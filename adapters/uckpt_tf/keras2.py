@@ -86,10 +86,6 @@ def is_built(opt: Any) -> bool:
     return bool(getattr(opt, "_built", False))
 
 
-def _shared_name(var: Any) -> str:
-    return str(getattr(var, "_shared_name", None) or var.name.split(":")[0])
-
-
 def slot_owners(opt: Any) -> Dict[str, str]:
     """``{shared name of a trained variable: its position}`` from the optimizer's index.
 
