@@ -148,3 +148,44 @@ def test_callback_resumes_tf_keras_fit_bitwise(tmp_path):
         fit(resumed, cb, 3, initial_epoch=2)
         assert manager.steps() == [6, 12, 18]
     assert_bitwise(everything(resumed), everything(full))
+
+
+def test_resume_at_epoch_end_keeps_newer_mid_epoch_checkpoints(tmp_path):
+    x, y = data(24)  # 6 batches per epoch
+    Callback = uckpt.keras.Keras2Checkpoint
+
+    class Crash(Exception):
+        pass
+
+    class CrashAfter(tf_keras.callbacks.Callback):
+        def __init__(self, cb, step):
+            super().__init__()
+            self.cb, self.crash_at = cb, step
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.cb.step == self.crash_at:
+                raise Crash  # the run ends mid-epoch 1, after step 9
+
+    def fit(model, cbs, initial_epoch=0):
+        model.fit(x, y, batch_size=4, epochs=2, initial_epoch=initial_epoch, shuffle=False,
+                  callbacks=cbs, verbose=0)
+
+    full = model_k2()
+    with uckpt.CheckpointManager(tmp_path / "full") as manager:
+        fit(full, [Callback(manager, every_n_steps=4, every_n_epochs=1)])
+    part = model_k2()
+    with uckpt.CheckpointManager(tmp_path / "part") as manager:
+        cb = Callback(manager, every_n_steps=4, every_n_epochs=1)
+        with pytest.raises(Crash):
+            fit(part, [cb, CrashAfter(cb, 9)])
+        assert manager.steps() == [4, 6, 8]
+        before = uckpt.manifest(manager.path(8))
+    resumed = model_k2(seed=9)
+    with uckpt.CheckpointManager(tmp_path / "part") as manager:
+        cb = Callback(manager, every_n_steps=4, every_n_epochs=1)
+        assert cb.restore(resumed, at_epoch_end=True) == 1 and cb.step == 6
+        with pytest.warns(UserWarning, match="step 8 exists from before the restart"):
+            fit(resumed, [cb], initial_epoch=1)
+        assert manager.steps() == [4, 6, 8, 12]
+        assert uckpt.manifest(manager.path(8)).to_json() == before.to_json()  # not rewritten
+    assert_bitwise(everything(resumed), everything(full))
