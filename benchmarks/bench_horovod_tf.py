@@ -72,7 +72,9 @@ def worker(mode: str, root: Path, size: str, epochs: int, steps: int) -> None:
     model.fit(x, x, batch_size=32, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     if manager is not None:
         manager.close()
-    seconds = max(hvd.allgather_object(times["end"] - times["start"]))
+    import horovod.tensorflow as hvd_tf
+
+    seconds = max(hvd_tf.allgather_object(times["end"] - times["start"]))
     if rank == 0:
         if mode == "keras":
             size_bytes = (root / f"ckpt-{epochs}.h5").stat().st_size
