@@ -1,8 +1,9 @@
-"""The TensorFlow / Keras 3 adapters of uckpt.
+"""The TensorFlow / Keras 3 / tf_keras (Keras 2) adapters of uckpt.
 
 The core finds them through entry points (see :mod:`uckpt.registry`):
-``uckpt.adapters: tensorflow = keras = uckpt_tf:ADAPTERS``, consulted in list
-order when an object from ``tensorflow`` or ``keras`` is saved or loaded, and
+``uckpt.adapters: tensorflow = keras = tf_keras = uckpt_tf:ADAPTERS``, consulted
+in list order when an object from ``tensorflow``, ``keras`` or ``tf_keras`` is
+saved or loaded (tf_keras specifics: :mod:`uckpt_tf.keras2`), and
 ``uckpt.rng: tensorflow = uckpt_tf:RNG_PROVIDERS``, consulted by
 ``uckpt.RandomState()`` once TensorFlow is imported. Importing this package
 imports neither framework: each adapter checks ``sys.modules`` in

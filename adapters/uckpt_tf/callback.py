@@ -24,7 +24,9 @@ first batch with the restored weights, so its first batches are trained twice
 checkpoint saved at the end of an epoch instead: the resumed run is then
 bitwise the uninterrupted one, provided the data order of an epoch depends
 only on the epoch (``uckpt_tf.epoch_shuffled``) and the process is
-deterministic (``uckpt_tf.make_deterministic``).
+deterministic (``uckpt_tf.make_deterministic``). Checkpoints newer than the one
+restored (mid-epoch ones skipped by ``at_epoch_end``) are kept: the resumed run
+does not save those steps again (a warning says so), and saves the later ones.
 
 Saves happen at the end of every ``every_n_epochs``-th epoch, after every
 ``every_n_steps``-th batch, and whenever the manager's save policy asks
@@ -46,23 +48,36 @@ gradient averaging gives. The callback keeps its own calls collective:
   ``MetricAverageCallback`` before this callback for averaged ones);
 * ``restore`` agrees on the steps to try (those every rank sees), so every
   rank restores the same checkpoint.
+
+Keras 2 (``tf_keras``, what ``tf.keras`` is under ``TF_USE_LEGACY_KERAS=1`` and
+what Horovod's ``horovod.tensorflow.keras`` needs): its ``fit`` takes only
+callbacks derived from ``tf_keras.callbacks.Callback``. ``Checkpoint(...)``
+returns such a callback, :class:`uckpt_tf.callback_keras2.Checkpoint` (the same
+logic, :class:`CheckpointLogic`), when ``TF_USE_LEGACY_KERAS`` is set as
+TensorFlow reads it (``1``, ``true``, ``True``); create that class directly to
+use tf_keras without the variable.
 """
 from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Union
 
 import keras
 
 import uckpt
 from uckpt.errors import CorruptCheckpointError, UckptError
 
+from . import keras2
+
 RESERVED = ("model", "optimizer", "rng", "epoch", "batch", "step")
 
 
-class Checkpoint(keras.callbacks.Callback):
+class CheckpointLogic:
     """Save ``model.fit``'s complete training state through a :class:`uckpt.CheckpointManager`.
+
+    The callback without its Keras base class: :class:`Checkpoint` adds Keras 3's,
+    :class:`uckpt_tf.callback_keras2.Checkpoint` tf_keras's.
 
     manager
         where and how checkpoints go (tiers, retention, async saves, policies).
@@ -95,6 +110,7 @@ class Checkpoint(keras.callbacks.Callback):
         self.batch = 0
         self.step = 0
         self._last_saved: Optional[int] = None
+        self._kept: Set[int] = set()  # steps not to save again (see restore)
         #: what the last ``restore`` loaded for the entries of ``state`` (plain values)
         self.restored: Dict[str, Any] = {}
 
@@ -139,25 +155,27 @@ class Checkpoint(keras.callbacks.Callback):
         """
         prepared: Dict[str, Any] = {}
 
-        def prepare() -> List[int]:
+        def prepare() -> Tuple[List[int], List[int]]:
             # what can fail on one rank only: raised on every rank (below) when distributed
             prepared["state"] = self.state(model)
-            if step is not None:
-                return [step]
             self.manager.wait()
             steps = list(reversed(self.manager.steps()))
+            if step is not None:
+                return steps, [step]
             if at_epoch_end:
-                steps = [s for s in steps if self._at_epoch_end(s)]
-            return steps
+                return steps, [s for s in steps if self._at_epoch_end(s)]
+            return steps, steps
 
         if self._distributed():
             # every rank must try the same steps in the same order (ranks may see different
             # steps, e.g. on node-local storage): those that every rank sees, newest first
             views = self.manager.comm.gather_outcomes(prepare, "Keras checkpoint restore")
-            common = set(views[0]).intersection(*map(set, views[1:]))
-            candidates = [s for s in views[0] if s in common]
+            present = set(views[0][0]).intersection(*(set(v[0]) for v in views[1:]))
+            common = set(views[0][1]).intersection(*(set(v[1]) for v in views[1:]))
+            candidates = [s for s in views[0][1] if s in common]
         else:
-            candidates = prepare()
+            steps, candidates = prepare()
+            present = set(steps)
         state = prepared["state"]
         if at_epoch_end and step is None and not candidates and self.manager.steps():
             warnings.warn("uckpt: no checkpoint was saved at the end of an epoch; nothing "
@@ -177,6 +195,9 @@ class Checkpoint(keras.callbacks.Callback):
         self.epoch, self.batch, self.step = (int(state["epoch"]), int(state["batch"]),
                                              int(state["step"]))
         self._last_saved = self.step
+        # checkpoints newer than the one restored (at_epoch_end, step=, a damaged newer one):
+        # kept as they are, the resumed run does not save those steps again
+        self._kept = {s for s in present if s > self.step}
         self.restored = {k: v for k, v in state.items() if k not in RESERVED}
         if self.batch:
             warnings.warn(
@@ -267,6 +288,11 @@ class Checkpoint(keras.callbacks.Callback):
         return self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0
 
     def _save(self, metrics: Optional[Dict[str, float]] = None) -> None:
+        if self.step in self._kept:
+            warnings.warn(f"uckpt: checkpoint step {self.step} exists from before the restart "
+                          "(newer than the checkpoint restored); kept, not saved again",
+                          UserWarning, stacklevel=3)
+            return
         overwrite = self._last_saved == self.step  # e.g. a step save on an epoch's last batch
         self.manager.save(self.step, self.state(),
                           metadata={"keras": {"epoch": self.epoch, "batch": self.batch,
@@ -274,3 +300,17 @@ class Checkpoint(keras.callbacks.Callback):
                           metrics=metrics or None, overwrite=overwrite)
         self._last_saved = self.step
 
+
+
+class Checkpoint(CheckpointLogic, keras.callbacks.Callback):
+    __doc__ = CheckpointLogic.__doc__ + """
+    A Keras 3 callback; under ``TF_USE_LEGACY_KERAS=1`` ``Checkpoint(...)`` returns
+    the tf_keras one instead (see the module docstring).
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if cls is Checkpoint and keras2.legacy_keras_selected():
+            from .callback_keras2 import Checkpoint as Keras2Checkpoint
+
+            return Keras2Checkpoint(*args, **kwargs)  # not a Checkpoint: __init__ runs once
+        return super().__new__(cls)

@@ -1,10 +1,13 @@
-"""Keras 3 layers and models: every variable, keyed by the layer structure.
+"""Keras layers and models (Keras 3 and tf_keras): every variable, keyed by the layer structure.
 
 What is captured: ``layer.variables``, i.e. trainable and non-trainable
 weights (BatchNorm moving statistics included) *and* the state of every
 ``SeedGenerator`` the layers own (Dropout, GaussianNoise, random augmentation
 layers), so that dropout masks continue identically after a restart. Metric
 variables are not (Keras resets them every epoch).
+
+tf_keras (Keras 2) layers are walked the same way and get the same keys
+(see :mod:`uckpt_tf.keras2` for where their variables are).
 
 Keys: Keras's own ``variable.path`` holds auto-generated names
 (``sequential_1/dense_3/kernel``) that differ between two instances of the
@@ -34,6 +37,7 @@ import weakref
 from typing import Any, Dict, List, Tuple
 
 
+from . import keras2
 from .convert import unique
 from .keras_files import build_optimizer, file_variables, is_file_layout
 from .variables import NamedVariablesAdapter
@@ -62,17 +66,24 @@ def layer_variables(layer: Any) -> Dict[str, Any]:
     seen_layers: set = set()
     out: List[Tuple[List[str], Any]] = []
 
+    legacy = keras2.is_layer(layer)
+
     def walk(obj: Any, parts: List[str]) -> None:
         seen_layers.add(id(obj))
         used: Dict[str, int] = {}
-        own = list(getattr(obj, "_trainable_variables", [])) + \
-            list(getattr(obj, "_non_trainable_variables", []))
-        own += [sg.state for sg in getattr(obj, "_seed_generators", [])]
+        if legacy:
+            own, subs = keras2.own_variables(obj), keras2.sublayers(obj)
+        else:
+            own = list(getattr(obj, "_trainable_variables", [])) + \
+                list(getattr(obj, "_non_trainable_variables", []))
+            own += [sg.state for sg in getattr(obj, "_seed_generators", [])]
+            subs = getattr(obj, "_layers", [])
         for var in own:
-            if id(var) not in seen_vars:
-                seen_vars.add(id(var))
+            key = id(keras2.target(var))
+            if key not in seen_vars:
+                seen_vars.add(key)
                 out.append((parts + [unique(_variable_name(var), used)], var))
-        for sub in getattr(obj, "_layers", []):
+        for sub in subs:
             name = unique(_snake(type(sub).__name__), used)
             if id(sub) not in seen_layers:
                 walk(sub, parts + [name])
@@ -101,7 +112,7 @@ class LayerAdapter(NamedVariablesAdapter):
 
     def handles(self, obj):
         keras = sys.modules.get("keras")
-        return keras is not None and isinstance(obj, keras.layers.Layer)
+        return (keras is not None and isinstance(obj, keras.layers.Layer)) or keras2.is_layer(obj)
 
     def variables(self, obj):
         return layer_variables(obj)

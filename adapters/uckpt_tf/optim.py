@@ -1,4 +1,5 @@
-"""Keras 3 optimizers: every variable, the iteration counter included, built on restore.
+"""Keras optimizers (Keras 3 and tf_keras): every variable, the iteration counter included,
+built on restore.
 
 save: ``extract`` returns ``{"class": "keras.src.optimizers.adam.Adam", "built":
 bool, "variables": {"iteration": int64 array, "learning_rate": array, ...},
@@ -35,15 +36,24 @@ When the model comes after the optimizer in the mapping, building and the
 checks wait for ``restore`` (by then every ``prepare`` has run). ``restore``
 assigns every variable. A bare, unbuilt optimizer whose model is unknown is
 refused with a hint rather than left without its state.
+
+tf_keras (Keras 2) optimizers (``tf_keras.optimizers.Optimizer``) are saved in the
+same layout (see :mod:`uckpt_tf.keras2`); their slots are named ``m``, ``v``, ...
+as tf_keras names them. A ``hvd.DistributedOptimizer`` (Horovod's Keras
+integration) is a class Horovod makes at run time, deriving from the wrapped
+optimizer's class: it is recorded as, and checked against, that class, so a
+checkpoint of a Horovod job loads into the plain optimizer and back.
 """
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any, Dict, List, Optional, Sequence
 
 from uckpt.adapter import Adapter
 from uckpt.errors import StateMismatchError, UnsupportedObjectError
 
+from . import keras2
 from .convert import assign, check_class, check_variables, class_name, flat, nested, to_numpy, \
     unique
 from .layers import compiled_models
@@ -63,8 +73,7 @@ class OptimizerState:
     """
 
     def __init__(self, optimizer: Any, trains: Any) -> None:
-        keras = sys.modules.get("keras")
-        if keras is None or not isinstance(optimizer, keras.optimizers.Optimizer):
+        if not _is_keras_optimizer(optimizer):
             raise UnsupportedObjectError(
                 f"OptimizerState takes a Keras optimizer, got {class_name(optimizer)}")
         self.optimizer = optimizer
@@ -87,8 +96,33 @@ def _prefix(var: Any) -> str:
     return str(var.name).replace("/", "_").replace(":", "_") + "_"
 
 
+def _is_keras_optimizer(obj: Any) -> bool:
+    keras = sys.modules.get("keras")
+    return (keras is not None and isinstance(obj, keras.optimizers.Optimizer)) or \
+        keras2.is_optimizer(obj)
+
+
+def optimizer_class(opt: Any) -> str:
+    """``module.QualName`` of the optimizer's class, Horovod's run-time subclass skipped."""
+    cls = type(opt)
+    while cls.__module__.split(".")[0] == "horovod" and cls.__bases__ != (object,):
+        cls = cls.__bases__[0]
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_class(opt: Any, tree: Any) -> None:
+    if not (isinstance(tree, Mapping) and tree.get("class") == optimizer_class(opt)):
+        check_class(opt, tree, "optimizer")  # also accepts the run-time class's own name
+
+
+def _is_built(opt: Any) -> bool:
+    return keras2.is_built(opt) if keras2.is_optimizer(opt) else bool(opt.built)
+
+
 def optimizer_variables(opt: Any) -> Dict[str, Any]:
     """Flat ``{"variables/iteration": v, "slots/0/momentum": v, ...}`` (see module doc)."""
+    if keras2.is_optimizer(opt):
+        return keras2.optimizer_variables(opt, unique)
     inner = getattr(opt, "inner_optimizer", None)  # LossScaleOptimizer
     out = {}
     if inner is not None:
@@ -123,20 +157,19 @@ class OptimizerAdapter(Adapter):
     name = "keras.optimizer"
 
     def handles(self, obj):
-        keras = sys.modules.get("keras")
-        return isinstance(obj, OptimizerState) or (
-            keras is not None and isinstance(obj, keras.optimizers.Optimizer))
+        return isinstance(obj, OptimizerState) or _is_keras_optimizer(obj) or \
+            keras2.is_legacy_optimizer(obj)
 
     def extract(self, obj):
         opt = _optimizer(obj)
         tree = nested((k.split("/"), to_numpy(v)) for k, v in optimizer_variables(opt).items())
-        return {"class": class_name(opt), "built": bool(opt.built), "variables": {}, "slots": {},
-                **tree}
+        return {"class": optimizer_class(opt), "built": _is_built(opt), "variables": {},
+                "slots": {}, **tree}
 
     def prepare(self, obj, spec):
         opt = _optimizer(obj)
-        check_class(opt, spec, "optimizer")
-        if spec.get("built") and not opt.built:
+        _check_class(opt, spec)
+        if spec.get("built") and not _is_built(opt):
             trains = _trained_variables(obj)
             if trains is None:
                 return None  # the model may come later in the mapping: build in restore
@@ -146,8 +179,8 @@ class OptimizerAdapter(Adapter):
 
     def restore(self, obj, tree):
         opt = _optimizer(obj)
-        check_class(opt, tree, "optimizer")
-        if tree.get("built") and not opt.built:
+        _check_class(opt, tree)
+        if tree.get("built") and not _is_built(opt):
             trains = _trained_variables(obj)
             if trains is None:
                 raise StateMismatchError(
@@ -169,7 +202,7 @@ class OptimizerAdapter(Adapter):
         live = optimizer_variables(opt)
         saved = _saved(tree)
         hint = None
-        if not tree.get("built") and opt.built:
+        if not tree.get("built") and _is_built(opt):
             hint = ("the checkpoint was saved before the optimizer's first step; restore it "
                     "into a new, unbuilt optimizer")
         check_variables(f"the {type(opt).__name__} optimizer", live, saved,
@@ -200,7 +233,14 @@ def _register_wrapper_adapter() -> None:
 
 
 def _optimizer(obj: Any) -> Any:
-    return obj.optimizer if isinstance(obj, OptimizerState) else obj
+    opt = obj.optimizer if isinstance(obj, OptimizerState) else obj
+    if keras2.is_legacy_optimizer(opt):
+        raise UnsupportedObjectError(
+            f"{class_name(opt)} is a tf_keras legacy optimizer (OptimizerV2), which uckpt "
+            "does not save",
+            hint="use the tf_keras.optimizers one of the same name (not .legacy); "
+                 "hvd.DistributedOptimizer wraps either")
+    return opt
 
 
 def _trained_variables(obj: Any) -> Optional[Sequence[Any]]:
@@ -213,6 +253,9 @@ def _trained_variables(obj: Any) -> Optional[Sequence[Any]]:
 
 def _build(opt: Any, variables: Sequence[Any]) -> None:
     """Build as ``apply_gradients`` does on the first step (same name scope)."""
+    if keras2.is_optimizer(opt):
+        keras2.build(opt, variables)
+        return
     import keras
 
     with keras.name_scope(opt.name, caller=opt):

@@ -151,7 +151,8 @@ def make_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> C
     if _is_horovod(comm):
         return _from_horovod(comm, timeout)
     raise TypeError(f"comm must be None, a uckpt Communicator, an mpi4py communicator, a "
-                    f"torch.distributed ProcessGroup or the horovod.torch module; got "
+                    f"torch.distributed ProcessGroup or a Horovod module "
+                    f"({', '.join(_HOROVOD_MODULES)}); got "
                     f"{type(comm).__module__}.{type(comm).__qualname__}")
 
 
