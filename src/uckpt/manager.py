@@ -36,6 +36,7 @@ from .commit import check_metadata
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
+from .costs import CostRecorder
 from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
@@ -162,6 +163,10 @@ class CheckpointManager:
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
+        # rank 0 records what saves cost beside a local first tier (uckpt.costs)
+        self._costs = CostRecorder(self.root if self.comm.rank == 0 and
+                                   not self.tiers[0].store.remote else None)
+        self._tell_policy_costs()
         _open_managers.add(self)
         if role == "writer":
             self._become_writer()
@@ -291,8 +296,11 @@ class CheckpointManager:
         copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
         if copy:
             self._pin(step)
+        self._costs.started(step, self._saver is not None,
+                            "copy" if copy else "commit" if len(self.tiers) == 1 else "never")
 
         def committed(path):
+            self._costs.committed(step)
             if copy:
                 self._schedule_copy(step)
             self._retain(0)
@@ -318,10 +326,22 @@ class CheckpointManager:
             if copy:
                 self._unpin(step)
             raise
+        self._costs.stalled(step)
         self.save_policy.saved(step, time.monotonic())
+        self._tell_policy_costs()
         if exiting:
             self._exit_after_final_save(step)
         return result
+
+    def save_costs(self):
+        """Medians of what recent saves cost (:class:`uckpt.costs.CostSummary`: stall,
+        time to commit, time to durable, in seconds), or None before any was measured."""
+        return self._costs.summary()
+
+    def _tell_policy_costs(self) -> None:
+        summary = self._costs.summary()
+        if summary is not None:
+            self.save_policy.measured(summary.stall, summary.durable)
 
     def _exit_after_final_save(self, step: int) -> None:
         self.close()  # the final checkpoint is committed and copied before we leave
@@ -421,6 +441,7 @@ class CheckpointManager:
                     copy_collective(self.tiers[0].store, self.tiers[i].store,
                                     step_dir_name(step), self._copy_comm)
                     self._retain(i)
+                self._costs.durable(step)
             finally:
                 self._unpin(step)
                 self._retain(0)
