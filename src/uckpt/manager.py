@@ -81,6 +81,11 @@ class CheckpointManager:
     async_save, max_inflight
         snapshot and return; at most ``max_inflight`` snapshots held in host
         memory (a further ``save`` waits for the oldest to be written).
+    late_snapshot
+        with ``async_save``: a late-copy guard (:mod:`uckpt.late`), e.g.
+        ``uckpt.torch.LateSnapshot(optimizer)``: the arrays it covers (parameters,
+        optimizer state) are copied while training goes on, at the latest just
+        before the next optimizer step, instead of inside ``save``.
     storage_options
         options of the ``s3://`` tiers without their own (``Tier(...,
         storage_options=...)``): ``endpoint_url``, ``key``, ``secret``, ... (see
@@ -119,7 +124,8 @@ class CheckpointManager:
                  save_policy: Optional[SavePolicy] = None, async_save: bool = False,
                  max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
                  role: str = "auto", concurrent_writers: bool = False,
-                 storage_options: Optional[Mapping[str, Any]] = None) -> None:
+                 storage_options: Optional[Mapping[str, Any]] = None,
+                 late_snapshot: Any = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -128,6 +134,10 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if not isinstance(durable_every, int) or durable_every < 1:
             raise ValueError(f"durable_every must be a positive int, got {durable_every!r}")
+        if late_snapshot is not None and not async_save:
+            raise ValueError("late_snapshot defers the copies of an asynchronous save: give "
+                             "async_save=True too (a synchronous save writes from live memory)")
+        self.late_snapshot = late_snapshot
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
         self.role = role
@@ -315,7 +325,8 @@ class CheckpointManager:
                                               metadata=meta, overwrite=overwrite, what=what)
                 result: Union[Path, str, SaveHandle] = self._track(submit_async_share(
                     self._saver, prepared, self.comm, self._save_comm, what,
-                    then=committed, failed=(lambda: self._unpin(step)) if copy else None))
+                    then=committed, failed=(lambda: self._unpin(step)) if copy else None,
+                    guard=self.late_snapshot))
             else:
                 if self._saver is not None:
                     self._saver.join()  # the final save follows the ones in flight

@@ -1,0 +1,141 @@
+"""Late snapshots (uckpt.late, uckpt.torch.LateSnapshot): parameters and optimizer state
+copied after save returns, before the next optimizer step; checkpoints isolated from
+later updates; buffers copied at save."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import uckpt
+import uckpt.torch
+from uckpt import knobs
+from uckpt.late import DeferredCopy, Ranges
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.BatchNorm1d(512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 8))
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    return model, opt
+
+
+def _step(model, opt, x, y):
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+
+
+def _expected(model, opt):
+    return ({k: v.clone() for k, v in model.state_dict().items()},
+            {k: {n: t.clone() for n, t in s.items()} for k, s in opt.state_dict()["state"].items()})
+
+
+def _check(path, expected):
+    model2, opt2 = _net(seed=1)
+    _step(model2, opt2, torch.randn(4, 256), torch.randint(0, 8, (4,)))  # state exists
+    uckpt.load(path, {"model": model2, "optimizer": opt2}, strict=False)
+    exp_model, exp_opt = expected
+    for k, v in model2.state_dict().items():
+        assert torch.equal(v, exp_model[k]), k
+    for k, s in opt2.state_dict()["state"].items():
+        for n, t in s.items():
+            assert torch.equal(t, exp_opt[k][n]), (k, n)
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_every_step_saves_hold_the_state_at_save(tmp_path, monkeypatch, background):
+    """Each save's checkpoint is the state at save, though the copies of parameters and
+    Adam's moments happen later and the next steps (BatchNorm statistics in forward,
+    every parameter in the optimizer step) change everything in place."""
+    monkeypatch.setattr(knobs, "late_background_copy", background)
+    model, opt = _net()
+    x, y = torch.randn(64, 256), torch.randint(0, 8, (64,))
+    _step(model, opt, x, y)
+    expected = {}
+    with uckpt.torch.LateSnapshot(opt) as late, \
+            uckpt.CheckpointManager(tmp_path, async_save=True, max_inflight=2,
+                                    late_snapshot=late) as mgr:
+        for step in range(1, 6):
+            mgr.save(step, {"model": model, "optimizer": opt, "step": step})
+            expected[step] = _expected(model, opt)
+            _step(model, opt, x * step, y)  # forward changes BN buffers; step changes the rest
+        if not background:  # the training thread did every deferred copy, in the hook
+            assert late.copied_in_hook > 0
+    for step in range(1, 6):
+        _check(mgr.path(step), expected[step])
+
+
+def test_covered_tensors_are_copied_late_and_buffers_at_save(tmp_path, monkeypatch):
+    """Without the background copy, a covered tensor is copied in the optimizer's pre-hook
+    (so an in-place change outside the step, which the guard's contract rules out, is
+    seen; flush() is the way to make such a change safe), while a buffer is copied at
+    save."""
+    monkeypatch.setattr(knobs, "late_background_copy", False)
+    model, opt = _net()
+    x, y = torch.randn(16, 256), torch.randint(0, 8, (16,))
+    _step(model, opt, x, y)
+    weight = model[0].weight
+    late = uckpt.torch.LateSnapshot(opt)
+    with uckpt.CheckpointManager(tmp_path, async_save=True, late_snapshot=late) as mgr:
+        before = weight.detach().clone()
+        mgr.save(1, {"model": model, "optimizer": opt})
+        with torch.no_grad():
+            weight.add_(1.0)                       # outside the step: against the contract
+            model[1].running_mean.add_(5.0)        # a buffer: copied at save already
+        _step(model, opt, x, y)                    # the hook copies the parameters now
+        flushed = weight.detach().clone()
+        mgr.save(2, {"model": model, "optimizer": opt})
+        late.flush()                               # copy now ...
+        with torch.no_grad():
+            weight.add_(1.0)                       # ... so this change is safe
+        mgr.wait()
+    late.close()
+    one, two = uckpt.load(mgr.path(1)), uckpt.load(mgr.path(2))
+    assert np.array_equal(one["model"]["0.weight"], (before + 1.0).numpy())  # copied late
+    assert not np.array_equal(one["model"]["1.running_mean"],
+                              model[1].running_mean.numpy())  # copied at save
+    assert np.array_equal(two["model"]["0.weight"], flushed.numpy())
+
+
+def test_late_snapshot_needs_async_and_optimizers(tmp_path):
+    model, opt = _net()
+    with pytest.raises(ValueError, match="async_save=True"):
+        uckpt.CheckpointManager(tmp_path, late_snapshot=uckpt.torch.LateSnapshot(opt))
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        uckpt.torch.LateSnapshot(model)
+
+
+def test_close_finishes_pending_copies_and_removes_the_hook(tmp_path):
+    model, opt = _net()
+    x, y = torch.randn(8, 256), torch.randint(0, 8, (8,))
+    _step(model, opt, x, y)
+    late = uckpt.torch.LateSnapshot(opt)
+    with uckpt.CheckpointManager(tmp_path, async_save=True, late_snapshot=late) as mgr:
+        mgr.save(1, {"model": model, "optimizer": opt})
+        expected = _expected(model, opt)
+    late.close()
+    assert not late._hooks and not late._pending
+    _step(model, opt, x, y)  # no hook left to call
+    _check(mgr.path(1), expected)
+
+
+def test_deferred_copy_pieces_and_errors():
+    src = np.arange(5 << 20, dtype=np.float32)  # 20 MiB: three pieces
+    dst = np.empty_like(src)
+    d = DeferredCopy([(src, dst)], background=True)
+    d.finish()
+    assert d.done and np.array_equal(src, dst)
+    bad = DeferredCopy([(np.zeros(3), np.empty(4))], background=False)
+    with pytest.raises(ValueError):
+        bad.finish()
+
+
+def test_ranges():
+    a = np.zeros(100, np.float64)
+    base = a.__array_interface__["data"][0]
+    r = Ranges([(base, base + 400), (base + 400, base + 800)])  # merged
+    assert r.holds(a) and r.holds(a[10:20])
+    assert not Ranges([(base, base + 799)]).holds(a)
+    assert not r.holds(np.zeros(3)) and not r.holds(a[:0])
