@@ -158,7 +158,7 @@ def main():
 
     if scenario == "save":
         with uploads_seen() as uploaded:  # DIR may be an s3:// URL (tests/test_s3_tier.py)
-            uckpt.save(directory, save_state(rank, size), step=7)
+            uckpt.save(directory, save_state(rank, size), step=7, compression=arg)  # arg: None or "zstd"
         report(rank=rank, saved=True, uploaded=uploaded)
     elif scenario == "load":
         report(rank=rank, **check_loaded(directory, rank, size, arg))

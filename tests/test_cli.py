@@ -285,7 +285,7 @@ def test_inspect_text(root):
     proc = run_cli("inspect", ckpt)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "format       uckpt v2" in out
+    assert "format       uckpt v3" in out
     assert "step         20" in out
     assert "world size   1" in out
     assert "generator    uckpt " in out
@@ -300,7 +300,7 @@ def test_inspect_text(root):
     assert leaves["model/weight"][1:5] == ["float32", "(4,", "3)", "48"]
     assert leaves["model/bias"][1:3] == ["float64", "(3,)"]
     assert leaves["emb/table"][1:5] == ["int64", "(8,", "2)", "128"]
-    assert leaves["emb/table"][-1] == "1"  # chunks
+    assert leaves["emb/table"][-3:] == ["1", "raw", "1.000"]  # chunks, codec, ratio
     assert "blob" in leaves and "(bytes)" in leaves["blob"]
     assert "emb/tied" not in leaves  # stored once
 
@@ -316,7 +316,7 @@ def test_inspect_json(root, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     man = uckpt.manifest(ckpt)
-    assert doc["format"] == "uckpt" and doc["format_version"] == 2
+    assert doc["format"] == "uckpt" and doc["format_version"] == 3
     assert doc["step"] == 99 and doc["world_size"] == 1 and doc["metadata"] == {"k": [1, 2]}
     assert doc["created"] == man.created and doc["generator"] == man.generator
     assert doc["nbytes"] == 4000

@@ -14,8 +14,9 @@ error itself) and nothing is committed:
    :class:`~uckpt.global_plan.GlobalPlan` (which checks, in one process too, that
    :class:`~uckpt.Shard` boxes tile their arrays);
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
-   directory), writes its data file durably, and sends its chunks' checksums and which
-   copy of the storage it wrote into (its *view*);
+   directory), writes its data file durably (compressing its chunks first if asked), and
+   sends its chunks' checksums (compressed: also their codecs, offsets and lengths) and
+   which copy of the storage it wrote into (its *view*);
 3. *commit*: the lowest rank of each view writes the manifest (the same on every view)
    last; in a directory by renaming the temporary directory into place, in an object
    store by the manifest object's PUT.
@@ -38,10 +39,12 @@ from .errors import CheckpointExistsError
 from .format import Chunk, Manifest
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
+from .recode import recode_files, recoded_manifest
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten
-from .writer import write_data_file
+from .codecs import Compression
+from .writer import file_end, write_data_file
 
 log = logging.getLogger("uckpt.collective")
 
@@ -49,15 +52,15 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None):
-    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``; returns
-    its location.
+                    what: Optional[str] = None, compression: Optional[Compression] = None):
+    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``
+    (chunks compressed with ``compression``, if given); returns its location.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
-                                  overwrite=overwrite, what=what)
+                                  overwrite=overwrite, what=what, compression=compression)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
@@ -91,12 +94,14 @@ class Prepared:
     metadata: Dict[str, Any]
     overwrite: bool
     what: str
+    compression: Optional[Compression] = None
 
 
 def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                       what: Optional[str] = None) -> Prepared:
+                       what: Optional[str] = None,
+                       compression: Optional[Compression] = None) -> Prepared:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
@@ -133,7 +138,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                    overwrite, what)
+                    overwrite, what, compression)
 
 
 def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
@@ -151,24 +156,35 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                 view = sink.view()
                 chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
                                          staged.arrays, image=staged.images.get(file),
-                                         origins=gp.origins)
+                                         origins=gp.origins, compression=p.compression)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
-            log.info("saved %s of %s: step %s, %d bytes, %.3f s", file, where,
-                     "-" if p.step is None else p.step, size, time.perf_counter() - start)
-            return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
-                    "view": view}
+            mine = [chunks[it] for it in gp.plan.items if it.rank == comm.rank]
+            stored = file_end(mine)
+            log.info("saved %s of %s: step %s, %d bytes%s, %.3f s", file, where,
+                     "-" if p.step is None else p.step, stored,
+                     f" ({size} raw)" if stored != size else "", time.perf_counter() - start)
+            if p.compression is None:
+                return {"sums": [c.checksum for c in mine], "view": view}
+            return {"chunks": [(c.offset, c.length, c.codec, c.checksum) for c in mine],
+                    "size": stored, "view": view}
 
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
 
         def manifest() -> bytes:
             ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order sums arrived in
-            sums = [s for w in written for s in w["sums"]]
-            chunks = {it: Chunk(it.file, it.offset, it.length, it.start, it.shape, "raw", s)
-                      for it, s in zip(ordered, sums)}
+            if p.compression is None:
+                stored = [(it.offset, it.length, "raw", s) for it, s in
+                          zip(ordered, [s for w in written for s in w["sums"]])]
+                sizes = None
+            else:
+                stored = [c for w in written for c in w["chunks"]]
+                sizes = [w["size"] for w in written]
+            chunks = {it: Chunk(it.file, offset, length, it.start, it.shape, codec, s)
+                      for it, (offset, length, codec, s) in zip(ordered, stored)}
             return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                                     chunks, p.step, p.metadata).to_bytes()
+                                     chunks, p.step, p.metadata, sizes).to_bytes()
 
         views = [w["view"] for w in written]
 
@@ -221,13 +237,15 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
 
 
 def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
-                    verify: bool = True):
+                    verify: bool = True, compression: Optional[Compression] = None):
     """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's view of it)
     to ``dst``; returns its location there, or None if it was already committed there.
 
     Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
     process, every file) and checks every chunk of them read back from ``dst``; then the
-    lowest rank of each view of ``dst`` commits, with the source's manifest bytes.
+    lowest rank of each view of ``dst`` commits, with the source's manifest bytes. With
+    ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
+    manifest committed is the source's with the new chunks.
     """
     what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
     where = dst.location(name)
@@ -265,23 +283,31 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                 found.update(data=data, step=manifest.step)
                 mine = [f.name for f in manifest.files.values()
                         if comm.size == 1 or f.rank == comm.rank]
-                for n in mine:
-                    sink.copy_file(source, n, manifest.files[n].size)
+                recoded = None
+                if compression is not None:
+                    recoded = recode_files(source, manifest, mine, sink, compression)
+                else:
+                    for n in mine:
+                        sink.copy_file(source, n, manifest.files[n].size)
             found["nbytes"] = sum(manifest.files[n].size for n in mine)
         except BaseException as e:
             raise_save_failure(e, what, where)
         if verify:
             checked = time.perf_counter()
-            with CheckpointReader(sink.written(manifest), manifest=manifest) as copied:
+            written = manifest if recoded is None else recoded_manifest(manifest, [recoded])
+            with CheckpointReader(sink.written(written), manifest=written) as copied:
                 verified = copied.verify(files=set(mine))
             log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
                      "intact, %.3f s", manifest.step, where, verified,
                      time.perf_counter() - checked)
-        return {"view": view}
+        return {"view": view, "recoded": recoded}
 
     try:
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         views = [c["view"] for c in copied]
+        if compression is not None:  # every rank's new chunks, in one manifest
+            found["data"] = recoded_manifest(Manifest.parse(found["data"]),
+                                             [c["recoded"] for c in copied]).to_bytes()
 
         def commit() -> bool:
             if views.index(views[comm.rank]) != comm.rank:

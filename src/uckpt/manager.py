@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from .api import load_from
 from .commit import check_metadata
+from .codecs import compression_of
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
@@ -86,6 +87,11 @@ class CheckpointManager:
         ``uckpt.torch.LateSnapshot(optimizer)``: the arrays it covers (parameters,
         optimizer state) are copied while training goes on, at the latest just
         before the next optimizer step, instead of inside ``save``.
+    compression, compression_level
+        default of every tier without its own (``Tier(compression=...)``):
+        ``"zstd"`` compresses chunks (see :func:`uckpt.save`). The usual setup is
+        ``tiers=["/local/nvme/run1", uckpt.Tier("/shared/run1", compression="zstd")]``:
+        saves stay raw (fast), copies to the durable tier are compressed on the way.
     storage_options
         options of the ``s3://`` tiers without their own (``Tier(...,
         storage_options=...)``): ``endpoint_url``, ``key``, ``secret``, ... (see
@@ -125,6 +131,8 @@ class CheckpointManager:
                  max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
                  role: str = "auto", concurrent_writers: bool = False,
                  storage_options: Optional[Mapping[str, Any]] = None,
+                 compression: Optional[str] = None,
+                 compression_level: Optional[int] = None,
                  late_snapshot: Any = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
@@ -140,6 +148,7 @@ class CheckpointManager:
         self.late_snapshot = late_snapshot
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
+        self.compression = compression_of(compression, compression_level)
         self.role = role
         self.concurrent_writers = bool(concurrent_writers)
         self._locks: List[Any] = []
@@ -319,10 +328,12 @@ class CheckpointManager:
         # several ranks: the same on every rank (should_save agreed on it)
         exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
+        codec = self.tiers[0].codec(self.compression)
         try:
             if self._saver is not None and not exiting:
                 prepared = prepare_collective(store, name, flat, self.comm, step=step,
-                                              metadata=meta, overwrite=overwrite, what=what)
+                                              metadata=meta, overwrite=overwrite, what=what,
+                                              compression=codec)
                 result: Union[Path, str, SaveHandle] = self._track(submit_async_share(
                     self._saver, prepared, self.comm, self._save_comm, what,
                     then=committed, failed=(lambda: self._unpin(step)) if copy else None,
@@ -332,7 +343,7 @@ class CheckpointManager:
                     self._saver.join()  # the final save follows the ones in flight
                 result = committed(save_collective(store, name, flat, self.comm, step=step,
                                                    metadata=meta, overwrite=overwrite,
-                                                   what=what))
+                                                   what=what, compression=codec))
         except BaseException:
             if copy:
                 self._unpin(step)
@@ -450,7 +461,8 @@ class CheckpointManager:
             try:
                 for i in range(1, len(self.tiers)):
                     copy_collective(self.tiers[0].store, self.tiers[i].store,
-                                    step_dir_name(step), self._copy_comm)
+                                    step_dir_name(step), self._copy_comm,
+                                    compression=self.tiers[i].codec(self.compression))
                     self._retain(i)
                 self._costs.durable(step)
             finally:

@@ -2,7 +2,9 @@
 
 Every byte read is checked against its chunk's CRC-32C; a mismatch raises
 :class:`~uckpt.errors.ChecksumMismatchError` naming the file, the leaf and the
-byte offset.
+byte offset. A compressed chunk (docs/format.md section 6.3) is checked as stored,
+then decoded (:func:`uckpt.codecs.decode_into`) straight into the destination where
+the box is a contiguous part of it, else into one chunk-sized buffer.
 
 A checkpoint directory may be hostile: only regular files directly inside it are
 read, never through a symlink and never blocking (``fsutil.open_regular``); the
@@ -12,17 +14,19 @@ a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import dtypes, fsutil
+from . import codecs, dtypes, fsutil
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
+from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .storage import open_source
 from .storage.base import MAX_MANIFEST_BYTES  # noqa: F401 (re-exported)
@@ -149,10 +153,12 @@ class CheckpointReader:
 
     def _check_allocation(self, entries: List[ArrayEntry], files) -> None:
         """Refuse, before allocating, new arrays larger than the data files being read
-        (already open and size-checked): chunks of a valid checkpoint never share bytes, so
-        its arrays always fit in its files."""
+        (already open and size-checked) can hold: chunks of a valid checkpoint never share
+        bytes, so its arrays always fit in its files, each compressed byte counting as at
+        most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3)."""
         need = sum(e.nbytes for e in entries)
-        have = sum(self._sizes[name] for name in files)
+        have = sum(self._sizes[name] for name in files) + (MAX_RATIO - 1) * sum(
+            c.length for e in entries for c in e.chunks if c.compressed and c.file in files)
         if need > have:
             raise CorruptCheckpointError(
                 f"{self.source.where}: the manifest declares {need} bytes of arrays "
@@ -166,13 +172,31 @@ class CheckpointReader:
         start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
         region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape)) + (...,)]
         direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
-        buf = region if direct else np.empty(chunk.length, dtype=np.uint8)
+        itemsize = dtypes.itemsize(entry.dtype)
+        buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
-        self._stream(entry, chunk, lambda done, want: raw[done:done + want])
+        if chunk.compressed:
+            codecs.decode_into(chunk.codec, self.read_stored(entry, chunk), raw, itemsize,
+                               where=self.source.file_where(chunk.file), leaf=entry.path,
+                               offset=chunk.offset)
+        else:
+            self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
             whole = raw.view(dest.dtype).reshape(chunk.shape)
             region[...] = whole[tuple(slice(s - c, s - c + n)
                                       for s, c, n in zip(start, chunk.start, shape))]
+
+    def read_stored(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
+        """A chunk's stored bytes (compressed ones as they are), checksum verified; its
+        data file was opened by :meth:`open_files`."""
+        stored = np.empty(chunk.length, dtype=np.uint8)
+        self._stream(entry, chunk, lambda done, want: stored[done:done + want])
+        return stored
+
+    def open_files(self, names) -> None:
+        """Open data files ``names`` and check their sizes (before reading any chunk)."""
+        for name in names:
+            self._open(name)
 
     def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block

@@ -7,7 +7,9 @@ the first (fast) tier by a save, then *flushed* to the other tiers
 one parallel multipart upload per file), every chunk read back from the target storage
 and checked against its checksum, and only then committed there (a directory renamed
 into place; an object store's manifest object PUT last), so a copy never counts as
-durable before it verifiably is.
+durable before it verifiably is. A tier with ``compression`` gets its raw chunks
+compressed while they are copied (:mod:`uckpt.recode`): the usual setup is a raw fast
+tier (the training stall stays a memory copy) and a compressed durable tier.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from .codecs import Compression, compression_of
 from .storage import is_remote, open_store
 from .storage.base import Store
 
@@ -29,15 +32,24 @@ class Tier:
 
     ``keep`` takes what :func:`uckpt.policies.as_retention` does: None (the
     manager's default), an int n (keep the last n), a policy or a list of them.
+
+    ``compression`` (``"zstd"``, or ``"none"``; None: the manager's default) and
+    ``compression_level``: how checkpoints are stored on this tier. Saves to the first
+    tier compress as they write; copies to another tier compress the raw chunks they
+    copy (chunks already compressed are copied as they are; so are all chunks to a tier
+    without compression).
     """
 
     path: Union[Path, str]
     keep: Any = None
     name: str = ""
     storage_options: Optional[Mapping[str, Any]] = None
+    compression: Optional[str] = None
+    compression_level: Optional[int] = None
     _store: Optional[Store] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        compression_of(self.compression, self.compression_level)  # refuse bad names now
         if is_remote(self.path):
             self.path = str(self.path).rstrip("/")
             if not self.name:
@@ -46,6 +58,12 @@ class Tier:
             self.path = Path(self.path).absolute()
             if not self.name:
                 self.name = self.path.name or str(self.path)
+
+    def codec(self, default: Optional[Compression] = None) -> Optional[Compression]:
+        """How this tier stores chunks: its own ``compression``, else ``default``."""
+        if self.compression is None:
+            return default
+        return compression_of(self.compression, self.compression_level)
 
     @property
     def store(self) -> Store:
@@ -67,9 +85,11 @@ def as_tier(obj, storage_options: Optional[Mapping[str, Any]] = None) -> Tier:
     raise TypeError(f"a tier is a path, an s3:// URL or a uckpt.Tier, got {type(obj).__name__}")
 
 
-def copy_checkpoint(src, dst, verify: bool = True, storage_options=None):
+def copy_checkpoint(src, dst, verify: bool = True, storage_options=None, compression=None,
+                    compression_level: Optional[int] = None):
     """Copy committed checkpoint ``src`` to ``dst`` (paths or URLs; the same name on
-    another tier), from this one process.
+    another tier), from this one process; with ``compression`` (``"zstd"``), its raw
+    chunks are compressed on the way.
 
     Returns ``dst``'s location, or None if it already holds a committed checkpoint (a
     flush that was already done). Raises on any failure, leaving nothing visible at
@@ -83,4 +103,5 @@ def copy_checkpoint(src, dst, verify: bool = True, storage_options=None):
     dst_store, dst_name = locate(dst, storage_options if is_remote(dst) else None)
     if name != dst_name:
         raise ValueError(f"a copy keeps the checkpoint's name: {name!r} != {dst_name!r}")
-    return copy_collective(src_store, dst_store, name, SingleProcess(), verify)
+    return copy_collective(src_store, dst_store, name, SingleProcess(), verify,
+                           compression_of(compression, compression_level))

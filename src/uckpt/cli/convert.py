@@ -62,6 +62,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="list what would be converted; write nothing")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--compress", nargs="?", const="zstd", metavar="CODEC",
+                   help="compress the target: a uckpt target's chunks with Zstandard "
+                        "(CODEC: zstd, the default, or zstd+bytegroup)")
     add_limit_options(p)
     p.set_defaults(run=run)
     return p
@@ -107,7 +110,8 @@ def run(args) -> int:
             warnings.simplefilter("ignore", ConvertWarning)  # printed below, once each
             report = convert(args.src, args.dst, src_format=args.src_format,
                              dst_format=args.dst_format, force=args.force,
-                             dry_run=args.dry_run, progress=bar, limits=limits_of(args))
+                             dry_run=args.dry_run, progress=bar, limits=limits_of(args),
+                             compress=args.compress)
     finally:
         if bar:
             bar.finish()

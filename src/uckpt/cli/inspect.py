@@ -17,7 +17,8 @@ HELP = "show a checkpoint's header, metadata, values and leaves"
 DESCRIPTION = """\
 Show what the checkpoint CKPT holds: its header (format version, world size,
 step, creation time, writer, size, files), user metadata, the framework
-objects and plain values of its state tree, and a table of its array leaves.
+objects and plain values of its state tree, and a table of its array leaves
+with their codecs and compression ratios (stored size / raw size).
 Only the manifest is read, so this is fast on checkpoints of any size; run
 "uckpt verify" to check the data."""
 
@@ -73,18 +74,37 @@ def describe(directory, manifest: Manifest) -> Dict[str, Any]:
         "step": manifest.step,
         "world_size": manifest.world_size,
         "nbytes": manifest.nbytes,
+        "stored": sum(_stored(a) for a in manifest.arrays.values()),
+        "ratio": _ratio(sum(_stored(a) for a in manifest.arrays.values()), manifest.nbytes),
         "files": [{"name": f.name, "rank": f.rank, "size": f.size}
                   for f in manifest.files.values()],
         "metadata": manifest.metadata,
         "objects": found["objects"],
         "values": found["values"],
         "leaves": [{"path": a.path, "dtype": a.dtype, "shape": list(a.shape), "nbytes": a.nbytes,
-                    "chunks": len(a.chunks), "kind": kinds.get(a.path, "array")}
+                    "chunks": len(a.chunks), "kind": kinds.get(a.path, "array"),
+                    "codec": _codec(a), "stored": _stored(a), "ratio": _ratio(_stored(a), a.nbytes)}
                    for a in manifest.arrays.values()],
         # array references stored once under another path (tied / shared arrays)
         "shared": [{"path": r["path"], "array": r["array"]}
                    for r in found["refs"] if r["path"] != r["array"]],
     }
+
+
+def _stored(entry) -> int:
+    return sum(c.length for c in entry.chunks)
+
+
+def _ratio(stored: int, nbytes: int) -> float:
+    """Stored bytes per raw byte (1.0 for raw or empty arrays)."""
+    return round(stored / nbytes, 4) if nbytes else 1.0
+
+
+def _codec(entry) -> str:
+    """The codec of an array's chunks: one name, or the names joined by ``,`` when its
+    chunks differ (``-`` for an array without chunks)."""
+    names = sorted({c.codec for c in entry.chunks})
+    return ",".join(names) or "-"
 
 
 def _value_text(v: Dict[str, Any]) -> str:
@@ -103,7 +123,9 @@ def render(doc: Dict[str, Any]) -> str:
         f"generator    {doc['generator'] or '-'}",
         f"world size   {doc['world_size']}",
         f"total        {bytes_text(doc['nbytes'])} in "
-        f"{len(doc['leaves'])} leaves",
+        f"{len(doc['leaves'])} leaves" + (
+            f"; stored {human_bytes(doc['stored'])} (ratio {doc['ratio']:.3f})"
+            if doc["stored"] != doc["nbytes"] else ""),
         f"files        {len(files)}: " + (", ".join(
             f"{f['name']} (rank {f['rank']}, {human_bytes(f['size'])})" for f in files[:4])
             + (f", ... ({len(files) - 4} more)" if len(files) > 4 else "")),
@@ -122,9 +144,11 @@ def render(doc: Dict[str, Any]) -> str:
     if doc["leaves"]:
         lines += ["", "leaves:"]
         rows = [[a["path"] + (" (bytes)" if a["kind"] == "bytes" else ""), a["dtype"],
-                 shape_str(a["shape"]), human_bytes(a["nbytes"]), a["chunks"]]
+                 shape_str(a["shape"]), human_bytes(a["nbytes"]), a["chunks"], a["codec"],
+                 f"{a['ratio']:.3f}"]
                 for a in doc["leaves"]]
-        body = table(["PATH", "DTYPE", "SHAPE", "SIZE", "CHUNKS"], rows, right=[3, 4])
+        body = table(["PATH", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "CODEC", "RATIO"], rows,
+                     right=[3, 4, 6])
         lines += ["  " + line for line in body.splitlines()]
     return "\n".join(lines)
 

@@ -70,7 +70,7 @@ def open_checkpoint(path, format: Optional[str] = None, *,
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             force: bool = False, dry_run: bool = False,
             progress: Optional[Callable[[int, int], None]] = None,
-            limits: Optional[Limits] = None) -> Report:
+            limits: Optional[Limits] = None, compress: Any = None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -87,6 +87,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     written and the report lists what would be. ``limits`` (a
     :class:`~uckpt.conversion.limits.Limits`) raise the limits on hostile input for a
     legitimate source that exceeds them (tree nodes, bytes made per byte stored).
+    ``compress`` (``"zstd"``, or True for it) compresses a uckpt target's chunks
+    (docs/format.md section 6.3).
     """
     from .output import check_output, write_atomically
 
@@ -102,6 +104,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     if not dry_run:
         check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
+    options = _compress_option(compress, dst_fmt, writer)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
         lay = writer.plan(tree)
         report = Report(str(src), str(dst), src_fmt, dst_fmt, dry_run=dry_run,
@@ -112,6 +115,19 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         if not dry_run:
             done = Progress(lay.nbytes, progress)
             write_atomically(dst_path, directory, force,
-                             lambda tmp: writer.write(tree, lay, tmp, done))
+                             lambda tmp: writer.write(tree, lay, tmp, done, **options))
     report.seconds = time.monotonic() - start
     return report
+
+
+def _compress_option(compress, dst_fmt: str, writer) -> Dict[str, Any]:
+    """The writer's keyword for ``compress`` (none when not asked for); refuses a target
+    that cannot compress."""
+    from ..codecs import compression_of
+
+    if compress is None or compress is False:
+        return {}
+    if not getattr(writer, "COMPRESSES", False):
+        raise UckptError(f"a {dst_fmt} target cannot be compressed",
+                         hint="leave out --compress, or convert to a uckpt directory")
+    return {"compress": compression_of("zstd" if compress is True else compress)}

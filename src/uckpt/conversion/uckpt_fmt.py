@@ -18,16 +18,18 @@ import datetime as _dt
 import math
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .. import knobs
 from .._version import __version__
 from ..checksum import crc32c, format_checksum
+from ..codecs import Compression
 from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
 from ..fsutil import fsync_dir, preallocate, write_file_durably
 from ..reader import CheckpointReader
+from ..writer import encode_chunks
 from . import skeleton
 from .model import Leaf, Tree, reading
 from .progress import Progress
@@ -78,33 +80,46 @@ def _chunks(shape: Tuple[int, ...], nbytes: int) -> List[Tuple[int, int]]:
     return [(r, min(per, rows - r)) for r in range(0, rows, per)]
 
 
-def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress) -> None:
-    """Write the data file and the manifest into ``directory`` (an empty temporary one)."""
+#: a uckpt target compresses its chunks with ``compress=`` (a uckpt.codecs.Compression)
+COMPRESSES = True
+
+
+def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress,
+          compress: Optional[Compression] = None) -> None:
+    """Write the data file and the manifest into ``directory`` (an empty temporary one);
+    with ``compress``, each chunk compressed (stored raw where it does not shrink)."""
     name = data_file_name(0)
-    offsets, end = [], 0
+    raw_end = 0
     for _, leaf in lay.arrays:
-        start = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
-        offsets.append(start)
-        end = start + leaf.nbytes
+        raw_end = -(-raw_end // knobs.alignment) * knobs.alignment + leaf.nbytes
     arrays: Dict[str, ArrayEntry] = {}
+    end = 0
     fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, end)
-        for (path, leaf), offset in zip(lay.arrays, offsets):
+        preallocate(fd, raw_end)  # the most it can take
+        for path, leaf in lay.arrays:
             arr = leaf.read()
             flat = arr.reshape(-1).view(np.uint8)
             row_bytes = leaf.nbytes // (leaf.shape[0] or 1) if leaf.shape else leaf.nbytes
-            chunks = []
+            pieces = []
             for first, rows in _chunks(leaf.shape, leaf.nbytes):
-                data = memoryview(flat[first * row_bytes:(first + rows) * row_bytes])
-                at = offset + first * row_bytes
                 start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
-                chunks.append(Chunk(name, at, len(data), start, box, "raw",
-                                    format_checksum(crc32c(data))))
-                write_pieces(_Positioned(fd, at), data, progress)
+                pieces.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
+                               flat[first * row_bytes:(first + rows) * row_bytes]))
+            encoded = encode_chunks(pieces, compress) if compress is not None else \
+                [("raw", data, format_checksum(crc32c(data))) for _, _, data in pieces]
+            at = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
+            chunks = []
+            for (_, key, data), (codec, stored, checksum) in zip(pieces, encoded):
+                stored = memoryview(stored).cast("B")
+                chunks.append(Chunk(name, at, len(stored), key.start, key.shape, codec, checksum))
+                write_pieces(_Positioned(fd, at), stored, None)
+                progress.advance(data.nbytes)
+                at += len(stored)
+            end = at
             arrays[path] = ArrayEntry(path, leaf.dtype, leaf.shape, tuple(chunks))
-            del arr, flat
+            del arr, flat, pieces, encoded
         if os.fstat(fd).st_size != end:
             os.ftruncate(fd, end)
         os.fsync(fd)
