@@ -9,7 +9,6 @@ import torch
 
 import uckpt
 import uckpt.torch
-from uckpt import knobs
 from uckpt.late import DeferredCopy, Ranges
 
 
@@ -44,12 +43,10 @@ def _check(path, expected):
             assert torch.equal(t, exp_opt[k][n]), (k, n)
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_every_step_saves_hold_the_state_at_save(tmp_path, monkeypatch, background):
+def test_every_step_saves_hold_the_state_at_save(tmp_path):
     """Each save's checkpoint is the state at save, though the copies of parameters and
     Adam's moments happen later and the next steps (BatchNorm statistics in forward,
     every parameter in the optimizer step) change everything in place."""
-    monkeypatch.setattr(knobs, "late_background_copy", background)
     model, opt = _net()
     x, y = torch.randn(64, 256), torch.randint(0, 8, (64,))
     _step(model, opt, x, y)
@@ -61,42 +58,37 @@ def test_every_step_saves_hold_the_state_at_save(tmp_path, monkeypatch, backgrou
             mgr.save(step, {"model": model, "optimizer": opt, "step": step})
             expected[step] = _expected(model, opt)
             _step(model, opt, x * step, y)  # forward changes BN buffers; step changes the rest
-        if not background:  # the training thread did every deferred copy, in the hook
-            assert late.copied_in_hook > 0
     for step in range(1, 6):
         _check(mgr.path(step), expected[step])
 
 
-def test_covered_tensors_are_copied_late_and_buffers_at_save(tmp_path, monkeypatch):
-    """Without the background copy, a covered tensor is copied in the optimizer's pre-hook
-    (so an in-place change outside the step, which the guard's contract rules out, is
-    seen; flush() is the way to make such a change safe), while a buffer is copied at
-    save."""
-    monkeypatch.setattr(knobs, "late_background_copy", False)
+def test_parameters_and_optimizer_state_are_deferred_buffers_are_not(tmp_path):
+    """save() leaves exactly the parameters and the optimizer's state to the deferred copy
+    (its bytes are theirs); BatchNorm buffers are copied at save; a step finishes the
+    copy; flush() finishes it before a change outside the step."""
     model, opt = _net()
     x, y = torch.randn(16, 256), torch.randint(0, 8, (16,))
     _step(model, opt, x, y)
-    weight = model[0].weight
+    guarded = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        t.numel() * t.element_size() for s in opt.state.values() for t in s.values())
     late = uckpt.torch.LateSnapshot(opt)
     with uckpt.CheckpointManager(tmp_path, async_save=True, late_snapshot=late) as mgr:
-        before = weight.detach().clone()
         mgr.save(1, {"model": model, "optimizer": opt})
+        assert [d.nbytes for d in late._pending] == [guarded]
         with torch.no_grad():
-            weight.add_(1.0)                       # outside the step: against the contract
             model[1].running_mean.add_(5.0)        # a buffer: copied at save already
-        _step(model, opt, x, y)                    # the hook copies the parameters now
-        flushed = weight.detach().clone()
+        _step(model, opt, x, y)                    # the pre-hook finishes the copy
+        assert not late._pending
+        weight = model[0].weight.detach().clone()
         mgr.save(2, {"model": model, "optimizer": opt})
         late.flush()                               # copy now ...
         with torch.no_grad():
-            weight.add_(1.0)                       # ... so this change is safe
+            model[0].weight.add_(1.0)              # ... so this change outside a step is safe
         mgr.wait()
     late.close()
     one, two = uckpt.load(mgr.path(1)), uckpt.load(mgr.path(2))
-    assert np.array_equal(one["model"]["0.weight"], (before + 1.0).numpy())  # copied late
-    assert not np.array_equal(one["model"]["1.running_mean"],
-                              model[1].running_mean.numpy())  # copied at save
-    assert np.array_equal(two["model"]["0.weight"], flushed.numpy())
+    assert not np.array_equal(one["model"]["1.running_mean"], model[1].running_mean.numpy())
+    assert np.array_equal(two["model"]["0.weight"], weight.numpy())
 
 
 def test_late_snapshot_needs_async_and_optimizers(tmp_path):
@@ -124,10 +116,10 @@ def test_close_finishes_pending_copies_and_removes_the_hook(tmp_path):
 def test_deferred_copy_pieces_and_errors():
     src = np.arange(5 << 20, dtype=np.float32)  # 20 MiB: three pieces
     dst = np.empty_like(src)
-    d = DeferredCopy([(src, dst)], background=True)
+    d = DeferredCopy([(src, dst)])
     d.finish()
     assert d.done and np.array_equal(src, dst)
-    bad = DeferredCopy([(np.zeros(3), np.empty(4))], background=False)
+    bad = DeferredCopy([(np.zeros(3), np.empty(4))])
     with pytest.raises(ValueError):
         bad.finish()
 

@@ -16,8 +16,8 @@ A parameter, and the optimizer's state of it, change only inside
 ``optimizer.step()``. So ``save`` copies now only what else the state holds (BatchNorm
 statistics and other buffers, which the next forward pass changes; counters; RNG
 states), and the parameters and optimizer state are copied into the same staging
-memory by a low-priority background thread while the next forward and backward pass
-run. A step pre-hook (``Optimizer.register_step_pre_hook``) runs before the optimizer
+memory by the save's low-priority background writer while the next forward and
+backward pass run. A step pre-hook (``Optimizer.register_step_pre_hook``) runs before the optimizer
 changes anything and finishes whatever is left on the training thread, so each
 tensor is copied once, before it changes; the checkpoint holds exactly the state at
 ``save``. The write to storage begins when the copies are done and overlaps the
@@ -86,8 +86,8 @@ class LateSnapshot(LateGuard):
         with self._lock:
             pending, self._pending = self._pending, []
         for d in pending:
-            d.finish()
-            self.copied_in_hook += d.copied_by_finish
+            d.finish(by_guard=True)
+            self.copied_in_hook += d.copied_by_guard
 
     def close(self) -> None:
         self.flush()

@@ -29,9 +29,6 @@ read_block_bytes: int = _env_int("read_block_bytes", 1 << 20)
 copy_threads: int = _env_int("copy_threads", max(1, min(4, (os.cpu_count() or 1))))
 #: arrays at least this large are copied on the snapshot threads
 parallel_copy_bytes: int = _env_int("parallel_copy_bytes", 4 << 20)
-#: late snapshots (uckpt.late): copy covered arrays on a background thread before the
-#: guard fires (0: only when it fires)
-late_background_copy: bool = _env_int("late_background_copy", 1) != 0
 #: niceness added to background save threads (Linux), so training threads get the CPU first
 background_nice: int = _env_int("background_nice", 10)
 #: seconds a collective of the communicator may take before it is declared failed

@@ -6,18 +6,19 @@ optimizer's state change only in the next optimizer step, not during the forward
 backward passes before it. A *late-copy guard* (:class:`LateGuard`, e.g.
 ``uckpt.torch.LateSnapshot``, which hooks ``optimizer.step``) names such arrays
 (``covered_ranges``) and promises to call :meth:`DeferredCopy.finish` before any of them can
-change (``arm``). Their copies then run on a low-priority background thread while
-training goes on, and whatever is not copied when the guard fires is copied right
-there, by the training thread: each array is copied once, before it changes. The
-write to storage (the offload) starts when the last copy is done, overlapping the
-steps after it. Staging memory is the same bounded arena as for any async save.
+change (``arm``). Their copies are then made by the save's background writer (a
+low-priority thread) as soon as it takes up the save, while training goes on, and
+whatever is not copied yet when the guard fires is copied right there, by the
+training thread: each array is copied once, before it changes. The write to storage
+(the offload) follows the last copy, overlapping the steps after it. Staging memory
+is the same bounded arena as for any async save.
 
 Call order: the snapshot (training thread) copies the uncovered arrays and builds a
 :class:`DeferredCopy` of the covered ones, hands it to ``guard.arm`` and returns;
-the guard calls ``finish()`` before the arrays can change (training thread); the
-background writer calls ``synchronize()`` (same as ``finish()``) before it reads the
-staged arrays. ``finish`` may run on any number of threads at once: each piece is
-copied by exactly one of them, and all return once every piece is copied.
+the background writer calls ``synchronize()`` before it reads the staged arrays and
+the guard calls ``finish(by_guard=True)`` before the arrays can change (training
+thread), whichever comes first: each piece is copied by exactly one of them, and both
+return once every piece is copied.
 """
 from __future__ import annotations
 
@@ -28,12 +29,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import knobs
-
 log = logging.getLogger("uckpt.late")
 
 #: pieces of at most this many bytes, so the training thread can take over the
-#: remaining copies from the background thread at a fine grain
+#: remaining copies from the writer at a fine grain
 PIECE_BYTES = 8 << 20
 
 
@@ -92,26 +91,19 @@ def _pieces(src: np.ndarray, dst: np.ndarray) -> List[Tuple[np.ndarray, np.ndarr
 
 
 class DeferredCopy:
-    """Copies ``(source, staged)`` pairs, in the background and on demand (``finish``)."""
+    """Copies ``(source, staged)`` pairs piece by piece, on whichever threads call
+    :meth:`finish`."""
 
-    def __init__(self, jobs: Sequence[Tuple[np.ndarray, np.ndarray]], background: bool = True):
+    def __init__(self, jobs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> None:
         self._pieces = [p for src, dst in jobs for p in _pieces(src, dst)]
         self.nbytes = sum(dst.nbytes for _, dst in self._pieces)
         self._next = 0
         self._left = len(self._pieces)
         self._error: Optional[BaseException] = None
         self._cond = threading.Condition()
-        self.copied_by_finish = 0  # bytes the caller of finish() had to copy itself
-        if background and self._pieces:
-            threading.Thread(target=self._background, name="uckpt-late-copy", daemon=True).start()
+        self.copied_by_guard = 0  # bytes the guard's thread (training) had to copy
 
-    def _background(self) -> None:
-        from .engine import _lower_priority
-
-        _lower_priority()
-        self._work(by_finish=False)
-
-    def _work(self, by_finish: bool) -> None:
+    def _work(self, by_guard: bool) -> None:
         while True:
             with self._cond:
                 if self._next >= len(self._pieces):
@@ -126,8 +118,8 @@ class DeferredCopy:
             with self._cond:
                 if error is not None and self._error is None:
                     self._error = error
-                if by_finish:
-                    self.copied_by_finish += dst.nbytes
+                if by_guard:
+                    self.copied_by_guard += dst.nbytes
                 self._left -= 1
                 if not self._left:
                     self._cond.notify_all()
@@ -137,9 +129,9 @@ class DeferredCopy:
         with self._cond:
             return not self._left
 
-    def finish(self) -> None:
+    def finish(self, by_guard: bool = False) -> None:
         """Copy what is left (here, now), wait for pieces in progress; raise a copy's error."""
-        self._work(by_finish=True)
+        self._work(by_guard)
         with self._cond:
             while self._left:
                 self._cond.wait()
@@ -164,7 +156,7 @@ def defer(later, guard: LateGuard) -> List[Any]:
     """Start the deferred copies and arm the guard; the waits the snapshot keeps."""
     if not later:
         return []
-    deferred = DeferredCopy(later, background=knobs.late_background_copy)
+    deferred = DeferredCopy(later)
     guard.arm(deferred)
     log.debug("late snapshot: %d bytes deferred to the guard", deferred.nbytes)
     return [deferred]
