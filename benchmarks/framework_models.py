@@ -262,34 +262,25 @@ class ChainerRunner:
 
         chainer.config.train = True
         self.chainer = chainer
-        if model == "resnet50":
-            base = L.ResNet50Layers(pretrained_model=None)
-            side = 64
+        side = 64 if model == "resnet50" else 32
 
-            class Net(chainer.Chain):
-                def __init__(self):
-                    super().__init__()
-                    with self.init_scope():
-                        self.base = base
+        class Net(chainer.Chain):
+            """The model's layers (real sizes) and a forward fit for small images."""
 
-                def forward(self, x):
+            def __init__(self):
+                super().__init__()
+                with self.init_scope():
+                    self.base = L.ResNet50Layers(pretrained_model=None) \
+                        if model == "resnet50" else L.VGG16Layers(pretrained_model=None)
+
+            def forward(self, x):
+                if model == "resnet50":
                     return self.base(x, layers=["fc6"])["fc6"]
-        else:
-            base = L.VGG16Layers(pretrained_model=None)
-            side = 32
-
-            class Net(chainer.Chain):
-                def __init__(self):
-                    super().__init__()
-                    with self.init_scope():
-                        self.base = base
-
-                def forward(self, x):
-                    h = self.base(x, layers=["pool5"])["pool5"]
-                    h = F.broadcast_to(h, (h.shape[0], 512, 7, 7))  # 1x1 -> VGG16's 7x7
-                    h = F.relu(self.base.fc6(h))
-                    h = F.relu(self.base.fc7(h))
-                    return self.base.fc8(h)
+                h = self.base(x, layers=["pool5"])["pool5"]
+                h = F.broadcast_to(h, (h.shape[0], 512, 7, 7))  # 1x1 -> VGG16's 7x7
+                h = F.relu(self.base.fc6(h))
+                h = F.relu(self.base.fc7(h))
+                return self.base.fc8(h)
 
         self.model = L.Classifier(Net())
         rng = np.random.default_rng(0)
