@@ -198,6 +198,19 @@ def test_advise_cli_without_measurements(tmp_path):
     assert r.returncode == 1 and "no such directory" in r.stderr
 
 
+def test_costs_file_that_is_a_fifo_or_a_symlink(tmp_path):
+    """A hostile root never makes the reader hang or follow a link out of it."""
+    os.mkfifo(tmp_path / COSTS_NAME)
+    with pytest.raises(ManifestError, match="save-costs file"):
+        read_costs(tmp_path)
+    os.unlink(tmp_path / COSTS_NAME)
+    (tmp_path / "elsewhere.json").write_text('{"kind": "uckpt-save-costs", "version": 1, '
+                                            '"saves": [{"step": 1, "stall_s": 1.0}]}')
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / COSTS_NAME)
+    with pytest.raises(ManifestError, match="save-costs file"):
+        read_costs(tmp_path)
+
+
 def test_damaged_costs_file(tmp_path):
     (tmp_path / COSTS_NAME).write_text('{"kind": "something else"}')
     with pytest.raises(ManifestError, match="save-costs file"):

@@ -58,6 +58,11 @@ def test_every_step_saves_hold_the_state_at_save(tmp_path):
             mgr.save(step, {"model": model, "optimizer": opt, "step": step})
             expected[step] = _expected(model, opt)
             _step(model, opt, x * step, y)  # forward changes BN buffers; step changes the rest
+        mgr.wait()
+        state_bytes = sum(v.numel() * v.element_size() for v in model.state_dict().values()) \
+            + sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values())
+        # extra memory: at most max_inflight staging arenas of about the state's size
+        assert 0 < mgr._saver.pool.held_bytes <= 2 * (state_bytes + (1 << 20))
     for step in range(1, 6):
         _check(mgr.path(step), expected[step])
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import ManifestError
+from . import fsutil
+from .errors import CheckpointNotFoundError, ManifestError, UckptError
 
 log = logging.getLogger("uckpt.costs")
 
@@ -73,24 +74,27 @@ def read_costs(root: os.PathLike) -> List[Dict[str, Any]]:
     before measurements were kept). A file that is not a costs file raises
     :class:`~uckpt.errors.ManifestError` naming it."""
     path = Path(root) / COSTS_NAME
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
+    hint = "delete it; the writer starts a new one"
+    try:  # never through a symlink, never blocking (a FIFO), at most the cap + 1 bytes read
+        fd = fsutil.open_regular(root, COSTS_NAME, what="save-costs file", wrong_type=ManifestError)
+    except CheckpointNotFoundError:
         return []
-    if len(raw) > _MAX_FILE_BYTES:
-        raise ManifestError(f"{path}: larger than {_MAX_FILE_BYTES} bytes, not a save-costs "
-                            "file", path=str(path), hint="delete it; the writer starts a new one")
+    try:
+        raw = fsutil.read_capped(fd, _MAX_FILE_BYTES, str(path), what="save-costs file",
+                                 too_large=lambda msg, path: ManifestError(msg, path=path,
+                                                                           hint=hint))
+    finally:
+        os.close(fd)
     try:
         doc = json.loads(raw)
     except ValueError as e:
         raise ManifestError(f"{path}: not valid JSON ({e})", path=str(path),
-                            hint="delete it; the writer starts a new one") from None
+                            hint=hint) from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("version") != VERSION \
             or not isinstance(doc.get("saves"), list):
         raise ManifestError(f"{path}: not a version-{VERSION} save-costs file (expected "
                             f'{{"kind": "{KIND}", "version": {VERSION}, "saves": [...]}})',
-                            path=str(path), hint="delete it; the writer starts a new one")
+                            path=str(path), hint=hint)
     return [r for r in doc["saves"] if isinstance(r, dict)]
 
 
@@ -112,7 +116,7 @@ class CostRecorder:
         if self.root is not None:
             try:
                 self.records = read_costs(self.root)[-KEEP:]
-            except (ManifestError, OSError) as e:
+            except (UckptError, OSError) as e:
                 log.warning("uckpt: ignoring the save costs recorded under %s: %s", self.root, e)
 
     def started(self, step: int, is_async: bool, durable: str) -> None:
