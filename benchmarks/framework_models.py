@@ -39,6 +39,17 @@ def _manager(uckpt, root: Path, method: str):
     return uckpt.CheckpointManager(root, keep_last=2, async_save=(method == "uckpt-async"))
 
 
+def _finish(manager, root: Path, t0: float, stalls: List[float]) -> Dict:
+    """End a run: close the manager (the drain of an async save is timed), measure the
+    newest checkpoint, remove the run's files."""
+    if manager is not None:
+        manager.close()
+    total = time.perf_counter() - t0
+    size = _newest_size(root)
+    cleanup(root)
+    return {"total_s": total, "stalls_s": stalls, "ckpt_bytes": size}
+
+
 def _newest_size(root: Path) -> int:
     """Bytes of the newest checkpoint under ``root`` (a file or a step directory)."""
     entries = [p for p in root.iterdir() if not p.name.startswith(".")]
@@ -144,12 +155,7 @@ class TorchRunner:
                                  "optimizer": self.opt.state_dict()}, path)
                 _durable(path)
             stalls.append(time.perf_counter() - s0)
-        if manager is not None:
-            manager.close()
-        total = time.perf_counter() - t0
-        size = _newest_size(root)
-        cleanup(root)
-        return {"total_s": total, "stalls_s": stalls, "ckpt_bytes": size}
+        return _finish(manager, root, t0, stalls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,13 +211,7 @@ class KerasRunner:
         t0 = time.perf_counter()
         self.model.fit(self.data, steps_per_epoch=steps, epochs=1, verbose=0,
                        callbacks=[timer.start] + callbacks + [timer.end])
-        if manager is not None:
-            manager.close()
-        total = time.perf_counter() - t0
-        size = _newest_size(root)
-        cleanup(root)
-        return {"total_s": total, "stalls_s": timer.stalls(every) if method != "none" else [],
-                "ckpt_bytes": size}
+        return _finish(manager, root, t0, timer.stalls(every) if method != "none" else [])
 
 
 def _DurableModelCheckpoint(keras, path: Path, every: int):
@@ -331,12 +331,7 @@ class ChainerRunner:
             trainer.extend(timed_ext, trigger=(1, "iteration"), priority=-100)
         t0 = time.perf_counter()
         trainer.run()
-        if manager is not None:
-            manager.close()
-        total = time.perf_counter() - t0
-        size = _newest_size(root)
-        cleanup(root)
-        return {"total_s": total, "stalls_s": stalls, "ckpt_bytes": size}
+        return _finish(manager, root, t0, stalls)
 
 
 RUNNERS = {"pytorch": TorchRunner, "tensorflow": KerasRunner, "chainer": ChainerRunner}
