@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from .errors import DurationError
-from .policies import SavePolicy
+from .policies import EveryNSeconds
 
 __all__ = ["Advice", "EveryOptimal", "advise", "daly_interval", "expected_overhead",
            "format_duration", "parse_duration", "young_interval"]
@@ -144,7 +144,7 @@ def advise(cost: float, mtbf: float, durable: Optional[float] = None,
                   restart=restart)
 
 
-class EveryOptimal(SavePolicy):
+class EveryOptimal(EveryNSeconds):
     """Saves at the Young/Daly optimal interval for a mean time between failures ``mtbf``.
 
     ``mtbf``: a duration (``"6h"``, ``"30m"``, ``"2d"``, or seconds). The interval
@@ -154,8 +154,9 @@ class EveryOptimal(SavePolicy):
     at once). Until a cost is known, the first save comes ``first`` seconds after
     the clock starts (default one minute), so there is one to measure.
 
-    Like :class:`~uckpt.EveryNSeconds`, the clock starts at the first call and
-    restarts at every ``saved()``, whatever triggered the save. ``advice`` holds
+    It is an :class:`~uckpt.EveryNSeconds` whose ``seconds`` follow the advice: the
+    clock starts at the first call and restarts at every ``saved()``, whatever
+    triggered the save. ``advice`` holds
     the current :class:`Advice` (None before a measurement).
     """
 
@@ -165,23 +166,17 @@ class EveryOptimal(SavePolicy):
         self.first = parse_duration(first, "EveryOptimal: first")
         self.restart = 0.0 if restart is None else parse_duration(restart, "EveryOptimal: restart")
         self.advice: Optional[Advice] = None
-        self.last: Optional[float] = None
+        self.last: Optional[float] = None  # EveryNSeconds' clock
 
     @property
-    def interval(self) -> float:
+    def seconds(self) -> float:  # type: ignore[override]
         """Seconds of training between saves, as advised now."""
         return self.first if self.advice is None else self.advice.interval
 
+    interval = seconds
+
     def measured(self, stall: float, durable: Optional[float]) -> None:
         self.advice = advise(stall, self.mtbf, durable, self.restart)
-
-    def should_save(self, step: int, now: float) -> bool:
-        if self.last is None:
-            self.last = now
-        return now - self.last >= self.interval
-
-    def saved(self, step: int, now: float) -> None:
-        self.last = now
 
     def __repr__(self) -> str:
         return f"EveryOptimal(mtbf={self.mtbf:g})"
