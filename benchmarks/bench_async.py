@@ -7,12 +7,16 @@ and checkpoints every k steps with each method, all in one run:
   torch.save   torch.save({"model": sd, "optimizer": sd}) + fsync, every k steps
   uckpt-sync   CheckpointManager(...).save, blocking until committed
   uckpt-async  CheckpointManager(..., async_save=True).save: returns after the snapshot
+  uckpt-late   the same with late_snapshot=uckpt.torch.LateSnapshot(opt): parameters and
+               momentum are copied while the next step's forward/backward run, finished
+               in the optimizer's step pre-hook (Checkflow's snapshot-then-offload)
 
 Saves happen at steps k, 2k, ... except in the last k steps, so that every save has
 k steps of training after it, as in the middle of a long run; the wait for the last
 write at the end (the drain) is still inside the total, and reported on its own.
 Reported per method and k: total time, the overhead Omega = (T - T_none) / T_none (the
-metric of the published checkpointing study), the training stall per save (time spent
+metric of the published checkpointing study; the median over rounds of each round's
+ratio to that round's baseline, with the min..max spread), the training stall per save (time spent
 inside the save call), and, for reference, the pure memcpy time of the same state
 into preallocated host buffers. A second part measures RSS over 1,000 consecutive
 async saves of a 50 MB state.
@@ -75,17 +79,21 @@ class Method:
         import torch
 
         import uckpt
+        import uckpt.torch
 
         self.name, self.model, self.opt = name, model, opt
         self.dir = workdir / name
         self.dir.mkdir(parents=True)
         self.manager = None
+        self.late = uckpt.torch.LateSnapshot(opt) if name == "uckpt-late" else None
         if name.startswith("uckpt"):
             self.manager = self.make_manager(uckpt, name)
         self.torch = torch
 
     def make_manager(self, uckpt, name: str):
-        return uckpt.CheckpointManager(self.dir, keep_last=2, async_save=(name == "uckpt-async"))
+        return uckpt.CheckpointManager(self.dir, keep_last=2,
+                                       async_save=name in ("uckpt-async", "uckpt-late"),
+                                       late_snapshot=self.late)
 
     def save(self, step: int) -> None:
         state = {"model": self.model, "optimizer": self.opt, "step": step}
@@ -104,6 +112,8 @@ class Method:
     def finish(self) -> None:
         if self.manager is not None:
             self.manager.close()  # waits for the last async save: counted in the total
+        if self.late is not None:
+            self.late.close()
 
 
 def train(method_name, k, steps, width, depth, batch, workdir, method_factory=None):
@@ -174,10 +184,11 @@ def main(argv=None) -> int:
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--depth", type=int, default=3, help="hidden Linear(width, width) layers")
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--methods", default="torch.save,uckpt-sync,uckpt-async")
+    ap.add_argument("--methods", default="torch.save,uckpt-sync,uckpt-async,uckpt-late")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each round runs every (method, k) once; medians are kept")
     ap.add_argument("--dir", default=str(RESULTS_DIR), help="where checkpoints go (same disk as /work)")
+    ap.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the .md/.json/.png go")
     ap.add_argument("--rss-saves", type=int, default=1000)
     ap.add_argument("--rss-mb", type=int, default=50)
     ap.add_argument("--rss-dir", default="/dev/shm" if os.path.isdir("/dev/shm") else None,
@@ -194,7 +205,7 @@ def main(argv=None) -> int:
         runs = {}
         configs = [("none", 1)] + [(name, k) for k in ks for name in args.methods.split(",")]
         for rnd in range(args.repeat):
-            for name, k in configs:
+            for name, k in configs[rnd % len(configs):] + configs[:rnd % len(configs)]:
                 r = train(name, k, args.steps, args.width, args.depth, args.batch, work)
                 runs.setdefault((name, k), []).append(r)
                 print(f"round {rnd + 1}: k={k:<3} {name:<12} total {r['total_s']:.2f} s", flush=True)
@@ -212,7 +223,11 @@ def main(argv=None) -> int:
             for name in args.methods.split(","):
                 r = median_run(name, k)
                 raw.append(r)
-                omega = (r["total_s"] - base["total_s"]) / base["total_s"]
+                # each round's ratio to the same round's baseline: drift hits both alike
+                per_round = [m["total_s"] / b["total_s"] - 1
+                             for m, b in zip(runs[(name, k)], runs[("none", 1)])]
+                omega = statistics.median(per_round)
+                r.update(omega_rounds=per_round)
                 stall = statistics.median(r["stalls_s"]) if r["stalls_s"] else float("nan")
                 r.update(omega=omega, stall_median_s=stall)
                 print(f"k={k:<3} {name:<12} total {r['total_s']:.2f} s  Omega {omega * 100:6.2f}%  "
@@ -227,13 +242,14 @@ def main(argv=None) -> int:
                 r = by[(name, k)]
                 table.append([
                     str(k), name, f"{r['total_s']:.2f}", f"{r['omega'] * 100:.2f}%",
+                    f"{min(r['omega_rounds']) * 100:.1f} .. {max(r['omega_rounds']) * 100:.1f}%",
                     str(len(r["stalls_s"])), f"{r['stall_median_s'] * 1e3:.1f}",
                     f"{r['drain_s'] * 1e3:.0f}",
                     f"{r['stall_median_s'] / r['memcpy_s']:.2f}x",
                     f"{r['stall_median_s'] / sync['stall_median_s'] * 100:.1f}%" if sync else "-",
                     f"{r['omega'] / tsave['omega']:.3f}" if tsave and tsave["omega"] > 0 else "-",
                 ])
-        headers = ["k", "method", "total s", "Omega", "saves", "stall/save ms", "drain ms",
+        headers = ["k", "method", "total s", "Omega", "Omega spread", "saves", "stall/save ms", "drain ms",
                "stall / memcpy",
                    "stall / sync stall", "Omega / torch.save Omega"]
         text = ["# Checkpoint overhead in a CPU training loop",
@@ -263,11 +279,12 @@ def main(argv=None) -> int:
                                                  if k in ("cpu_count", "torch", "numpy", "uckpt", "platform")))
         out = "\n".join(text)
         print(out)
-        RESULTS_DIR.mkdir(exist_ok=True)
-        (RESULTS_DIR / "async_overhead.md").write_text(out + "\n")
-        write_json(RESULTS_DIR / "async_overhead.json", {"args": vars(args), "runs": raw,
-                                                         "environment": environment()})
-        _plot(raw, ks, args.methods.split(","), RESULTS_DIR / "async_overhead.png")
+        results = Path(args.results_dir)
+        results.mkdir(exist_ok=True)
+        (results / "async_overhead.md").write_text(out + "\n")
+        write_json(results / "async_overhead.json", {"args": vars(args), "runs": raw,
+                                                     "environment": environment()})
+        _plot(raw, ks, args.methods.split(","), results / "async_overhead.png")
     finally:
         cleanup(work)
     return 0

@@ -51,6 +51,7 @@ class Ctx:
     opt2: object
     src: Dict[str, object]  # flat name -> tensor of (model, opt)
     nbytes: int
+    loaded: object = None  # what an allocating load returned (checked, then dropped)
 
     def targets(self) -> Dict[str, object]:
         """Flat view of (model2, opt2), recomputed each time: some loads
@@ -86,6 +87,8 @@ class Method:
     save: Callable[[Path, Ctx], None]
     load: Callable[[Path, Ctx], None]
     note: str
+    #: untimed, after an allocating load: put ``ctx.loaded`` into model2/opt2 for the check
+    settle: Optional[Callable[[Ctx], None]] = None
 
 
 _uckpt_mod = None
@@ -117,6 +120,44 @@ def uckpt_save(out: Path, ctx: Ctx) -> None:
 
 def uckpt_load(out: Path, ctx: Ctx) -> None:
     _uckpt().load(str(out), {"model": ctx.model2, "optimizer": ctx.opt2})
+
+
+def _flat_names(tree, prefix=""):
+    """``{"model": {"a.w": x}, "optimizer": {"state": {0: {...}}}}`` -> flat names of
+    common.flat_tensors (``model/a.w``, ``optimizer/state/0/momentum_buffer``)."""
+    out = {}
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat_names(v, name + "/"))
+        elif hasattr(v, "shape"):
+            out[name] = v
+    return out
+
+
+def _settle_flat(ctx: Ctx) -> None:
+    """Copy an allocating load's tensors (flat names) into model2/opt2; lr as saved."""
+    import torch
+    flat = _flat_names(ctx.loaded) if not any("/" in k for k in ctx.loaded) else ctx.loaded
+    with torch.no_grad():
+        for k, t in ctx.targets().items():
+            t.copy_(torch.as_tensor(flat[k]))
+    ctx.opt2.param_groups[0]["lr"] = ctx.opt.param_groups[0]["lr"]
+    ctx.loaded = None
+
+
+def uckpt_load_alloc(out: Path, ctx: Ctx) -> None:
+    ctx.loaded = _uckpt().load(str(out))  # no target: NumPy arrays, allocated by the load
+
+
+def torch_load_alloc(out: Path, ctx: Ctx) -> None:
+    import torch
+    ctx.loaded = torch.load(str(out / "ckpt.pt"), weights_only=True)
+
+
+def safetensors_load_alloc(out: Path, ctx: Ctx) -> None:
+    from safetensors.torch import load_file
+    ctx.loaded = load_file(str(out / "ckpt.safetensors"))
 
 
 def torch_save(out: Path, ctx: Ctx) -> None:
@@ -246,6 +287,13 @@ METHODS: Dict[str, Method] = {m.name: m for m in [
            "h5py, one dataset per tensor (Keras's format) / read_direct into model2"),
     Method("raw", raw_save, raw_load,
            "limit: writev of all tensor buffers into one file / preadv straight into model2"),
+    Method("uckpt_alloc", uckpt_save, uckpt_load_alloc,
+           "uckpt.load(dir) with no target: new NumPy arrays (every chunk verified)",
+           _settle_flat),
+    Method("torch_alloc", torch_save, torch_load_alloc,
+           "torch.load(weights_only=True) alone: new tensors", _settle_flat),
+    Method("safetensors_alloc", safetensors_save, safetensors_load_alloc,
+           "safetensors.torch.load_file alone: new tensors (mmap, then copies)", _settle_flat),
 ]}
 
 
@@ -289,6 +337,8 @@ def run_method(m: Method, ctx: Ctx, args, workdir: Path) -> Result:
             for g in ctx.opt2.param_groups:
                 g["lr"] = DST_LR
             C.timed(lambda: m.load(out, ctx), None if warm else res.load, **(none if warm else prep))
+            if m.settle is not None:
+                m.settle(ctx)
 
             bad = C.verify_same(ctx.src, ctx.targets())
             if bad is None and ctx.opt2.param_groups[0]["lr"] != SRC_LR:

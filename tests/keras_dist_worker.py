@@ -103,7 +103,8 @@ def run_mismatch(root):
             out = {"raised": type(e).__name__, "msg": str(e), "leaf": getattr(e, "leaf", None)}
         steps = manager.steps()
     COMM.barrier()
-    listing = sorted(n for n in os.listdir(root) if n != ".uckpt-writer.lock")
+    listing = sorted(n for n in os.listdir(root)
+                     if n not in (".uckpt-writer.lock", ".uckpt-costs.json"))
     return {"steps": steps, "listing": listing, **out}
 
 

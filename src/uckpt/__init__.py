@@ -11,6 +11,7 @@ from .adapter import Adapter, ArraySpec, RNGProvider
 from . import policies
 from .api import consolidate, load, manifest, save, verify
 from .engine import SaveHandle
+from .interval import EveryOptimal
 from .manager import CheckpointManager
 from .policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery, KeepLast,
                        OnSignal)
@@ -19,7 +20,7 @@ from .rng import RandomState
 from .shard import PerRank, Shard
 from .tiers import Tier
 
-__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate", "EveryNSteps",
+__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate", "EveryNSteps", "EveryOptimal",
            "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "PerRank", "RNGProvider",
            "RandomState", "SaveHandle", "Shard", "Tier", "__version__", "errors", "load", "manifest",
            "policies", "register_adapter", "save", "verify"]

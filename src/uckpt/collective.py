@@ -210,11 +210,11 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
 
 def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,
                        description: str, then: Optional[Callable[[Any], Any]] = None,
-                       failed: Optional[Callable[[], None]] = None):
+                       failed: Optional[Callable[[], None]] = None, guard=None):
     """Snapshot this rank's share of a prepared save into ``saver``'s staging memory and
     finish the save (write, commit, then ``then(location)``; ``failed()`` if it raised)
     in the background over ``background``; returns the
-    :class:`~uckpt.engine.SaveHandle`."""
+    :class:`~uckpt.engine.SaveHandle`. ``guard``: see :mod:`uckpt.late`."""
     def job(staged):
         try:
             path = finish_collective(prepared, staged, background)
@@ -228,7 +228,8 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
     try:
         return submit_collective(saver, prepared.flat, job, description,
                                  take=lambda pool: snapshot_share(prepared.flat, gp.plan,
-                                                                  comm.rank, gp.origins, pool))
+                                                                  comm.rank, gp.origins, pool,
+                                                                  guard))
     except BaseException:
         if comm.size == 1:  # no background job ran: nothing else removes the sink
             prepared.sink.abort()

@@ -175,6 +175,11 @@ class ObjectStoreError(_OSFlavoured):
         super().__init__(message, **kw)
 
 
+class DurationError(UckptError, ValueError):
+    """A duration (an MTBF, an interval) that cannot be read: not ``"90s"``, ``"30m"``,
+    ``"6h"``, ``"2d"`` or a positive number of seconds."""
+
+
 class StorageConfigError(UckptError, ValueError):
     """A malformed storage URL or ``storage_options``."""
 

@@ -37,6 +37,7 @@ from .codecs import compression_of
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
+from .costs import CostRecorder
 from .engine import AsyncSaver, Chain, SaveHandle
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
@@ -81,6 +82,11 @@ class CheckpointManager:
     async_save, max_inflight
         snapshot and return; at most ``max_inflight`` snapshots held in host
         memory (a further ``save`` waits for the oldest to be written).
+    late_snapshot
+        with ``async_save``: a late-copy guard (:mod:`uckpt.late`), e.g.
+        ``uckpt.torch.LateSnapshot(optimizer)``: the arrays it covers (parameters,
+        optimizer state) are copied while training goes on, at the latest just
+        before the next optimizer step, instead of inside ``save``.
     compression, compression_level
         default of every tier without its own (``Tier(compression=...)``):
         ``"zstd"`` compresses chunks (see :func:`uckpt.save`). The usual setup is
@@ -126,7 +132,8 @@ class CheckpointManager:
                  role: str = "auto", concurrent_writers: bool = False,
                  storage_options: Optional[Mapping[str, Any]] = None,
                  compression: Optional[str] = None,
-                 compression_level: Optional[int] = None) -> None:
+                 compression_level: Optional[int] = None,
+                 late_snapshot: Any = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -135,6 +142,10 @@ class CheckpointManager:
             raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
         if not isinstance(durable_every, int) or durable_every < 1:
             raise ValueError(f"durable_every must be a positive int, got {durable_every!r}")
+        if late_snapshot is not None and not async_save:
+            raise ValueError("late_snapshot defers the copies of an asynchronous save: give "
+                             "async_save=True too (a synchronous save writes from live memory)")
+        self.late_snapshot = late_snapshot
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
         self.compression = compression_of(compression, compression_level)
@@ -171,6 +182,10 @@ class CheckpointManager:
         self._saves = 0
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
+        # rank 0 records what saves cost beside a local first tier (uckpt.costs)
+        self._costs = CostRecorder(self.root if self.comm.rank == 0 and
+                                   not self.tiers[0].store.remote else None)
+        self._tell_policy_costs()
         _open_managers.add(self)
         if role == "writer":
             self._become_writer()
@@ -300,8 +315,11 @@ class CheckpointManager:
         copy = len(self.tiers) > 1 and self._saves % self.durable_every == 0
         if copy:
             self._pin(step)
+        self._costs.started(step, self._saver is not None,
+                            "copy" if copy else "commit" if len(self.tiers) == 1 else "never")
 
         def committed(path):
+            self._costs.committed(step)
             if copy:
                 self._schedule_copy(step)
             self._retain(0)
@@ -318,7 +336,8 @@ class CheckpointManager:
                                               compression=codec)
                 result: Union[Path, str, SaveHandle] = self._track(submit_async_share(
                     self._saver, prepared, self.comm, self._save_comm, what,
-                    then=committed, failed=(lambda: self._unpin(step)) if copy else None))
+                    then=committed, failed=(lambda: self._unpin(step)) if copy else None,
+                    guard=self.late_snapshot))
             else:
                 if self._saver is not None:
                     self._saver.join()  # the final save follows the ones in flight
@@ -329,10 +348,22 @@ class CheckpointManager:
             if copy:
                 self._unpin(step)
             raise
+        self._costs.stalled(step)
         self.save_policy.saved(step, time.monotonic())
+        self._tell_policy_costs()
         if exiting:
             self._exit_after_final_save(step)
         return result
+
+    def save_costs(self):
+        """Medians of what recent saves cost (:class:`uckpt.costs.CostSummary`: stall,
+        time to commit, time to durable, in seconds), or None before any was measured."""
+        return self._costs.summary()
+
+    def _tell_policy_costs(self) -> None:
+        summary = self._costs.summary()
+        if summary is not None:
+            self.save_policy.measured(summary.stall, summary.durable)
 
     def _exit_after_final_save(self, step: int) -> None:
         self.close()  # the final checkpoint is committed and copied before we leave
@@ -433,6 +464,7 @@ class CheckpointManager:
                                     step_dir_name(step), self._copy_comm,
                                     compression=self.tiers[i].codec(self.compression))
                     self._retain(i)
+                self._costs.durable(step)
             finally:
                 self._unpin(step)
                 self._retain(0)

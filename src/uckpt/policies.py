@@ -87,6 +87,9 @@ class SavePolicy(abc.ABC):
     2. ``saved(step, now)`` after every save the manager takes, whatever
        triggered it (this policy, another one, or a manual save), once the
        state is snapshotted. Time-based policies restart their clock here.
+    2b. ``measured(stall, durable)`` after a save's costs are known (and when a
+       manager opens a root holding recorded costs); cost-driven policies
+       (:class:`uckpt.interval.EveryOptimal`) use it, the others ignore it.
     3. ``pending_exit`` may be read at any time; after a save, True asks the
        manager to wait for that save to commit and then end the process
        cleanly. The policy itself never exits.
@@ -107,6 +110,10 @@ class SavePolicy(abc.ABC):
 
     def saved(self, step: int, now: float) -> None:
         """Note that a checkpoint of ``step`` was just taken at time ``now``."""
+
+    def measured(self, stall: float, durable: Optional[float]) -> None:
+        """The manager's latest measured save costs, in seconds: the median stall (how
+        long ``save`` blocks) and time until a save is durable (None if unknown)."""
 
     @property
     def pending_exit(self) -> bool:
@@ -357,6 +364,10 @@ class AnyOf(SavePolicy):
     def saved(self, step: int, now: float) -> None:
         for p in self.policies:
             p.saved(step, now)
+
+    def measured(self, stall: float, durable: Optional[float]) -> None:
+        for p in self.policies:
+            p.measured(stall, durable)
 
     @property
     def pending_exit(self) -> bool:

@@ -18,6 +18,7 @@ import numpy as np
 from . import knobs
 from .adapter import DeviceArray
 from .format import data_file_name
+from .late import defer, split_jobs
 from .parallel import parallel_map
 from .plan import SavePlan, WriteItem, metas, plan_save
 from .tree import Flat
@@ -144,7 +145,7 @@ class Snapshot:
             self._pool = self._arena = None
 
 
-def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
+def snapshot(flat: Flat, pool: Optional[StagingPool], guard=None) -> Snapshot:
     """Copy every array of ``flat`` into staging memory; without a pool, only device arrays.
 
     With a pool, the arena is laid out as the data file will be (same offsets,
@@ -161,7 +162,7 @@ def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
         buf = arena.buffer
         paths = list(flat.arrays)
         views, waits = _fill(buf, size, [(offsets[p], flat.arrays[p], flat.arrays[p].shape)
-                                         for p in paths])
+                                         for p in paths], guard)
     except BaseException:
         pool.release(arena)
         raise
@@ -171,12 +172,13 @@ def snapshot(flat: Flat, pool: Optional[StagingPool]) -> Snapshot:
 
 
 def snapshot_share(flat: Flat, plan: SavePlan, rank: int, origins: Dict[str, tuple],
-                   pool: StagingPool) -> Snapshot:
+                   pool: StagingPool, guard=None) -> Snapshot:
     """Copy only the pieces ``rank`` writes under ``plan`` into an arena laid out as its
     data file (so the writer sends it to storage in one piece). With device arrays,
-    falls back to copying every array (and no file image)."""
+    falls back to copying every array (and no file image). ``guard`` (a
+    :class:`uckpt.late.LateGuard`) defers the copies of the arrays it covers."""
     if any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
-        snap = snapshot(flat, pool)
+        snap = snapshot(flat, pool, guard)
         snap.flat = dataclasses.replace(snap.flat, images={}, plan=None)
         return snap
     file, size = plan.file_sizes[rank]
@@ -189,15 +191,15 @@ def snapshot_share(flat: Flat, plan: SavePlan, rank: int, origins: Dict[str, tup
             origin = origins.get(it.path, (0,) * src.ndim)
             box = tuple(slice(s - o, s - o + n) for s, o, n in zip(it.start, origin, it.shape))
             places.append((it.offset, src[box + (...,)], it.shape))
-        _fill(buf, size, places)
+        _, waits = _fill(buf, size, places, guard)
     except BaseException:
         pool.release(arena)
         raise
     staged = dataclasses.replace(flat, plan=plan, images={file: buf[:round_up(size)]})
-    return Snapshot(staged, [], arena, pool)
+    return Snapshot(staged, waits, arena, pool)
 
 
-def _fill(buf: np.ndarray, size: int, places) -> Tuple[List[np.ndarray], List[Any]]:
+def _fill(buf: np.ndarray, size: int, places, guard=None) -> Tuple[List[np.ndarray], List[Any]]:
     """Copy each ``(offset, source, shape)`` into ``buf`` at ``offset`` (little-endian,
     C order), zero the gaps and the tail up to a page; returns the staged views (in
     the order given) and the device copies to wait for."""
@@ -212,7 +214,7 @@ def _fill(buf: np.ndarray, size: int, places) -> Tuple[List[np.ndarray], List[An
             end = off + nbytes
         views[i] = buf[off:off + nbytes].view(dtype).reshape(shape)
     buf[end:round_up(size)] = 0
-    return views, _copy_all(list(zip((p[1] for p in places), views)))
+    return views, _copy_all(list(zip((p[1] for p in places), views)), guard)
 
 
 def _materialize(flat: Flat) -> Snapshot:
@@ -228,9 +230,10 @@ def _materialize(flat: Flat) -> Snapshot:
     return Snapshot(dataclasses.replace(flat, arrays=arrays), waits, None, None)
 
 
-def _copy_all(jobs) -> List[Any]:
+def _copy_all(jobs, guard=None) -> List[Any]:
+    """Copy now, or (the host arrays ``guard`` covers) later; the copies to wait for."""
     waits: List[Any] = []
-    host = [(src, dst) for src, dst in jobs if not isinstance(src, DeviceArray)]
+    host, later = split_jobs([(s, d) for s, d in jobs if not isinstance(s, DeviceArray)], guard)
     for src, dst in jobs:
         if isinstance(src, DeviceArray):
             w = src.copy_to(dst)
@@ -243,4 +246,4 @@ def _copy_all(jobs) -> List[Any]:
     if big:
         parallel_map(lambda j: np.copyto(j[1], j[0], casting="equiv"), big,
                      knobs.copy_threads, "uckpt-snapshot")
-    return waits
+    return waits + defer(later, guard)

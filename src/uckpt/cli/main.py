@@ -12,10 +12,10 @@ from typing import List, Optional
 
 from .._version import __version__
 from ..errors import UckptError
-from . import convert, diff, inspect, ls, verify
+from . import advise, convert, diff, inspect, ls, verify
 from .common import PROG, escape_unencodable, print_error
 
-COMMANDS = (ls, inspect, verify, convert, diff)
+COMMANDS = (ls, inspect, verify, convert, diff, advise)
 
 
 def build_parser() -> argparse.ArgumentParser:

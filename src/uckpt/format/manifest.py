@@ -164,6 +164,24 @@ class _Loc:
         return str(self) + other
 
 
+_ARRAY_KEYS = frozenset(("dtype", "shape", "chunks"))
+
+
+def _fast_array_head(entry) -> Optional[Tuple[str, Tuple[int, ...]]]:
+    """``(dtype, shape)`` of an array entry, if its fields, dtype and shape are all valid;
+    None sends it to the field-by-field checks (which name the problem)."""
+    if type(entry) is not dict or entry.keys() != _ARRAY_KEYS:
+        return None
+    dtype, shape = entry["dtype"], entry["shape"]
+    if type(dtype) is not str or dtype not in dtypes.NAMES or type(shape) is not list \
+            or len(shape) > MAX_DIMS or type(entry["chunks"]) is not list:
+        return None
+    for n in shape:
+        if type(n) is not int or n < 0 or n > MAX_INT:
+            return None
+    return dtype, tuple(shape)
+
+
 def _fast_chunk(obj, itemsize: int, shape, files, codecs) -> Optional[Chunk]:
     """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
     number is then within int64: the file's size and the array's shape were checked."""
@@ -294,13 +312,17 @@ class _Parser:
         out = {}
         for path, entry in obj.items():
             loc = f"arrays[{_key(path)}]"
-            self.need(entry, loc, dict, "an object")
-            self.fields(entry, loc, ("dtype", "shape", "chunks"))
-            dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
-            if dtype not in dtypes.NAMES:
-                self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
-                                          f"{', '.join(dtypes.NAMES)})")
-            shape = self.shape(entry["shape"], loc + ".shape")
+            head = _fast_array_head(entry)
+            if head is not None:
+                dtype, shape = head
+            else:
+                self.need(entry, loc, dict, "an object")
+                self.fields(entry, loc, ("dtype", "shape", "chunks"))
+                dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
+                if dtype not in dtypes.NAMES:
+                    self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
+                                              f"{', '.join(dtypes.NAMES)})")
+                shape = self.shape(entry["shape"], loc + ".shape")
             itemsize = size = dtypes.itemsize(dtype)
             for n in shape:
                 size *= max(n, 1)
@@ -312,7 +334,8 @@ class _Parser:
                            self.checked_chunk(c, _Loc(loc, i), dtype, shape, files)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
-            self.coverage(chunks, shape, loc)
+            if not (len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)):
+                self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
             out[path] = ArrayEntry(path, dtype, shape, chunks)
         return out
 
