@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .comm import Communicator
-from .commit import assemble_manifest, check_metadata, check_step, raise_save_failure
+from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
 from .errors import CheckpointExistsError
 from .format import Chunk, Manifest
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
+from .save_errors import raise_save_failure
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten

@@ -28,7 +28,7 @@ from .errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
                      StateMismatchError, UnsupportedObjectError)
 from .format import Manifest
 from .reader import CheckpointReader
-from .registry import find_adapter
+from .registry import find_adapter, no_adapter_error
 from .shard import PerRank, Shard
 from .tree import array_leaf_value, decode, escape, join
 
@@ -85,9 +85,7 @@ class _Matcher:
             return
         adapter = find_adapter(obj)
         if adapter is None:
-            from .tree import _unsupported
-
-            raise _unsupported(obj, parts)
+            raise no_adapter_error(obj, join(parts), saving=False)
         sub = node
         if node["type"] == "object":
             if node["adapter"] != adapter.name:
@@ -238,9 +236,9 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
 
     for dest, path in matcher.copies:  # phase 3
         np.copyto(dest, arrays[path])
-    # random state last: another adapter's restore may draw random numbers (e.g. lazy
-    # initialisation), which must not shift a generator restored before it
-    for adapter, obj, sub in sorted(matcher.actions, key=lambda a: a[0].name == "uckpt.random_state"):
+    # adapters with restore_last (global random state) after the others, whose restore
+    # may draw random numbers (e.g. lazy initialisation) from a generator restored before
+    for adapter, obj, sub in sorted(matcher.actions, key=lambda a: a[0].restore_last):
         adapter.restore(obj, decode(sub, leaf))
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)

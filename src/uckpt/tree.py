@@ -132,7 +132,9 @@ class _Flattener:
                 arr = None
             if arr is not None:
                 return self.array(arr, parts)
-        raise _unsupported(obj, parts)
+        from .registry import no_adapter_error
+
+        raise no_adapter_error(obj, join(parts), saving=True)
 
     def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
         keys = list(obj.keys())
@@ -180,28 +182,6 @@ class _Flattener:
         if box is not None:
             self.boxes[path] = box
         return {"type": "array", "path": path}
-
-
-def _unsupported(obj: Any, parts: List[str]) -> UnsupportedObjectError:
-    from .registry import INSTALL_HINTS, known_adapter_names, module_roots
-
-    cls = type(obj)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    hint = ("pass arrays, plain values, containers of them, or an object of a supported "
-            "framework; give your own classes state_dict()/load_state_dict(), or register "
-            "an adapter with uckpt.register_adapter()")
-    installed = set(known_adapter_names())
-    for root in module_roots(obj):
-        if root in installed:
-            hint = (f"the {root} adapter is installed but handles no {name}; save the "
-                    "object's state (arrays, plain values) instead, or register an adapter "
-                    "with uckpt.register_adapter()")
-            break
-        if root in INSTALL_HINTS:
-            hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
-            break
-    return UnsupportedObjectError(f"no adapter knows how to save {name} at {_where(parts)!r}",
-                                  hint=hint, leaf=join(parts))
 
 
 def decode(node: Dict[str, Any], leaf: Callable[[Dict[str, Any]], Any]) -> Any:
