@@ -187,21 +187,22 @@ class StorageDependencyError(UckptError, ImportError):
 class DistributedError(UckptError, RuntimeError):
     """One or more ranks failed; raised on every rank.
 
-    ``failures`` maps each failed rank to the text of its exception.
+    ``failures`` maps each failed rank to the text of its exception, ``kinds`` to the
+    ``module.QualName`` of its exception's class and of every base class (ranks that
+    failed without an exception, e.g. did not answer, have none).
     """
 
-    def __init__(self, message: str, *, failures: Optional[Dict[int, str]] = None, hint=None, **where):
+    def __init__(self, message: str, *, failures: Optional[Dict[int, str]] = None,
+                 kinds: Optional[Dict[int, Iterable[str]]] = None, hint=None, **where):
         self.failures = dict(failures or {})
+        self.kinds = {r: tuple(k) for r, k in (kinds or {}).items()}
         super().__init__(message, hint=hint, **where)
 
     def failed_with(self, *classes: type) -> bool:
-        """Whether some rank failed with an exception of one of ``classes`` (by name,
-        subclasses included: the text of each failure starts with its class)."""
-        names = set()
-        for cls in classes:
-            names |= {c.__qualname__ for c in _subclasses(cls)}
-        return any(text.split(":", 1)[0].rsplit(".", 1)[-1] in names
-                   for text in self.failures.values())
+        """Whether some rank failed with an exception of one of ``classes`` (subclasses
+        included)."""
+        names = {f"{c.__module__}.{c.__qualname__}" for c in classes}
+        return any(names.intersection(k) for k in self.kinds.values())
 
 
 class CollectiveTimeoutError(DistributedError, TimeoutError):
@@ -240,8 +241,3 @@ def _short(items, limit: int = 20) -> str:
 
 __all__ = [n for n in dir() if n.endswith("Error")]
 
-
-def _subclasses(cls: type):
-    yield cls
-    for sub in cls.__subclasses__():
-        yield from _subclasses(sub)
