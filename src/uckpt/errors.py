@@ -25,6 +25,19 @@ class UckptError(Exception):
             text += f"\n  hint: {hint}"
         super().__init__(text)
 
+    def at_path(self, path: str) -> "UckptError":
+        """Name ``path`` (where the object sits in the state) in this error unless it does
+        already; ``leaf`` becomes ``path`` if it was not set. For errors raised by code that
+        does not know where its object sits (an adapter's ``extract``, ``prepare`` or
+        ``restore``). Returns the error itself."""
+        path = path or "<root>"
+        if getattr(self, "leaf", None) is None:
+            self.leaf = path
+            self.where["leaf"] = path
+        if self.args and repr(path) not in str(self.args[0]):
+            self.args = (f"{path!r}: {self.args[0]}",) + tuple(self.args[1:])
+        return self
+
 
 class _OSFlavoured(UckptError, OSError):
     """Mixin that keeps ``OSError``'s attributes meaningful."""

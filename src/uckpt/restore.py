@@ -25,7 +25,7 @@ import numpy as np
 from . import dtypes
 from .adapter import Adapter, ArraySpec
 from .errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
-                     StateMismatchError, UnsupportedObjectError)
+                     StateMismatchError, UckptError, UnsupportedObjectError)
 from .format import Manifest
 from .reader import CheckpointReader
 from .registry import find_adapter, no_adapter_error
@@ -50,7 +50,7 @@ class _Matcher:
         self.rank = rank
         self.targets: Dict[str, Any] = {}  # path -> array, or (array, offsets) for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
-        self.actions: List[Tuple[Adapter, Any, Dict[str, Any]]] = []
+        self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
         self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
 
@@ -95,10 +95,13 @@ class _Matcher:
                     f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=where)
             sub = node["state"]
         spec = decode(sub, spec_leaf(self.m))
-        targets = adapter.prepare(obj, spec)
+        try:
+            targets = adapter.prepare(obj, spec)
+        except UckptError as e:
+            raise e.at_path(join(parts))
         self.collect_targets(sub, targets)
         self.needed.append(sub)
-        self.actions.append((adapter, obj, sub))
+        self.actions.append((adapter, obj, sub, join(parts)))
 
     def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
         items = node["items"]
@@ -238,8 +241,11 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
         np.copyto(dest, arrays[path])
     # adapters with restore_last (global random state) after the others, whose restore
     # may draw random numbers (e.g. lazy initialisation) from a generator restored before
-    for adapter, obj, sub in sorted(matcher.actions, key=lambda a: a[0].restore_last):
-        adapter.restore(obj, decode(sub, leaf))
+    for adapter, obj, sub, path in sorted(matcher.actions, key=lambda a: a[0].restore_last):
+        try:
+            adapter.restore(obj, decode(sub, leaf))
+        except UckptError as e:
+            raise e.at_path(path)
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)
     items = m.tree["items"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import dtypes
 from .adapter import DeviceArray
-from .errors import UnsupportedDtypeError, UnsupportedObjectError
+from .errors import UckptError, UnsupportedDtypeError, UnsupportedObjectError
 from .shard import PerRank, Shard
 
 MAX_DEPTH = 200
@@ -124,7 +124,7 @@ class _Flattener:
             cls = type(obj)
             return {"type": "object", "adapter": adapter.name,
                     "class": f"{cls.__module__}.{cls.__qualname__}",
-                    "state": self.node(adapter.extract(obj), parts, depth + 1)}
+                    "state": self.node(self.extract(adapter, obj, parts), parts, depth + 1)}
         if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__"):
             try:
                 arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
@@ -135,6 +135,13 @@ class _Flattener:
         from .registry import no_adapter_error
 
         raise no_adapter_error(obj, join(parts), saving=True)
+
+    @staticmethod
+    def extract(adapter: Any, obj: Any, parts: List[str]) -> Any:
+        try:
+            return adapter.extract(obj)
+        except UckptError as e:  # the adapter does not know where its object sits
+            raise e.at_path(join(parts))
 
     def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
         keys = list(obj.keys())

@@ -2,14 +2,14 @@
 ``import uckpt``; nothing here imports a framework or pytest until it is used).
 
 * :mod:`uckpt.testing.adapters`: the adapter conformance suite
-  (:class:`AdapterCase`, :func:`check_adapter`, :func:`conformance_tests`);
+  (:class:`AdapterCase`, :class:`AdapterConformance` for pytest, :func:`check_adapter`);
 * :mod:`uckpt.testing.threads`: ranks as threads of one process
   (:func:`run_ranks`, :class:`ThreadCommunicator`) for fast tests of collective saves.
 """
 from __future__ import annotations
 
 _EXPORTS = {
-    "AdapterCase": "adapters", "check_adapter": "adapters", "conformance_tests": "adapters",
+    "AdapterCase": "adapters", "AdapterConformance": "adapters", "check_adapter": "adapters",
     "ConformanceError": "adapters", "registered": "adapters",
     "ThreadCommunicator": "threads", "ThreadWorld": "threads", "run_ranks": "threads",
 }
