@@ -44,6 +44,21 @@ def test_check_adapter_runs_every_check_without_pytest(tmp_path):
                                                 "restore_before_build"]
 
 
+def test_the_example_rng_provider_round_trips_through_random_state(tmp_path):
+    import uckpt
+    from uckpt.plugins import register_rng_provider
+
+    register_rng_provider("estimator_adapter", ex.ExampleRNG())
+    try:
+        uckpt.save(tmp_path / "c", {"rng": uckpt.RandomState()})
+        expected = ex.default_rng.integers(1 << 30, size=4)
+        uckpt.load(tmp_path / "c", {"rng": uckpt.RandomState()})
+        assert (ex.default_rng.integers(1 << 30, size=4) == expected).all()
+        assert "estimator_adapter" in uckpt.load(tmp_path / "c")["rng"]
+    finally:
+        register_rng_provider("estimator_adapter", None)
+
+
 def test_the_suite_fails_an_adapter_that_breaks_the_contract(tmp_path):
     class Forgetful(ex.SGDRegressorAdapter):  # restores everything but the step counter
         def restore(self, obj, tree):

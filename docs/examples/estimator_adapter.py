@@ -8,7 +8,10 @@ before its first step.
 
 ``SGDRegressorAdapter`` is the whole adapter: ``handles``, ``extract``, ``prepare``
 (validate before anything changes; give the core the object's own arrays to read
-into) and ``restore``. tests/test_conformance.py runs uckpt's conformance suite on it.
+into) and ``restore``. ``ExampleRNG`` captures this module's global generator
+(``default_rng``, which estimators created without a seed draw from) for
+``uckpt.RandomState()``. tests/test_conformance.py runs uckpt's conformance suite on the
+adapter and a round trip through the provider.
 """
 from __future__ import annotations
 
@@ -16,21 +19,25 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from uckpt.adapter import Adapter, ArraySpec, check_class, class_name
+from uckpt.adapter import Adapter, ArraySpec, RNGProvider, check_class, class_name
 from uckpt.dtypes import name_of
 from uckpt.errors import KeyMismatchError, ShapeMismatchError
+
+
+#: the framework's global generator, as ``torch``'s or NumPy's global one
+default_rng = np.random.default_rng(0)
 
 
 class SGDRegressor:
     """``y = x @ weights + bias``, fitted one batch at a time."""
 
-    def __init__(self, n_features: int, lr: float = 0.01, seed: int = 0) -> None:
+    def __init__(self, n_features: int, lr: float = 0.01, seed: Optional[int] = 0) -> None:
         self.n_features = n_features
         self.lr = lr
         self.weights: Optional[np.ndarray] = None  # float32 [n_features], after the first fit
         self.bias: Optional[np.ndarray] = None     # float64 [], after the first fit
         self.steps = 0
-        self.rng = np.random.default_rng(seed)
+        self.rng = np.random.default_rng(seed if seed is not None else default_rng.integers(1 << 62))
 
     def partial_fit(self, x: np.ndarray, y: np.ndarray) -> None:
         if self.weights is None:  # built on first use, from the generator
@@ -83,3 +90,16 @@ class SGDRegressorAdapter(Adapter):
         obj.steps = tree["steps"]
         obj.lr = tree["lr"]
         obj.rng.bit_generator.state = tree["rng"]
+
+
+class ExampleRNG(RNGProvider):
+    """The global random state of this "framework": registered under the name of its
+    top-level module, consulted by ``uckpt.RandomState()`` while that module is imported."""
+
+    name = "estimator_adapter"  # the key of this state in the RandomState subtree
+
+    def get(self) -> Dict[str, Any]:
+        return default_rng.bit_generator.state
+
+    def set(self, tree: Dict[str, Any]) -> None:
+        default_rng.bit_generator.state = tree
