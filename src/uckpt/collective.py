@@ -212,8 +212,8 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
     gp = prepared.plan
     try:
         return submit_collective(saver, prepared.flat, job, description,
-                                 take=lambda pool: snapshot_share(prepared.flat, gp.plan,
-                                                                  comm.rank, gp.origins, pool))
+                                 make_snapshot=lambda pool: snapshot_share(
+                                     prepared.flat, gp.plan, comm.rank, gp.origins, pool))
     except BaseException:
         if comm.size == 1:  # no background job ran: nothing else removes the sink
             prepared.sink.abort()

@@ -4,9 +4,8 @@ The save path of :func:`uckpt.save` and :class:`uckpt.CheckpointManager`, for an
 of ranks, is :mod:`uckpt.collective`; the bytes go through a
 :class:`~uckpt.storage.base.CheckpointSink` (:mod:`uckpt.storage`): data files first,
 the manifest last, which is the commit. :func:`write_checkpoint` writes every data file
-of a given plan from this one process (``uckpt.consolidate``, tests of multi-file
-layouts). Until the commit readers see nothing new; the previous checkpoint is never
-touched. Any failure removes what the save wrote and raises.
+of a flat state's plan from this one process (``uckpt.consolidate``). Until the commit
+readers see nothing new; the previous checkpoint is never touched. Any failure removes what the save wrote and raises.
 """
 from __future__ import annotations
 
@@ -45,13 +44,13 @@ def check_step(step) -> None:
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     plan: Optional[SavePlan] = None, storage_options=None):
-    """Write every data file of ``plan`` (default: one file) from this process and commit;
-    returns the checkpoint's location (a Path, or a URL)."""
+                     storage_options=None):
+    """Write every data file of ``flat``'s plan (default: one file) from this process and
+    commit; returns the checkpoint's location (a Path, or a URL)."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
-    plan = plan or flat.plan or plan_save(metas(flat.arrays))
+    plan = flat.plan or plan_save(metas(flat.arrays))
     where = store.location(name)
     sink = None
     try:
