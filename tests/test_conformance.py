@@ -255,3 +255,14 @@ class TestChainerAdapters(AdapterConformance):
                     make_mismatched=lambda: chainer_optimizer(0, "SGD"),
                     make_unbuilt=lambda: chainer_optimizer(5, step=False)),
     ]
+
+
+def test_uckpt_testing_is_imported_only_on_request_and_without_pytest():
+    import json
+    import subprocess
+
+    code = ("import sys, json, uckpt; a = sorted({'uckpt.testing', 'pytest'} & set(sys.modules)); "
+            "import uckpt.testing.adapters, uckpt.testing.threads; "
+            "print(json.dumps([a, 'pytest' in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [[], False]

@@ -383,23 +383,15 @@ class AdapterConformance:
 
             pytest.skip(f"{case.name}: nothing to run {name} with")
 
-    def test_round_trip(self, case, tmp_path):
-        self._run("round_trip", case, tmp_path)
 
-    def test_dtypes(self, case, tmp_path):
-        self._run("dtypes", case, tmp_path)
+def _check_test(name: str):
+    def test(self, case, tmp_path):
+        self._run(name, case, tmp_path)
 
-    def test_snapshot_isolation(self, case, tmp_path):
-        self._run("snapshot_isolation", case, tmp_path)
+    test.__name__ = test.__qualname__ = f"test_{name}"
+    test.__doc__ = f"The {name} check of the adapter conformance suite."
+    return test
 
-    def test_independence(self, case, tmp_path):
-        self._run("independence", case, tmp_path)
 
-    def test_strict_keys(self, case, tmp_path):
-        self._run("strict_keys", case, tmp_path)
-
-    def test_mismatch(self, case, tmp_path):
-        self._run("mismatch", case, tmp_path)
-
-    def test_restore_before_build(self, case, tmp_path):
-        self._run("restore_before_build", case, tmp_path)
+for _name in CHECKS:  # one pytest test per check, in CHECKS' order
+    setattr(AdapterConformance, f"test_{_name}", _check_test(_name))
