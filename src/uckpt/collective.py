@@ -15,8 +15,8 @@ error itself) and nothing is committed:
    :class:`~uckpt.Shard` boxes tile their arrays);
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
    directory), writes its data file durably, and sends its chunks' checksums and which
-   copy of the storage it wrote into (its *view*);
-3. *commit*: the lowest rank of each view writes the manifest (the same on every view)
+   copy of the storage it wrote into (its *replica*: ``sink.view()``);
+3. *commit*: the lowest rank of each replica writes the manifest (the same on every replica)
    last; in a directory by renaming the temporary directory into place, in an object
    store by the manifest object's PUT.
 
@@ -79,7 +79,7 @@ def flatten_shared(state, comm: Communicator) -> Union[Flat, BaseException]:
 
 
 @dataclass
-class Prepared:
+class PreparedSave:
     """A save after its plan exchange: what the write and commit need."""
 
     sink: CheckpointSink
@@ -97,7 +97,7 @@ class Prepared:
 def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                       what: Optional[str] = None) -> Prepared:
+                       what: Optional[str] = None) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
@@ -116,7 +116,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             except BaseException as e:
                 raise_save_failure(e, what, store.location(name))
             out["token"] = opened["sink"].token
-            out["metadata"] = metadata or {}  # rank 0's: every view's manifest says the same
+            out["metadata"] = metadata or {}  # rank 0's: every replica's manifest says the same
         return out
 
     try:
@@ -133,11 +133,11 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             opened["sink"].abort()
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
-    return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
+    return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
                     overwrite, what)
 
 
-def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
+def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):
     """Collective, steps 2 and 3 (write, commit), over ``comm`` (the plan's ranks, e.g. a
     background duplicate). ``staged`` is this rank's data (a snapshot of its share, or
     the flat state), or the error the snapshot failed with. Returns the location."""
@@ -149,7 +149,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             if isinstance(staged, BaseException):
                 raise staged
             try:
-                view = sink.view()
+                replica = sink.view()
                 chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
                                          staged.arrays, image=staged.images.get(file),
                                          origins=gp.origins)
@@ -159,7 +159,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             log.info("saved %s of %s: step %s, %d bytes, %.3f s", file, where,
                      "-" if p.step is None else p.step, size, time.perf_counter() - start)
             return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
-                    "view": view}
+                    "replica": replica}
 
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
 
@@ -171,11 +171,11 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
                                      chunks, p.step, p.metadata).to_bytes()
 
-        views = [w["view"] for w in written]
+        replicas = [w["replica"] for w in written]
 
         def commit() -> None:
-            if views.index(views[comm.rank]) != comm.rank:
-                return  # the lowest rank of this view commits
+            if replicas.index(replicas[comm.rank]) != comm.rank:
+                return  # the lowest rank of this replica commits
             try:
                 sink.commit(manifest(), p.overwrite)
             except BaseException as e:
@@ -193,7 +193,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
     return where
 
 
-def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,
+def submit_async_share(saver, prepared: PreparedSave, comm: Communicator, background: Communicator,
                        description: str, then: Optional[Callable[[Any], Any]] = None,
                        failed: Optional[Callable[[], None]] = None):
     """Snapshot this rank's share of a prepared save into ``saver``'s staging memory and
@@ -222,12 +222,12 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
 
 def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                     verify: bool = True):
-    """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's view of it)
+    """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's replica of it)
     to ``dst``; returns its location there, or None if it was already committed there.
 
     Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
     process, every file) and checks every chunk of them read back from ``dst``; then the
-    lowest rank of each view of ``dst`` commits, with the source's manifest bytes.
+    lowest rank of each replica of ``dst`` commits, with the source's manifest bytes.
     """
     what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
     where = dst.location(name)
@@ -258,8 +258,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
 
     def copy() -> Dict[str, Any]:
         try:
-            view = sink.view()
-            with src.source(name) as source:  # this rank's view of the source (node-local)
+            replica = sink.view()
+            with src.source(name) as source:  # this rank's replica of the source (node-local)
                 data = source.manifest_bytes()
                 manifest = Manifest.parse(data, where=_manifest_where(source))
                 found.update(data=data, step=manifest.step)
@@ -277,14 +277,14 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
             log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
                      "intact, %.3f s", manifest.step, where, verified,
                      time.perf_counter() - checked)
-        return {"view": view}
+        return {"replica": replica}
 
     try:
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
-        views = [c["view"] for c in copied]
+        replicas = [c["replica"] for c in copied]
 
         def commit() -> bool:
-            if views.index(views[comm.rank]) != comm.rank:
+            if replicas.index(replicas[comm.rank]) != comm.rank:
                 return True
             try:
                 sink.commit(found["data"], False)
