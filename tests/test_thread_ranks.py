@@ -191,10 +191,11 @@ def test_existing_checkpoint_is_refused_on_every_rank_and_kept(tmp_path):
     np.testing.assert_array_equal(uckpt.load(tmp_path / "ckpt")["x"], np.ones(3))
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_manager_on_thread_ranks_saves_and_restores(tmp_path, size):
+@pytest.mark.parametrize("size,async_save", [(2, False), (4, False), (3, True)])
+def test_manager_on_thread_ranks_saves_and_restores(tmp_path, size, async_save):
     def body(comm: ThreadCommunicator):
-        with uckpt.CheckpointManager(tmp_path / "run", comm=comm, keep_last=1) as m:
+        with uckpt.CheckpointManager(tmp_path / "run", comm=comm, keep_last=1,
+                                     async_save=async_save) as m:
             for step in (1, 2):
                 state = state_of(comm.rank, size)
                 state["w"] = state["w"] * step
