@@ -20,8 +20,8 @@ import threading
 from typing import Any, List, Optional
 
 from .adapter import Adapter
-from .errors import UnsupportedObjectError
 from .builtin_adapters import BUILTIN
+from .errors import UnsupportedObjectError
 from .plugins import (ADAPTER_GROUP, RNG_GROUP, _entry_points, _load,  # noqa: F401
                       known_adapter_names, register_rng_provider, rng_providers)
 
@@ -83,8 +83,6 @@ def find_adapter(obj: Any) -> Optional[Adapter]:
     return None
 
 
-
-
 def no_adapter_error(obj: Any, path: str, saving: bool) -> UnsupportedObjectError:
     """The error for an object no adapter handles, at ``path`` in the state, with a hint
     saying which adapter to install or how to make the object savable."""
@@ -104,5 +102,5 @@ def no_adapter_error(obj: Any, path: str, saving: bool) -> UnsupportedObjectErro
             hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
             break
     doing = "save" if saving else "restore"
-    return UnsupportedObjectError(f"no adapter knows how to {doing} {name} at {path or '<root>'!r}",
-                                  hint=hint, leaf=path)
+    return UnsupportedObjectError(
+        f"no adapter knows how to {doing} {name} at {path or '<root>'!r}", hint=hint, leaf=path)
