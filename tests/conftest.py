@@ -13,6 +13,76 @@ pytest_plugins = ["s3_server"]
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
+# --- markers: `scripts/test.sh -m "not slow"` is the quick subset (planner, format, manifest,
+# core round trips, adapters' conformance); the full suite stays the test command of the
+# README and CI. Marked here, not in each file: whole modules that start processes
+# (mpiexec, torchrun, training runs, the CLI on real frameworks), servers or long fuzzing,
+# single slow tests by name, and every test using the S3 server's fixtures.
+SLOW_MODULES = {
+    "test_chainer_compat", "test_chainer_resume", "test_cli", "test_comm", "test_convert_cli",
+    "test_convert_diff", "test_convert_frameworks", "test_convert_safety", "test_crash",
+    "test_cuda", "test_demo", "test_distributed", "test_fuzz_checkpoint", "test_fuzz_convert",
+    "test_horovod_comm", "test_horovod_train", "test_keras_distributed", "test_preemption",
+    "test_readme", "test_rng_frameworks", "test_s3_store", "test_s3_tier", "test_shared_root",
+    "test_tf_adapter", "test_tf_callback", "test_tf_resume", "test_torch_dtensor",
+    "test_torch_e2e", "test_torch_restart",
+    # added with issues 12-18: TensorFlow imports, training runs, several processes
+    "test_compress_cli", "test_compress_distributed", "test_convert_hf", "test_convert_keras",
+    "test_convert_interop", "test_keras_native_layout", "test_chainer_native_layout",
+    "test_torch_native_layout", "test_lightning", "test_tf_keras2", "test_horovod_tf",
+    "test_incremental_dist",
+}
+#: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
+SLOW_TESTS = (
+    "tests/test_async.py::test_functional_async_error_nobody_saw_is_printed_at_exit",
+    "tests/test_async.py::test_torch_training_step_right_after_async_save",
+    "tests/test_async.py::test_unreported_background_failure_is_printed_at_exit",
+    "tests/test_conformance.py::TestKerasAdapters",  # TensorFlow's import alone takes seconds
+    "tests/test_hostile_entries.py::test_inspect_on_an_ascii_terminal",
+    "tests/test_hostile_entries.py::test_ls_deeply_nested_directory",
+    "tests/test_manifest_integrity.py::test_a_few_changes_through_the_real_command",
+    "tests/test_manifest_integrity.py::test_random_byte_changes_are_caught_by_load_and_verify",
+    "tests/test_manifest_limits.py::test_200k_chunks_parse",
+)
+#: modules whose tests start several processes (marked ``multiproc`` as well)
+MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",
+                     "test_keras_distributed", "test_torch_dtensor", "test_s3_tier",
+                     "test_compress_distributed", "test_horovod_tf", "test_incremental_dist"}
+S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
+MARKERS = {
+    "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
+            "(deselect with -m 'not slow')",
+    "multiproc": "starts several processes (mpiexec, torchrun)",
+    "s3": "uses the SeaweedFS S3 server of tests/s3_server.py",
+}
+
+
+def pytest_configure(config):
+    for name, text in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {text}")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """With exactly ``-m "not slow"``, slow modules are not even imported (some import
+    TensorFlow, which alone takes seconds)."""
+    if (config.getoption("markexpr") or "").strip() == "not slow" and \
+            collection_path.suffix == ".py" and collection_path.stem in SLOW_MODULES:
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if module in SLOW_MODULES or item.nodeid.startswith(SLOW_TESTS) or \
+                fixtures & S3_FIXTURES:
+            item.add_marker(pytest.mark.slow)
+        if module in MULTIPROC_MODULES:
+            item.add_marker(pytest.mark.multiproc)
+        if fixtures & S3_FIXTURES:
+            item.add_marker(pytest.mark.s3)
+
 
 @pytest.fixture
 def small_chunks(monkeypatch):

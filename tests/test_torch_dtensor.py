@@ -145,7 +145,7 @@ def test_partial_is_refused_naming_the_leaf(saved):
         assert "failed on 4 of 4 rank(s)" in refused["msg"], refused
         assert "DTensor 'weight' (placements [Partial(sum)]) cannot be saved" in refused["msg"]
         assert "redistribute" in refused["msg"]
-        assert "UnsupportedObjectError: a DTensor with placements [_StridedShard(dim=0, sf=2)] " \
-               "cannot be saved" in res["refused_strided"], res
+        assert "UnsupportedObjectError: 'strided': a DTensor with placements " \
+               "[_StridedShard(dim=0, sf=2)] cannot be saved" in res["refused_strided"], res
         assert not res["bad_exists"]
     assert not saved["bad"].exists()

@@ -8,6 +8,7 @@ an integer tensor of the same width and are reinterpreted as the matching
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -80,22 +81,24 @@ def writable_view(t: torch.Tensor) -> Optional[np.ndarray]:
     is not on the CPU, not contiguous, not strided, or has a conjugate or
     negative bit, or whose dtype the format cannot hold.
     """
-    if (_is_wrapper(t) or t.device.type != "cpu" or t.layout != torch.strided
+    if (is_dtensor(t) or t.device.type != "cpu" or t.layout != torch.strided
             or not t.is_contiguous() or t.is_conj() or t.is_neg() or t.dtype not in _NAMES):
         return None
     return to_numpy(t)
 
 
-def _is_wrapper(t: torch.Tensor) -> bool:
-    """A tensor subclass without memory of its own (a DTensor): see :mod:`.dtensor`."""
-    from .dtensor import is_dtensor
-
-    return is_dtensor(t)
+def is_dtensor(t: Any) -> bool:
+    """Whether ``t`` is a DTensor (:mod:`.dtensor`): a tensor subclass without memory of its
+    own. Looked up in ``sys.modules``: a DTensor exists only once ``torch.distributed.tensor``
+    is imported, and nothing here imports it."""
+    mod = sys.modules.get("torch.distributed.tensor")
+    cls = getattr(mod, "DTensor", None)
+    return cls is not None and isinstance(t, cls)
 
 
 def same_memory(arr: np.ndarray, t: torch.Tensor) -> bool:
     """True when ``arr`` is exactly the tensor's memory (same address, shape, strides, dtype)."""
-    if _is_wrapper(t) or t.device.type != "cpu" or t.layout != torch.strided or \
+    if is_dtensor(t) or t.device.type != "cpu" or t.layout != torch.strided or \
             t.dtype not in _NAMES:
         return False
     dt = numpy_dtype(t.dtype)
@@ -125,24 +128,6 @@ def from_numpy(arr: np.ndarray, like: Optional[torch.Tensor] = None) -> torch.Te
     if like is not None and like.device != t.device:
         t = t.to(like.device)
     return t
-
-
-def tree_to_numpy(x: Any, where: str = "") -> Any:
-    """Every tensor in a nested dict/list/tuple replaced by its leaf (``device.to_leaf``:
-    a NumPy view, a snapshot-time copy for CUDA tensors, a Shard for DTensors); containers
-    rebuilt. ``where`` is the path of ``x``, for errors."""
-    if isinstance(x, torch.Tensor):
-        from .device import to_leaf
-
-        return to_leaf(x, where)
-    sub = (where + "/") if where else ""
-    if isinstance(x, dict):
-        return {k: tree_to_numpy(v, f"{sub}{k}") for k, v in x.items()}
-    if isinstance(x, list):
-        return [tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x)]
-    if isinstance(x, tuple):
-        return tuple(tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x))
-    return x
 
 
 def tree_from_numpy(x: Any) -> Any:

@@ -15,7 +15,7 @@ what makes the copy asynchronous; into pageable memory it is synchronous.
 from __future__ import annotations
 
 import threading
-from typing import Dict
+from typing import Any, Dict
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ import torch
 from uckpt.adapter import DeviceArray
 
 from .convert import _CARRIER, numpy_dtype, to_numpy
+from .dtensor import is_dtensor, to_shard
 
 _streams: Dict[int, "torch.cuda.Stream"] = {}
 _lock = threading.Lock()
@@ -72,10 +73,24 @@ def device_array(t: torch.Tensor) -> DeviceArray:
 def to_leaf(t: torch.Tensor, where: str = ""):
     """What ``extract`` returns for a tensor: a view (CPU) or a DeviceArray (CUDA); for a
     DTensor, a :class:`uckpt.Shard` of its local tensor's leaf (``where`` names it in errors)."""
-    from .dtensor import is_dtensor, to_shard
-
     if is_dtensor(t):
         return to_shard(t, where, to_leaf)
     if t.device.type == "cuda" and t.layout == torch.strided:
         return device_array(t)
     return to_numpy(t)
+
+
+def tree_to_numpy(x: Any, where: str = "") -> Any:
+    """Every tensor in a nested dict/list/tuple replaced by its leaf (:func:`to_leaf`:
+    a NumPy view, a snapshot-time copy for CUDA tensors, a Shard for DTensors); containers
+    rebuilt. ``where`` is the path of ``x``, for errors."""
+    if isinstance(x, torch.Tensor):
+        return to_leaf(x, where)
+    sub = (where + "/") if where else ""
+    if isinstance(x, dict):
+        return {k: tree_to_numpy(v, f"{sub}{k}") for k, v in x.items()}
+    if isinstance(x, list):
+        return [tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x)]
+    if isinstance(x, tuple):
+        return tuple(tree_to_numpy(v, f"{sub}{i}") for i, v in enumerate(x))
+    return x

@@ -4,7 +4,7 @@ A DTensor is this rank's local tensor plus where it sits in a global tensor, so 
 maps onto :class:`uckpt.Shard`: the core writes each rank's box once and loads
 any box on any number of ranks.
 
-save: ``to_shard(dt, where)`` (through ``device.to_leaf``) is ``Shard(local array,
+save: ``to_shard(dt, where)`` (called by ``device.to_leaf``) is ``Shard(local array,
 dt.shape, offsets)``, the offsets given by torch's own
 ``compute_local_shape_and_global_offset``. ``Shard(dim)`` placements, even or
 uneven (a rank may hold an empty box), ``Replicate()`` (every rank holds the whole
@@ -24,8 +24,7 @@ Nothing here imports ``torch.distributed``: a DTensor exists only once
 """
 from __future__ import annotations
 
-import sys
-from typing import Any, Tuple
+from typing import Tuple
 
 import numpy as np
 import torch
@@ -35,13 +34,7 @@ from uckpt.dtypes import to_numpy as numpy_dtype_of
 from uckpt.errors import StateMismatchError, UnsupportedObjectError
 from uckpt.shard import Shard
 
-from .convert import from_numpy, same_memory, writable_view
-
-
-def is_dtensor(t: Any) -> bool:
-    mod = sys.modules.get("torch.distributed.tensor")
-    cls = getattr(mod, "DTensor", None)
-    return cls is not None and isinstance(t, cls)
+from .convert import from_numpy, is_dtensor, same_memory, writable_view  # noqa: F401 (is_dtensor re-exported)
 
 
 def local_tensor(dt) -> torch.Tensor:

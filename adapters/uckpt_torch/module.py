@@ -25,9 +25,8 @@ from uckpt.adapter import Adapter, ArraySpec
 from uckpt.errors import KeyMismatchError, StateMismatchError
 
 from .checks import array_problem, raise_problems
-from .convert import from_numpy, same_memory, tree_from_numpy, tree_to_numpy, \
-    writable_view
-from .device import to_leaf
+from .convert import from_numpy, same_memory, tree_from_numpy, writable_view
+from .device import to_leaf, tree_to_numpy
 from .dtensor import fill, is_dtensor, read_target
 from .layout import align_compiled
 

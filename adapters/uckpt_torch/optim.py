@@ -30,7 +30,8 @@ from uckpt.adapter import Adapter, ArraySpec
 from uckpt.errors import StateMismatchError
 
 from .checks import class_name
-from .convert import _NAMES, tree_from_numpy, tree_to_numpy, writable_view
+from .convert import _NAMES, tree_from_numpy, writable_view
+from .device import tree_to_numpy
 from .dtensor import fill, is_dtensor, like, read_target
 from .layout import check_kind
 

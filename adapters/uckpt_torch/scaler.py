@@ -12,7 +12,8 @@ import torch
 from uckpt.adapter import Adapter
 from uckpt.errors import StateMismatchError
 
-from .convert import tree_from_numpy, tree_to_numpy
+from .convert import tree_from_numpy
+from .device import tree_to_numpy
 
 _CLASSES = tuple(c for c in (getattr(torch.amp, "GradScaler", None),
                              torch.cuda.amp.GradScaler) if c is not None)

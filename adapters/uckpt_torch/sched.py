@@ -14,7 +14,8 @@ from torch.optim import lr_scheduler
 from uckpt.adapter import Adapter
 
 from .checks import class_name
-from .convert import tree_from_numpy, tree_to_numpy
+from .convert import tree_from_numpy
+from .device import tree_to_numpy
 from .layout import check_kind
 
 _CLASSES = (lr_scheduler.LRScheduler, lr_scheduler.ReduceLROnPlateau)

@@ -125,6 +125,9 @@ class Adapter:
 
     #: short name recorded in the manifest next to the subtree, e.g. ``"torch.module"``
     name: str = ""
+    #: restore this adapter's objects after every other adapter's in the same load (the
+    #: global random state: another adapter's ``restore`` may draw random numbers)
+    restore_last: bool = False
 
     def handles(self, obj: Any) -> bool:
         raise NotImplementedError

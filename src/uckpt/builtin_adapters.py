@@ -10,6 +10,7 @@ from .rng import RandomState, capture_global, python_state, restore_global, set_
 
 class GlobalRandomAdapter(Adapter):
     name = "uckpt.random_state"
+    restore_last = True
 
     def handles(self, obj):
         return isinstance(obj, RandomState)

@@ -16,8 +16,8 @@ error itself) and nothing is committed:
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
    directory), writes its data file durably (compressing its chunks first if asked), and
    sends its chunks' checksums (compressed: also their codecs, offsets and lengths) and
-   which copy of the storage it wrote into (its *view*);
-3. *commit*: the lowest rank of each view writes the manifest (the same on every view)
+   which copy of the storage it wrote into (its *replica*: ``sink.view()``);
+3. *commit*: the lowest rank of each replica writes the manifest (the same on every replica)
    last; in a directory by renaming the temporary directory into place, in an object
    store by the manifest object's PUT.
 
@@ -33,13 +33,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from .comm import Communicator
-from .commit import assemble_manifest, check_metadata, check_step, raise_save_failure
+from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
 from .errors import CheckpointExistsError
 from .format import Chunk, Manifest
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
 from .recode import recode_files, recoded_manifest
+from .save_errors import raise_save_failure
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten
@@ -81,7 +82,7 @@ def flatten_shared(state, comm: Communicator) -> Union[Flat, BaseException]:
 
 
 @dataclass
-class Prepared:
+class PreparedSave:
     """A save after its plan exchange: what the write and commit need."""
 
     sink: CheckpointSink
@@ -101,7 +102,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                        what: Optional[str] = None,
-                       compression: Optional[Compression] = None) -> Prepared:
+                       compression: Optional[Compression] = None) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
@@ -120,7 +121,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             except BaseException as e:
                 raise_save_failure(e, what, store.location(name))
             out["token"] = opened["sink"].token
-            out["metadata"] = metadata or {}  # rank 0's: every view's manifest says the same
+            out["metadata"] = metadata or {}  # rank 0's: every replica's manifest says the same
         return out
 
     try:
@@ -137,11 +138,11 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             opened["sink"].abort()
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
-    return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                    overwrite, what, compression)
+    return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
+                        overwrite, what, compression)
 
 
-def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
+def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):
     """Collective, steps 2 and 3 (write, commit), over ``comm`` (the plan's ranks, e.g. a
     background duplicate). ``staged`` is this rank's data (a snapshot of its share, or
     the flat state), or the error the snapshot failed with. Returns the location."""
@@ -153,7 +154,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             if isinstance(staged, BaseException):
                 raise staged
             try:
-                view = sink.view()
+                replica = sink.view()
                 chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
                                          staged.arrays, image=staged.images.get(file),
                                          origins=gp.origins, compression=p.compression)
@@ -166,9 +167,9 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                      "-" if p.step is None else p.step, stored,
                      f" ({size} raw)" if stored != size else "", time.perf_counter() - start)
             if p.compression is None:
-                return {"sums": [c.checksum for c in mine], "view": view}
+                return {"sums": [c.checksum for c in mine], "replica": replica}
             return {"chunks": [(c.offset, c.length, c.codec, c.checksum) for c in mine],
-                    "size": stored, "view": view}
+                    "size": stored, "replica": replica}
 
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
 
@@ -186,11 +187,11 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
                                      chunks, p.step, p.metadata, sizes).to_bytes()
 
-        views = [w["view"] for w in written]
+        replicas = [w["replica"] for w in written]
 
         def commit() -> None:
-            if views.index(views[comm.rank]) != comm.rank:
-                return  # the lowest rank of this view commits
+            if replicas.index(replicas[comm.rank]) != comm.rank:
+                return  # the lowest rank of this replica commits
             try:
                 sink.commit(manifest(), p.overwrite)
             except BaseException as e:
@@ -208,7 +209,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
     return where
 
 
-def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,
+def submit_async_share(saver, prepared: PreparedSave, comm: Communicator, background: Communicator,
                        description: str, then: Optional[Callable[[Any], Any]] = None,
                        failed: Optional[Callable[[], None]] = None, guard=None):
     """Snapshot this rank's share of a prepared save into ``saver``'s staging memory and
@@ -227,9 +228,8 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
     gp = prepared.plan
     try:
         return submit_collective(saver, prepared.flat, job, description,
-                                 take=lambda pool: snapshot_share(prepared.flat, gp.plan,
-                                                                  comm.rank, gp.origins, pool,
-                                                                  guard))
+                                 make_snapshot=lambda pool: snapshot_share(
+                                     prepared.flat, gp.plan, comm.rank, gp.origins, pool, guard))
     except BaseException:
         if comm.size == 1:  # no background job ran: nothing else removes the sink
             prepared.sink.abort()
@@ -238,12 +238,12 @@ def submit_async_share(saver, prepared: Prepared, comm: Communicator, background
 
 def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                     verify: bool = True, compression: Optional[Compression] = None):
-    """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's view of it)
+    """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's replica of it)
     to ``dst``; returns its location there, or None if it was already committed there.
 
     Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
     process, every file) and checks every chunk of them read back from ``dst``; then the
-    lowest rank of each view of ``dst`` commits, with the source's manifest bytes. With
+    lowest rank of each replica of ``dst`` commits, with the source's manifest bytes. With
     ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
     manifest committed is the source's with the new chunks.
     """
@@ -276,8 +276,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
 
     def copy() -> Dict[str, Any]:
         try:
-            view = sink.view()
-            with src.source(name) as source:  # this rank's view of the source (node-local)
+            replica = sink.view()
+            with src.source(name) as source:  # this rank's replica of the source (node-local)
                 data = source.manifest_bytes()
                 manifest = Manifest.parse(data, where=_manifest_where(source))
                 found.update(data=data, step=manifest.step)
@@ -300,17 +300,17 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
             log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
                      "intact, %.3f s", manifest.step, where, verified,
                      time.perf_counter() - checked)
-        return {"view": view, "recoded": recoded}
+        return {"replica": replica, "recoded": recoded}
 
     try:
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
-        views = [c["view"] for c in copied]
+        replicas = [c["replica"] for c in copied]
         if compression is not None:  # every rank's new chunks, in one manifest
             found["data"] = recoded_manifest(Manifest.parse(found["data"]),
                                              [c["recoded"] for c in copied]).to_bytes()
 
         def commit() -> bool:
-            if views.index(views[comm.rank]) != comm.rank:
+            if replicas.index(replicas[comm.rank]) != comm.rank:
                 return True
             try:
                 sink.commit(found["data"], False)

@@ -4,24 +4,21 @@ The save path of :func:`uckpt.save` and :class:`uckpt.CheckpointManager`, for an
 of ranks, is :mod:`uckpt.collective`; the bytes go through a
 :class:`~uckpt.storage.base.CheckpointSink` (:mod:`uckpt.storage`): data files first,
 the manifest last, which is the commit. :func:`write_checkpoint` writes every data file
-of a given plan from this one process (``uckpt.consolidate``, tests of multi-file
-layouts). Until the commit readers see nothing new; the previous checkpoint is never
-touched. Any failure removes what the save wrote and raises.
+of a flat state's plan from this one process (``uckpt.consolidate``). Until the commit
+readers see nothing new; the previous checkpoint is never touched. Any failure removes what the save wrote and raises.
 """
 from __future__ import annotations
 
 import datetime as _dt
-import errno
 import json
-import os
 from typing import Any, Dict, Optional
 
 from ._version import __version__ as _version
-from . import fsutil
-from .errors import ManifestError, SaveError, StorageAccessError, StorageFullError, UckptError
+from .errors import ManifestError
 from .format import ArrayEntry, FileEntry, Manifest
 from .leases import DEL_MARK, OLD_MARK, TMP_MARK  # noqa: F401 (re-exported)
 from .plan import SavePlan, metas, plan_save
+from .save_errors import raise_save_failure, save_failure  # noqa: F401 (re-exported)
 from .storage import locate
 from .storage.local import check_target, publish  # noqa: F401 (re-exported)
 from .tree import Flat
@@ -48,15 +45,14 @@ def check_step(step) -> None:
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     plan: Optional[SavePlan] = None, storage_options=None,
-                     compression: Optional[Compression] = None):
-    """Write every data file of ``plan`` (default: one file) from this process, its chunks
-    compressed with ``compression`` if given, and commit; returns the checkpoint's
+                     storage_options=None, compression: Optional[Compression] = None):
+    """Write every data file of ``flat``'s plan (default: one file) from this process, its
+    chunks compressed with ``compression`` if given, and commit; returns the checkpoint's
     location (a Path, or a URL)."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
-    plan = plan or flat.plan or plan_save(metas(flat.arrays))
+    plan = flat.plan or plan_save(metas(flat.arrays))
     where = store.location(name)
     sink = None
     try:
@@ -93,32 +89,3 @@ def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
                     step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
-
-
-def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> BaseException:
-    """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one)."""
-    if fsutil.is_enospc(e):
-        return StorageFullError(f"no space left on the device while {doing}{detail}",
-                                path=str(directory),
-                                hint="free space or choose another location; earlier "
-                                     "checkpoints are intact")
-    if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and \
-            not isinstance(e, UckptError):
-        where = e.filename or directory
-        return StorageAccessError(
-            f"{doing} failed: {str(where)!r} cannot be written ({os.strerror(e.errno)})",
-            path=str(where), errno=e.errno,
-            hint="check that the file system is mounted read-write and that this user may "
-                 "write there; earlier checkpoints are intact")
-    if isinstance(e, OSError) and not isinstance(e, UckptError):
-        return SaveError(f"{doing} failed: {e}", path=str(directory))
-    return e
-
-
-def raise_save_failure(e: BaseException, doing: str, where, detail: str = "") -> None:
-    """Raise the uckpt error for ``e`` (see :func:`save_failure`), chained to it."""
-    err = save_failure(e, doing, where, detail)
-    if err is e:
-        raise e
-    raise err from e
-

@@ -85,8 +85,9 @@ def _lower_priority() -> None:
             pass  # best effort
 
 
-class Chain:
-    """Runs jobs on background non-daemon threads, strictly one after another."""
+class SerialRunner:
+    """Runs jobs on background non-daemon threads, strictly one after another (each
+    job's thread first joins the previous one's), in submission order."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -123,7 +124,7 @@ class Chain:
 
 
 class AsyncSaver:
-    """Snapshots into a bounded staging pool; writes on a background chain.
+    """Snapshots into a bounded staging pool; writes on a background :class:`SerialRunner`.
 
     Keeps the handles of its saves until their outcome is seen:
     ``raise_unreported`` raises the first error nobody has looked at.
@@ -131,23 +132,25 @@ class AsyncSaver:
 
     def __init__(self, max_inflight: int = 1, name: str = "uckpt-save") -> None:
         self.pool = StagingPool(max_inflight)
-        self.chain = Chain(name)
+        self.runner = SerialRunner(name)
         self._handles: list = []
         self._lock = threading.Lock()
 
     def submit(self, flat: Flat, job: Callable[[Flat], Any], description: str,
-               take: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
-        """``take(pool)``, if given, makes the snapshot (default: every array of ``flat``)."""
-        snap: Snapshot = take(self.pool) if take else snapshot(flat, self.pool)  # the only blocking part
-        handle = self.chain.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
+               make_snapshot: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
+        """``make_snapshot(pool)``, if given, makes the snapshot (default: every array of
+        ``flat``)."""
+        snap: Snapshot = make_snapshot(self.pool) if make_snapshot else \
+            snapshot(flat, self.pool)  # the only blocking part
+        handle = self.runner.run(SaveHandle(description), lambda: job(snap.ready()), snap.release)
         with self._lock:
             self._handles = [h for h in self._handles if not (h.done() and h.reported)]
             self._handles.append(handle)
         return handle
 
     def run(self, job: Callable[[], Any], description: str) -> SaveHandle:
-        """Run ``job`` on the background chain, after the saves before it (no snapshot)."""
-        handle = self.chain.run(SaveHandle(description), job)
+        """Run ``job`` on the background runner, after the saves before it (no snapshot)."""
+        handle = self.runner.run(SaveHandle(description), job)
         with self._lock:
             self._handles.append(handle)
         return handle
@@ -161,12 +164,13 @@ class AsyncSaver:
                 raise error
 
     def join(self) -> None:
-        self.chain.join()
+        self.runner.join()
 
 
 def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
                       job: Callable[[Any], Any], description: str,
-                      take: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
+                      make_snapshot: Optional[Callable[[StagingPool], Snapshot]] = None
+                      ) -> SaveHandle:
     """Submit a save whose background job is collective (every rank runs it, in order).
 
     If this rank cannot take part (``flat`` is the error it failed with before
@@ -177,7 +181,7 @@ def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
     error = flat if isinstance(flat, BaseException) else None
     if error is None:
         try:
-            return saver.submit(flat, job, description, take)
+            return saver.submit(flat, job, description, make_snapshot)
         except Exception as e:  # noqa: BLE001 - told to the other ranks, raised below
             error = e
     saver.run(lambda: job(error), description).reported = True

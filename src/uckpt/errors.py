@@ -25,6 +25,19 @@ class UckptError(Exception):
             text += f"\n  hint: {hint}"
         super().__init__(text)
 
+    def at_path(self, path: str) -> "UckptError":
+        """Name ``path`` (where the object sits in the state) in this error unless it does
+        already; ``leaf`` becomes ``path`` if it was not set. For errors raised by code that
+        does not know where its object sits (an adapter's ``extract``, ``prepare`` or
+        ``restore``). Returns the error itself."""
+        path = path or "<root>"
+        if getattr(self, "leaf", None) is None:
+            self.leaf = path
+            self.where["leaf"] = path
+        if self.args and repr(path) not in str(self.args[0]):
+            self.args = (f"{path!r}: {self.args[0]}",) + tuple(self.args[1:])
+        return self
+
 
 class _OSFlavoured(UckptError, OSError):
     """Mixin that keeps ``OSError``'s attributes meaningful."""
@@ -196,21 +209,22 @@ class StorageDependencyError(UckptError, ImportError):
 class DistributedError(UckptError, RuntimeError):
     """One or more ranks failed; raised on every rank.
 
-    ``failures`` maps each failed rank to the text of its exception.
+    ``failures`` maps each failed rank to the text of its exception, ``kinds`` to the
+    ``module.QualName`` of its exception's class and of every base class (ranks that
+    failed without an exception, e.g. did not answer, have none).
     """
 
-    def __init__(self, message: str, *, failures: Optional[Dict[int, str]] = None, hint=None, **where):
+    def __init__(self, message: str, *, failures: Optional[Dict[int, str]] = None,
+                 kinds: Optional[Dict[int, Iterable[str]]] = None, hint=None, **where):
         self.failures = dict(failures or {})
+        self.kinds = {r: tuple(k) for r, k in (kinds or {}).items()}
         super().__init__(message, hint=hint, **where)
 
     def failed_with(self, *classes: type) -> bool:
-        """Whether some rank failed with an exception of one of ``classes`` (by name,
-        subclasses included: the text of each failure starts with its class)."""
-        names = set()
-        for cls in classes:
-            names |= {c.__qualname__ for c in _subclasses(cls)}
-        return any(text.split(":", 1)[0].rsplit(".", 1)[-1] in names
-                   for text in self.failures.values())
+        """Whether some rank failed with an exception of one of ``classes`` (subclasses
+        included)."""
+        names = {f"{c.__module__}.{c.__qualname__}" for c in classes}
+        return any(names.intersection(k) for k in self.kinds.values())
 
 
 class CollectiveTimeoutError(DistributedError, TimeoutError):
@@ -249,8 +263,3 @@ def _short(items, limit: int = 20) -> str:
 
 __all__ = [n for n in dir() if n.endswith("Error")]
 
-
-def _subclasses(cls: type):
-    yield cls
-    for sub in cls.__subclasses__():
-        yield from _subclasses(sub)

@@ -17,7 +17,8 @@ def _env_int(name: str, default: int) -> int:
 chunk_bytes: int = _env_int("chunk_bytes", 64 << 20)
 #: every chunk starts at a multiple of this many bytes in its data file
 alignment: int = _env_int("alignment", 64)
-#: threads that checksum and write (or read and verify) chunks in parallel
+#: threads that read chunks and check their checksums in parallel when loading (an
+#: object store also verifies on this many; saves do not use it, see uckpt.writer)
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
 #: threads that compress chunks in parallel; chunks of at least ``compress_split_bytes``
 #: are each compressed on this many threads of Zstandard's own

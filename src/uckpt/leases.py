@@ -41,6 +41,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from . import fsutil, knobs
 from .errors import RootLockedError
+from .save_errors import raise_save_failure
 
 log = logging.getLogger("uckpt.leases")
 
@@ -281,8 +282,6 @@ def claim_roots(stores: List[Any], comm: Any, shared: bool) -> List[Any]:
     :class:`RootLockedError` (with several ranks: a
     :class:`~uckpt.errors.DistributedError` on every rank) when another job holds one.
     A lock that one rank takes for the whole job (an object store's) is taken by rank 0."""
-    from .commit import raise_save_failure  # commit imports this module
-
     job = comm.broadcast(new_job_id() if comm.rank == 0 else None)
     locks = [store.writer_lock(job, shared) for store in stores]
 

@@ -38,7 +38,7 @@ from .collective import (copy_collective, flatten_shared, prepare_collective, sa
                          submit_async_share)
 from .comm import get_communicator
 from .costs import CostRecorder
-from .engine import AsyncSaver, Chain, SaveHandle
+from .engine import AsyncSaver, SaveHandle, SerialRunner
 from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
                      ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
                      StorageUnavailableError, UckptError)
@@ -170,7 +170,7 @@ class CheckpointManager:
         self.comm = get_communicator(comm)
         distributed = self.comm.size > 1
         self._saver = AsyncSaver(max_inflight, "uckpt-save") if async_save else None
-        self._flusher = Chain("uckpt-flush")
+        self._flusher = SerialRunner("uckpt-flush")
         # background threads talk over communicators of their own (collective to make)
         self._save_comm = self.comm.duplicate() if distributed and async_save else self.comm
         self._copy_comm = self.comm.duplicate() if distributed and len(self.tiers) > 1 else self.comm

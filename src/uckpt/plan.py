@@ -60,11 +60,6 @@ class SavePlan:
         return out
 
 
-def split_rows(meta: ArrayMeta, chunk_bytes: int) -> List[Box]:
-    """Boxes covering the array: whole, or slabs of rows of about ``chunk_bytes``."""
-    return split_box(meta.dtype, (0,) * len(meta.shape), meta.shape, chunk_bytes)
-
-
 def split_box(dtype: str, start: Sequence[int], shape: Sequence[int], piece_bytes: int) -> List[Box]:
     """Boxes covering the box ``start``/``shape``: itself, or when it holds at least twice
     ``piece_bytes``, slabs of about ``piece_bytes`` along its first axis longer than 1."""

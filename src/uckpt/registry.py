@@ -2,7 +2,8 @@
 
 Adapters come from three places, consulted in this order:
 
-1. adapters registered at run time with :func:`register_adapter`;
+1. adapters registered at run time with :func:`register_adapter` (the newest
+   first; :func:`unregister_adapter` takes one back);
 2. the ``uckpt.adapters`` entry-point group. Each entry point is named after
    the top-level module of the framework it serves (``torch``,
    ``tensorflow``, ...) and points at an :class:`~uckpt.adapter.Adapter`, a
@@ -16,13 +17,13 @@ Adapters come from three places, consulted in this order:
 from __future__ import annotations
 
 import threading
-from importlib import metadata
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
-from .adapter import Adapter, RNGProvider
-
-ADAPTER_GROUP = "uckpt.adapters"
-RNG_GROUP = "uckpt.rng"
+from .adapter import Adapter
+from .builtin_adapters import BUILTIN
+from .errors import UnsupportedObjectError
+from .plugins import (ADAPTER_GROUP, RNG_GROUP, _entry_points, _load,  # noqa: F401
+                      known_adapter_names, register_rng_provider, rng_providers)
 
 # Which extra installs an adapter, for the hint in error messages.
 INSTALL_HINTS = {
@@ -34,8 +35,6 @@ INSTALL_HINTS = {
 
 _lock = threading.Lock()
 _runtime: List[Adapter] = []
-_loaded: Dict[str, List[Any]] = {}  # "group:name" -> loaded objects
-_eps: Dict[str, Dict[str, metadata.EntryPoint]] = {}
 
 
 def register_adapter(adapter: Adapter) -> None:
@@ -46,28 +45,11 @@ def register_adapter(adapter: Adapter) -> None:
         _runtime.insert(0, adapter)
 
 
-def _entry_points(group: str) -> Dict[str, metadata.EntryPoint]:
+def unregister_adapter(adapter: Adapter) -> None:
+    """Undo :func:`register_adapter` (e.g. at the end of a test); unknown adapters are ignored."""
     with _lock:
-        if group not in _eps:
-            _eps[group] = {ep.name: ep for ep in metadata.entry_points(group=group)}
-        return _eps[group]
-
-
-def _load(group: str, name: str) -> List[Any]:
-    key = f"{group}:{name}"
-    with _lock:
-        if key in _loaded:
-            return _loaded[key]
-    ep = _entry_points(group).get(name)
-    items: List[Any] = []
-    if ep is not None:
-        obj = ep.load()
-        if callable(obj) and not isinstance(obj, (Adapter, RNGProvider)):
-            obj = obj()
-        items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
-    with _lock:
-        _loaded[key] = items
-    return items
+        if adapter in _runtime:
+            _runtime.remove(adapter)
 
 
 def module_roots(obj: Any) -> List[str]:
@@ -95,34 +77,30 @@ def find_adapter(obj: Any) -> Optional[Adapter]:
             for adapter in _load(ADAPTER_GROUP, name):
                 if adapter.handles(obj):
                     return adapter
-    from .builtin_adapters import BUILTIN
-
     for adapter in BUILTIN:
         if adapter.handles(obj):
             return adapter
     return None
 
 
-def rng_providers(imported_only: bool = True) -> Dict[str, RNGProvider]:
-    """RNG providers of frameworks that are already imported (by name)."""
-    import sys
-
-    out: Dict[str, RNGProvider] = {}
-    for name in _entry_points(RNG_GROUP):
-        if imported_only and sys.modules.get(name) is None:  # None: import blocked
-            continue
-        try:
-            providers = _load(RNG_GROUP, name)
-        except ImportError as e:
-            import warnings
-
-            warnings.warn(f"uckpt: the random-state provider for {name} cannot be loaded "
-                          f"({e}); its state is neither saved nor restored", RuntimeWarning)
-            continue
-        for provider in providers:
-            out[provider.name or name] = provider
-    return out
-
-
-def known_adapter_names() -> List[str]:
-    return sorted(_entry_points(ADAPTER_GROUP))
+def no_adapter_error(obj: Any, path: str, saving: bool) -> UnsupportedObjectError:
+    """The error for an object no adapter handles, at ``path`` in the state, with a hint
+    saying which adapter to install or how to make the object savable."""
+    cls = type(obj)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    hint = ("pass arrays, plain values, containers of them, or an object of a supported "
+            "framework; give your own classes state_dict()/load_state_dict(), or register "
+            "an adapter with uckpt.register_adapter()")
+    installed = set(known_adapter_names())
+    for root in module_roots(obj):
+        if root in installed:
+            hint = (f"the {root} adapter is installed but handles no {name}; save the "
+                    "object's state (arrays, plain values) instead, or register an adapter "
+                    "with uckpt.register_adapter()")
+            break
+        if root in INSTALL_HINTS:
+            hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
+            break
+    doing = "save" if saving else "restore"
+    return UnsupportedObjectError(
+        f"no adapter knows how to {doing} {name} at {path or '<root>'!r}", hint=hint, leaf=path)

@@ -25,10 +25,10 @@ import numpy as np
 from . import dtypes
 from .adapter import Adapter, ArraySpec
 from .errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError,
-                     StateMismatchError, UnsupportedObjectError)
+                     StateMismatchError, UckptError, UnsupportedObjectError)
 from .format import Manifest
 from .reader import CheckpointReader
-from .registry import find_adapter
+from .registry import find_adapter, no_adapter_error
 from .shard import PerRank, Shard
 from .tree import array_leaf_value, decode, escape, join
 
@@ -50,7 +50,7 @@ class _Matcher:
         self.rank = rank
         self.targets: Dict[str, Any] = {}  # path -> array, or (array, offsets) for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
-        self.actions: List[Tuple[Adapter, Any, Dict[str, Any]]] = []
+        self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
         self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
 
@@ -85,9 +85,7 @@ class _Matcher:
             return
         adapter = find_adapter(obj)
         if adapter is None:
-            from .tree import _unsupported
-
-            raise _unsupported(obj, parts)
+            raise no_adapter_error(obj, join(parts), saving=False)
         sub = node
         if node["type"] == "object":
             if node["adapter"] != adapter.name:
@@ -97,10 +95,13 @@ class _Matcher:
                     f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=where)
             sub = node["state"]
         spec = decode(sub, spec_leaf(self.m))
-        targets = adapter.prepare(obj, spec)
+        try:
+            targets = adapter.prepare(obj, spec)
+        except UckptError as e:
+            raise e.at_path(join(parts))
         self.collect_targets(sub, targets)
         self.needed.append(sub)
-        self.actions.append((adapter, obj, sub))
+        self.actions.append((adapter, obj, sub, join(parts)))
 
     def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
         items = node["items"]
@@ -238,10 +239,13 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
 
     for dest, path in matcher.copies:  # phase 3
         np.copyto(dest, arrays[path])
-    # random state last: another adapter's restore may draw random numbers (e.g. lazy
-    # initialisation), which must not shift a generator restored before it
-    for adapter, obj, sub in sorted(matcher.actions, key=lambda a: a[0].name == "uckpt.random_state"):
-        adapter.restore(obj, decode(sub, leaf))
+    # adapters with restore_last (global random state) after the others, whose restore
+    # may draw random numbers (e.g. lazy initialisation) from a generator restored before
+    for adapter, obj, sub, path in sorted(matcher.actions, key=lambda a: a[0].restore_last):
+        try:
+            adapter.restore(obj, decode(sub, leaf))
+        except UckptError as e:
+            raise e.at_path(path)
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)
     items = m.tree["items"]

@@ -35,7 +35,7 @@ def set_python_state(tree: Dict[str, Any], rng: "random.Random | None" = None) -
 
 
 def capture_global() -> Dict[str, Any]:
-    from .registry import rng_providers
+    from .plugins import rng_providers
 
     out: Dict[str, Any] = {
         "python": python_state(),
@@ -47,7 +47,7 @@ def capture_global() -> Dict[str, Any]:
 
 
 def restore_global(tree: Dict[str, Any]) -> None:
-    from .registry import rng_providers
+    from .plugins import rng_providers
 
     providers = rng_providers()
     for name, sub in tree.items():

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import dtypes
 from .adapter import DeviceArray
-from .errors import UnsupportedDtypeError, UnsupportedObjectError
+from .errors import UckptError, UnsupportedDtypeError, UnsupportedObjectError
 from .shard import PerRank, Shard
 
 MAX_DEPTH = 200
@@ -124,7 +124,7 @@ class _Flattener:
             cls = type(obj)
             return {"type": "object", "adapter": adapter.name,
                     "class": f"{cls.__module__}.{cls.__qualname__}",
-                    "state": self.node(adapter.extract(obj), parts, depth + 1)}
+                    "state": self.node(self.extract(adapter, obj, parts), parts, depth + 1)}
         if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__"):
             try:
                 arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
@@ -132,7 +132,16 @@ class _Flattener:
                 arr = None
             if arr is not None:
                 return self.array(arr, parts)
-        raise _unsupported(obj, parts)
+        from .registry import no_adapter_error
+
+        raise no_adapter_error(obj, join(parts), saving=True)
+
+    @staticmethod
+    def extract(adapter: Any, obj: Any, parts: List[str]) -> Any:
+        try:
+            return adapter.extract(obj)
+        except UckptError as e:  # the adapter does not know where its object sits
+            raise e.at_path(join(parts))
 
     def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
         keys = list(obj.keys())
@@ -180,28 +189,6 @@ class _Flattener:
         if box is not None:
             self.boxes[path] = box
         return {"type": "array", "path": path}
-
-
-def _unsupported(obj: Any, parts: List[str]) -> UnsupportedObjectError:
-    from .registry import INSTALL_HINTS, known_adapter_names, module_roots
-
-    cls = type(obj)
-    name = f"{cls.__module__}.{cls.__qualname__}"
-    hint = ("pass arrays, plain values, containers of them, or an object of a supported "
-            "framework; give your own classes state_dict()/load_state_dict(), or register "
-            "an adapter with uckpt.register_adapter()")
-    installed = set(known_adapter_names())
-    for root in module_roots(obj):
-        if root in installed:
-            hint = (f"the {root} adapter is installed but handles no {name}; save the "
-                    "object's state (arrays, plain values) instead, or register an adapter "
-                    "with uckpt.register_adapter()")
-            break
-        if root in INSTALL_HINTS:
-            hint = f"the {root} adapter is not installed: {INSTALL_HINTS[root]}"
-            break
-    return UnsupportedObjectError(f"no adapter knows how to save {name} at {_where(parts)!r}",
-                                  hint=hint, leaf=join(parts))
 
 
 def decode(node: Dict[str, Any], leaf: Callable[[Dict[str, Any]], Any]) -> Any:

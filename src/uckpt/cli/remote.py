@@ -15,7 +15,7 @@ from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..storage import is_remote, open_store
 from ..storage.base import step_of
-from .scan import COMMITTED, DAMAGED, INCOMPLETE, Found, order_found
+from .found import COMMITTED, DAMAGED, INCOMPLETE, Found, order_found
 
 ENV_HELP = ("s3:// URLs: the endpoint and credentials come from these options, else from "
             "the standard AWS environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "

@@ -22,45 +22,20 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
 from ..commit import DEL_MARK, OLD_MARK, TMP_MARK
 from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
-from ..format import MANIFEST_NAME, Manifest
+from ..format import MANIFEST_NAME
 from ..fsutil import kind_of, link_kind, open_dir, stat_regular
 from ..reader import manifest_at
 from ..storage import is_remote
+from .found import COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, order_found  # noqa: F401
 
-COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
 _STEP = re.compile(r"^step_(\d+)$")
 _HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
                      % (re.escape(TMP_MARK), re.escape(OLD_MARK), re.escape(DEL_MARK)))
-
-
-@dataclass
-class Found:
-    """One directory found under a root (or, ``url`` set, a checkpoint prefix in an object
-    store, ``path`` None); ``tier`` is the root's label when several are listed."""
-
-    path: Optional[Path]
-    status: str
-    step: Optional[int] = None
-    size: int = 0  # bytes of all files in the directory
-    manifest: Optional[Manifest] = None
-    reason: str = ""  # why it is damaged / incomplete / stale
-    tier: Optional[str] = None  # set by tiers.scan_tiers
-    url: Optional[str] = None  # in an object store
-
-    @property
-    def name(self) -> str:
-        return self.url.rsplit("/", 1)[-1] if self.url else self.path.name
-
-    @property
-    def where(self) -> str:
-        """The absolute path, or the URL."""
-        return self.url or str(self.path.absolute())
 
 
 def scan(root, storage_options=None) -> List[Found]:
@@ -99,12 +74,6 @@ def scan(root, storage_options=None) -> List[Found]:
         if item is not None:
             found.append(item)
     return order_found(found)
-
-
-def order_found(found: List[Found]) -> List[Found]:
-    """By step (unnumbered last), then status, then name."""
-    order = {COMMITTED: 0, DAMAGED: 1, STALE: 2, INCOMPLETE: 3}
-    return sorted(found, key=lambda f: (f.step is None, f.step or 0, order[f.status], f.name))
 
 
 def _symlink(path: Path) -> Optional[Found]:

@@ -8,8 +8,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from .. import knobs
 from ..errors import DistributedError
 
-#: Seconds a collective waits before raising :class:`CollectiveTimeoutError`;
-#: ``UCKPT_COMM_TIMEOUT`` overrides it (to move into ``uckpt.knobs``).
+#: Seconds a collective waits before raising :class:`CollectiveTimeoutError`
+#: (``uckpt.knobs.comm_timeout``; ``UCKPT_COMM_TIMEOUT`` overrides it).
 DEFAULT_TIMEOUT = knobs.comm_timeout
 
 
@@ -27,6 +27,16 @@ def decode(data: bytes) -> Any:
 
 def describe_exception(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def exception_kinds(exc: BaseException) -> List[str]:
+    """``module.QualName`` of the exception's class and its bases: what the other ranks
+    learn of its type (:meth:`~uckpt.errors.DistributedError.failed_with`)."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object]
+
+
+#: one failed rank: (rank, message, kinds of its exception, empty for a bare message)
+Failure = Tuple[int, str, List[str]]
 
 
 class Communicator:
@@ -86,11 +96,14 @@ class Communicator:
 
         ``error`` is this rank's exception (or message), ``None`` when it succeeded.
         """
+        return [(r, text) for r, text, _ in self._failures(error)]
+
+    def _failures(self, error: Optional[BaseException | str]) -> List[Failure]:
         if isinstance(error, BaseException):
-            error = describe_exception(error)
-        elif error is not None:
-            error = str(error)
-        return [(r, e) for r, e in enumerate(self.all_gather(error)) if e is not None]
+            mine: Any = [describe_exception(error), exception_kinds(error)]
+        else:
+            mine = None if error is None else [str(error), []]
+        return [(r, e[0], e[1]) for r, e in enumerate(self.all_gather(mine)) if e is not None]
 
     def check(self, error: Optional[BaseException | str] = None, what: str = "operation") -> None:
         """Collective: raise :class:`DistributedError` on every rank if any rank passed an error.
@@ -98,7 +111,7 @@ class Communicator:
         The message names each failed rank and its exception text; on a failed
         rank the local exception is chained as ``__cause__``.
         """
-        _raise_failed(self.failures(error), self.size, error, what)
+        _raise_failed(self._failures(error), self.size, error, what)
 
     def gather_outcomes(self, fn: Callable[[], Any], what: str = "operation") -> List[Any]:
         """Collective: run ``fn()`` here, then return every rank's result, indexed by rank.
@@ -113,13 +126,13 @@ class Communicator:
             payload: Dict[str, Any] = {"ok": fn()}
         except Exception as e:  # noqa: BLE001 - shared with the other ranks, then re-raised
             error = e
-            payload = {"error": describe_exception(e)}
+            payload = {"error": describe_exception(e), "kinds": exception_kinds(e)}
         try:
             out = self.all_gather(payload)
         except DistributedError as e:  # a rank died or hangs: say what was interrupted
             e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
             raise
-        _raise_failed([(r, p["error"]) for r, p in enumerate(out) if "error" in p],
+        _raise_failed([(r, p["error"], p["kinds"]) for r, p in enumerate(out) if "error" in p],
                       self.size, error, what)
         return [p["ok"] for p in out]
 
@@ -127,13 +140,14 @@ class Communicator:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
 
 
-def _raise_failed(failed: List[Tuple[int, str]], size: int, error: Any, what: str) -> None:
+def _raise_failed(failed: List[Failure], size: int, error: Any, what: str) -> None:
     if not failed:
         return
     lines = [f"{what} failed on {len(failed)} of {size} rank(s): "
-             + ", ".join(str(r) for r, _ in failed)]
-    lines += [f"  rank {r}: {e}" for r, e in failed]
-    exc = DistributedError("\n".join(lines), failures=dict(failed))
+             + ", ".join(str(r) for r, _, _ in failed)]
+    lines += [f"  rank {r}: {e}" for r, e, _ in failed]
+    exc = DistributedError("\n".join(lines), failures={r: e for r, e, _ in failed},
+                           kinds={r: k for r, _, k in failed if k})
     if isinstance(error, BaseException):
         raise exc from error
     raise exc

@@ -1,0 +1,43 @@
+"""What a listing finds under a root: a checkpoint with its status, in one order.
+
+Shared by the local scan (:mod:`.scan`) and the object-store listing (:mod:`.remote`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from ..format import Manifest
+
+COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
+
+
+@dataclass
+class Found:
+    """One directory found under a root (or, ``url`` set, a checkpoint prefix in an object
+    store, ``path`` None); ``tier`` is the root's label when several are listed."""
+
+    path: Optional[Path]
+    status: str
+    step: Optional[int] = None
+    size: int = 0  # bytes of all files in the directory
+    manifest: Optional[Manifest] = None
+    reason: str = ""  # why it is damaged / incomplete / stale
+    tier: Optional[str] = None  # set by tiers.scan_tiers
+    url: Optional[str] = None  # in an object store
+
+    @property
+    def name(self) -> str:
+        return self.url.rsplit("/", 1)[-1] if self.url else self.path.name
+
+    @property
+    def where(self) -> str:
+        """The absolute path, or the URL."""
+        return self.url or str(self.path.absolute())
+
+
+def order_found(found: List[Found]) -> List[Found]:
+    """By step (unnumbered last), then status, then name."""
+    order = {COMMITTED: 0, DAMAGED: 1, STALE: 2, INCOMPLETE: 3}
+    return sorted(found, key=lambda f: (f.step is None, f.step or 0, order[f.status], f.name))
