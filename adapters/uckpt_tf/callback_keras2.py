@@ -2,7 +2,7 @@
 
 tf_keras's ``model.fit`` (``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``, and so
 Horovod's ``horovod.tensorflow.keras``) calls hooks only Keras 2 callbacks have;
-this class is :class:`uckpt_tf.callback.CheckpointLogic` on
+this class is :class:`uckpt_tf.callback_logic.CheckpointLogic` on
 ``tf_keras.callbacks.Callback``. ``uckpt.keras.Checkpoint(...)`` returns it when
 ``TF_USE_LEGACY_KERAS`` is set; importing this module imports tf_keras.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tf_keras
 
-from .callback import CheckpointLogic
+from .callback_logic import CheckpointLogic
 
 
 class Checkpoint(CheckpointLogic, tf_keras.callbacks.Callback):

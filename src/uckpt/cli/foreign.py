@@ -31,7 +31,7 @@ def is_foreign(path: str) -> bool:
         return False
     p = Path(path)
     if p.is_dir():
-        from ..conversion.hf import is_hf_directory
+        from ..conversion.hf_names import is_hf_directory
 
         return not (p / MANIFEST_NAME).is_file() and \
             ((p / ".metadata").is_file() or is_hf_directory(p))

@@ -70,7 +70,7 @@ def detect(path) -> str:
             return "uckpt"
         if (p / ".metadata").is_file():
             return "dcp"
-        from .hf import is_hf_directory
+        from .hf_names import is_hf_directory
 
         if is_hf_directory(p):
             return "hf"

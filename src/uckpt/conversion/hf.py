@@ -30,16 +30,12 @@ from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.manifest import strict_json_loads
 from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
 from .detect import detect
+from .hf_names import WEIGHTS
 from .fileio import RandomAccessFile, open_regular
 from .model import Leaf, Obj, Tree, reading
 from .options import WriteOptions
 from .progress import Progress
 
-#: weights kind -> (single file, index file, shard name pattern)
-WEIGHTS = {"safetensors": ("model.safetensors", "model.safetensors.index.json",
-                           "model-{:05d}-of-{:05d}.safetensors"),
-           "pickle": ("pytorch_model.bin", "pytorch_model.bin.index.json",
-                      "pytorch_model-{:05d}-of-{:05d}.bin")}
 #: tree key -> file of a Trainer checkpoint (``rng_state_<rank>.pth`` too, for several ranks)
 TRAINER = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": "scaler.pt",
            "rng_state": "rng_state.pth"}
@@ -48,11 +44,6 @@ FILES = "hf.files"  # Tree.extras[""] key: carried files, name -> {"text"} or {"
 INDEX_META = "hf.index_metadata"  # Tree.extras[""] key: the index's metadata (not total_size)
 MAX_CARRIED = 256 << 20  # carried files, in all
 MAX_INDEX = 64 << 20
-
-
-def is_hf_directory(path: Path) -> bool:
-    names = [n for single, index, _ in WEIGHTS.values() for n in (single, index)]
-    return any((path / n).is_file() for n in names + ["trainer_state.json"])
 
 
 # -- reading -----------------------------------------------------------------------------------

@@ -1,0 +1,16 @@
+"""The file names of a Hugging Face directory, apart from reading and writing it (:mod:`.hf`),
+so that format detection can recognise one without importing the reader."""
+from __future__ import annotations
+
+from pathlib import Path
+
+#: weights kind -> (single file, index file, shard name pattern)
+WEIGHTS = {"safetensors": ("model.safetensors", "model.safetensors.index.json",
+                           "model-{:05d}-of-{:05d}.safetensors"),
+           "pickle": ("pytorch_model.bin", "pytorch_model.bin.index.json",
+                      "pytorch_model-{:05d}-of-{:05d}.bin")}
+
+
+def is_hf_directory(path: Path) -> bool:
+    names = [n for single, index, _ in WEIGHTS.values() for n in (single, index)]
+    return any((path / n).is_file() for n in names + ["trainer_state.json"])
