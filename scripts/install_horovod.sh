@@ -208,9 +208,12 @@ WHEEL=$(ls "$WHEELS"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1)
 [[ -n "$WHEEL" ]] || die "pip wheel produced no horovod-$VERSION wheel in $WHEELS"
 note "built $WHEEL in $((SECONDS - start)) s"
 if [[ $INSTALL == 0 ]]; then
-    note "--wheel-only: not installing; install with: $PY -m pip install --no-deps --force-reinstall $WHEEL"
+    note "--wheel-only: not installing; install with: $PY -m pip install -c constraints.txt $WHEEL"
     exit 0
 fi
+# Horovod's own runtime dependencies first (pinned; a fresh venv lacks cloudpickle), then the
+# wheel alone, so that replacing an installed Horovod takes one short step.
+run "$PY" -m pip install --quiet -c "$CONSTRAINTS" cloudpickle psutil pyyaml packaging cffi
 run "$PY" -m pip install --no-deps --force-reinstall "$WHEEL"
 
 # 6. Check: an allreduce of each framework on two ranks under the venv's mpiexec.
