@@ -166,6 +166,16 @@ def leaves(root: Any) -> Iterator[Tuple[str, Leaf]]:
             yield join(parts), node
 
 
+def unique_leaves(root: Any) -> List[Tuple[str, Leaf]]:
+    """``(path, leaf)`` of every leaf under ``root``, an aliased one (tied weights) once."""
+    seen, out = set(), []
+    for path, leaf in leaves(root):
+        if id(leaf) not in seen:
+            seen.add(id(leaf))
+            out.append((path, leaf))
+    return out
+
+
 def nest(items: List[Tuple[str, Any]], notes: List[str], what: str,
          split: Callable[[str], Sequence[Any]] = lambda name: name.split("/")) -> Dict[Any, Any]:
     """Flat names (``a/b/c``, or whatever ``split`` makes of them) to nested dicts.
