@@ -34,8 +34,10 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step, raise_save_failure
 from .engine import submit_collective
-from .errors import CheckpointExistsError
+from . import knobs
+from .errors import CheckpointExistsError, CheckpointNotFoundError
 from .format import Chunk, Manifest
+from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
 from .staging import snapshot, snapshot_share
@@ -49,15 +51,17 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None):
+                    what: Optional[str] = None, baseline: Optional[Baseline] = None,
+                    on_commit: Optional[Callable[[Manifest], None]] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``; returns
-    its location.
+    its location. ``baseline``, ``on_commit``: see :func:`prepare_collective`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
-                                  overwrite=overwrite, what=what)
+                                  overwrite=overwrite, what=what, baseline=baseline,
+                                  on_commit=on_commit)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
@@ -91,13 +95,22 @@ class Prepared:
     metadata: Dict[str, Any]
     overwrite: bool
     what: str
+    #: incremental: the previous checkpoint's chunks (unchanged chunks refer to them)
+    baseline: Optional[Baseline] = None
+    #: called on every rank with the manifest, once it is committed
+    on_commit: Optional[Callable[[Manifest], None]] = None
 
 
 def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                       what: Optional[str] = None) -> Prepared:
-    """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
+                       what: Optional[str] = None, baseline: Optional[Baseline] = None,
+                       on_commit: Optional[Callable[[Manifest], None]] = None) -> Prepared:
+    """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
+
+    ``baseline``: make an incremental checkpoint (its chunks are cut into pieces of
+    ``knobs.incremental_chunk_bytes``, and unchanged ones refer to the baseline's); the
+    coordinator checks that every checkpoint it refers to is still committed."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
@@ -110,6 +123,8 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
         if comm.rank == 0:
             check_metadata(metadata)
             check_step(step)
+            if baseline is not None:
+                check_bases(store, name, baseline)
             try:
                 opened["sink"] = store.sink(name, overwrite, shared=comm.size > 1)
             except BaseException as e:
@@ -126,14 +141,15 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
             for r in differ:
                 gathered[r]["replicated"] = full[r]
-        gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
+        gp = global_plan(gathered, comm.rank,  # raises the same error on every rank
+                         knobs.incremental_chunk_bytes if baseline is not None else 0)
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                    overwrite, what)
+                    overwrite, what, baseline, on_commit)
 
 
 def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
@@ -149,26 +165,36 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                 raise staged
             try:
                 view = sink.view()
-                chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
-                                         staged.arrays, image=staged.images.get(file),
-                                         origins=gp.origins)
+                mine = gp.plan.for_rank(comm.rank)
+                image = staged.images.get(file)
+                if p.baseline is None:
+                    by_item = write_data_file(sink, file, size, mine, staged.arrays, image=image,
+                                              origins=gp.origins)
+                    chunks, written_size = [by_item[it] for it in mine], size
+                else:
+                    written_size, chunks = write_changed(sink, file, mine, staged.arrays, image,
+                                                         gp.origins, p.baseline)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
             log.info("saved %s of %s: step %s, %d bytes, %.3f s", file, where,
-                     "-" if p.step is None else p.step, size, time.perf_counter() - start)
-            return {"sums": [chunks[it].checksum for it in gp.plan.items if it.rank == comm.rank],
-                    "view": view}
+                     "-" if p.step is None else p.step, written_size,
+                     time.perf_counter() - start)
+            return {"chunks": [_compact(c) for c in chunks], "size": written_size, "view": view}
 
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
+        built: Dict[str, Manifest] = {}
 
-        def manifest() -> bytes:
-            ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order sums arrived in
-            sums = [s for w in written for s in w["sums"]]
-            chunks = {it: Chunk(it.file, it.offset, it.length, it.start, it.shape, "raw", s)
-                      for it, s in zip(ordered, sums)}
-            return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                                     chunks, p.step, p.metadata).to_bytes()
+        def manifest() -> Manifest:
+            if "m" not in built:
+                ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order they arrived in
+                found = [c for w in written for c in w["chunks"]]
+                chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
+                sizes = tuple((f, w["size"]) for (f, _), w in zip(gp.plan.file_sizes, written))
+                built["m"] = assemble_manifest(
+                    merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
+                    p.metadata, sizes=sizes, bases=bases_of(chunks.values(), p.baseline))
+            return built["m"]
 
         views = [w["view"] for w in written]
 
@@ -176,10 +202,10 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
             if views.index(views[comm.rank]) != comm.rank:
                 return  # the lowest rank of this view commits
             try:
-                sink.commit(manifest(), p.overwrite)
+                sink.commit(manifest().to_bytes(), p.overwrite)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what} (commit)", where)
-            total = sum(s for _, s in gp.plan.file_sizes)
+            total = sum(w["size"] for w in written)
             log.info("committed %s: step %s, %d bytes in %d file(s), %.3f s", where,
                      "-" if p.step is None else p.step, total, len(gp.plan.file_sizes),
                      time.perf_counter() - start)
@@ -189,7 +215,36 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
         sink.abort()
         raise
     sink.release()  # a rank that made its node's copy but did not commit it
+    if p.on_commit is not None:
+        p.on_commit(manifest())
     return where
+
+
+def _compact(c: Chunk) -> tuple:
+    """What a rank tells the others of one of its chunks (its box is in the plan)."""
+    return (c.file, c.offset, c.length, c.codec, c.checksum, c.hash, c.base)
+
+
+def _chunk(it, c: tuple) -> Chunk:
+    file, offset, length, codec, checksum, content, base = c
+    return Chunk(file, offset, length, it.start, it.shape, codec, checksum, content, base)
+
+
+def check_bases(store: Store, name: str, baseline: Baseline) -> None:
+    """Refuse an incremental save whose references would not resolve: every checkpoint
+    holding chunks of ``baseline`` must be a committed sibling, other than ``name``."""
+    for holder in sorted(baseline.holders()):
+        if holder == name:
+            raise CheckpointExistsError(
+                f"{str(store.location(name))!r} cannot be saved over its own base",
+                path=str(store.location(name)),
+                hint="save to a new name, or save in full (no base) to overwrite")
+        if not store.has(holder):
+            raise CheckpointNotFoundError(
+                f"the base checkpoint {str(store.location(holder))!r} of the incremental "
+                f"save to {str(store.location(name))!r} is not committed", path=str(
+                    store.location(holder)),
+                hint="save in full, or give a committed checkpoint of the same root as base")
 
 
 def submit_async_share(saver, prepared: Prepared, comm: Communicator, background: Communicator,

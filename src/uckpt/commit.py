@@ -76,17 +76,21 @@ def build_manifest(flat: Flat, plan: SavePlan, chunks, step, metadata) -> Manife
     return assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step, metadata)
 
 
-def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata) -> Manifest:
-    """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`)."""
+def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
+                      sizes=None, bases=None) -> Manifest:
+    """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`);
+    ``sizes``: ``(file, size)`` per rank when they differ from the plan's (an incremental
+    save writes only changed chunks), ``bases``: the checkpoints chunks refer to."""
     by_path: Dict[str, list] = {p: [] for p in array_metas}
     for item in plan.items:
         by_path[item.path].append(chunks[item])
     arrays = {p: ArrayEntry(p, m.dtype, tuple(m.shape), tuple(by_path[p]))
               for p, m in array_metas.items()}
-    files = {f: FileEntry(f, r, size) for r, (f, size) in enumerate(plan.file_sizes)}
+    files = {f: FileEntry(f, r, size) for r, (f, size) in enumerate(sizes or plan.file_sizes)}
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
-                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
+                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created,
+                    bases=bases or {})
 
 
 def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> BaseException:

@@ -68,7 +68,8 @@ class CheckpointReader:
         self.source = open_source(directory, storage_options)
         self.directory = self.source.directory if hasattr(self.source, "directory") \
             else self.source.where
-        self._sizes: Dict[str, int] = {}  # actual sizes of the open data files
+        self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
+        self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:
             self.manifest = manifest if manifest is not None else \
                 Manifest.parse(self.source.manifest_bytes(), where=_manifest_where(self.source))
@@ -83,34 +84,53 @@ class CheckpointReader:
         self.close()
 
     def close(self) -> None:
+        for source in self._bases.values():
+            source.close()
+        self._bases.clear()
         self.source.close()
 
-    def _open(self, name: str) -> None:
-        """Open data file ``name`` and check that it holds at least its declared size (on
-        first use)."""
-        if name in self._sizes:
+    def _source(self, base: Optional[str]):
+        """The source holding files of ``base`` (None: this checkpoint), opened on first use."""
+        if base is None:
+            return self.source
+        if base not in self._bases:
+            own = os.path.basename(self.source.where.rstrip("/"))
+            if base == own:
+                raise CorruptCheckpointError(
+                    f"{self.source.where}: the manifest names the checkpoint itself as a base",
+                    path=self.source.where, hint="the manifest is damaged; restore an earlier "
+                                                 "checkpoint")
+            self._bases[base] = self.source.sibling(base)
+        return self._bases[base]
+
+    def _open(self, name: str, base: Optional[str] = None) -> None:
+        """Open data file ``name`` (of checkpoint ``base``, None: this one) and check that it
+        holds at least its declared size (on first use)."""
+        if (base, name) in self._sizes:
             return
-        expected = self.manifest.files[name].size
-        path = self.source.file_where(name)
+        expected = self.manifest.files[name].size if base is None else \
+            self.manifest.bases[base][name]
+        source = self._source(base)
+        path = source.file_where(name)
         try:
-            actual = self.source.open_file(name)
+            actual = source.open_file(name)
         except OSError as e:
             if isinstance(e, UckptError):
                 raise
             raise fsutil.unreadable(e, path, "data file") from None
         if actual < expected:
-            cut = self._first_chunk_beyond(name, actual)
+            cut = self._first_chunk_beyond(name, base, actual)
             at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
             raise TruncatedDataError(
                 f"data file {path!r} is truncated: {actual} bytes, the manifest "
                 f"records {expected}{at}", path=path, offset=actual,
                 leaf=cut[0] if cut else None,
                 hint="the file was damaged after commit; restore an earlier checkpoint")
-        self._sizes[name] = actual
+        self._sizes[(base, name)] = actual
 
-    def _first_chunk_beyond(self, name: str, size: int):
+    def _first_chunk_beyond(self, name: str, base: Optional[str], size: int):
         cut = [(c.offset, e.path) for e in self.manifest.arrays.values() for c in e.chunks
-               if c.file == name and c.offset + c.length > size]
+               if c.file == name and c.base == base and c.offset + c.length > size]
         return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
@@ -133,9 +153,9 @@ class CheckpointReader:
             plan.append((entry, target, tuple(origin),
                          [c for c in entry.chunks
                           if _intersection(c.start, c.shape, origin, target.shape)]))
-        files = {c.file for _, _, _, cs in plan for c in cs}
-        for name in files:
-            self._open(name)  # open and size-check files before any allocation or thread
+        files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
+        for base, name in files:
+            self._open(name, base)  # open and size-check files before any allocation or thread
         self._check_allocation([p[0] for p in plan if p[1] is None], files)
         out: Dict[str, np.ndarray] = {}
         jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
@@ -152,7 +172,7 @@ class CheckpointReader:
         (already open and size-checked): chunks of a valid checkpoint never share bytes, so
         its arrays always fit in its files."""
         need = sum(e.nbytes for e in entries)
-        have = sum(self._sizes[name] for name in files)
+        have = sum(self._sizes[key] for key in files)
         if need > have:
             raise CorruptCheckpointError(
                 f"{self.source.where}: the manifest declares {need} bytes of arrays "
@@ -177,7 +197,7 @@ class CheckpointReader:
     def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
         while it is still in the CPU cache; raise on a short file or a mismatch."""
-        source, value, done = self.source, 0, 0
+        source, value, done = self._source(chunk.base), 0, 0
         block_bytes = source.block_bytes
         while done < chunk.length:
             want = min(block_bytes, chunk.length - done)
@@ -204,7 +224,7 @@ class CheckpointReader:
 
     def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
         if got != chunk.checksum:
-            where = self.source.file_where(chunk.file)
+            where = self._source(chunk.base).file_where(chunk.file)
             raise ChecksumMismatchError(
                 f"{where}: checksum mismatch in leaf {entry.path!r}, "
                 f"chunk at byte offset {chunk.offset} (length {chunk.length}): stored "
@@ -221,8 +241,13 @@ class CheckpointReader:
         for name in self.manifest.files:
             if files is None or name in files:
                 self._open(name)  # every file is checked first, even one without chunks
+        if files is None:
+            for base, sizes in self.manifest.bases.items():
+                for name in sizes:
+                    self._open(name, base)
         jobs = [(entry, chunk) for entry in self.manifest.arrays.values()
-                for chunk in entry.chunks if files is None or chunk.file in files]
+                for chunk in entry.chunks
+                if files is None or (chunk.base is None and chunk.file in files)]
         done = [0]
         lock = threading.Lock()
         scratch = threading.local()

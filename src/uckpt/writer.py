@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, hashing
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
@@ -145,18 +145,13 @@ def write_image(path: Path, image: np.ndarray, size: int) -> None:
         os.close(fd)
 
 
-def write_data_file(sink, file: str, size: int, items: List[WriteItem],
-                    arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
-                    origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
-    """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
-    offset, durably; return the chunks.
-
-    ``image``, when given, is the whole file's bytes (a staging arena laid out
-    by the plan): it is written in one piece and the items are checksummed from it.
-    ``origins`` gives, for arrays that are a box of a larger one, where the box
-    starts: items' boxes are global, the arrays local.
-    """
-    items = sorted(items, key=lambda it: it.offset)
+def piece_data(items: List[WriteItem], arrays: Mapping[str, np.ndarray],
+               image: "np.ndarray | None" = None,
+               origins: "Mapping[str, tuple] | None" = None) -> List[np.ndarray]:
+    """The raw bytes of each item (flat uint8 views where possible): slices of ``image``
+    (a staging arena laid out by the plan), or boxes of ``arrays``. ``origins`` gives, for
+    arrays that are a box of a larger one, where the box starts (items' boxes are
+    global, the arrays local)."""
     origins = origins or {}
     if image is not None:
         data = [image[it.offset:it.offset + it.length] for it in items]
@@ -165,13 +160,26 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                 for it in items]
     for it, d in zip(items, data):
         assert d.nbytes == it.length, (it, d.nbytes)
-    sums: List[int] = [0] * len(items)
+    return data
+
+
+def write_checksummed(sink, file: str, size: int, placed: List[tuple],
+                      image: "np.ndarray | None" = None,
+                      hashes: "List[bytes] | None" = None) -> List[Chunk]:
+    """Write ``placed`` ``(item, offset in the file, bytes)``, sorted by offset, as data
+    file ``file`` of ``sink`` (from ``image`` in one piece when given: it is the file);
+    return a chunk per item, in order. Checksums (and content hashes, unless ``hashes``
+    are given) are computed on another thread over the same memory while it is written."""
+    sums: List[int] = [0] * len(placed)
+    digests: List[bytes] = list(hashes) if hashes is not None else [b""] * len(placed)
     errors: List[BaseException] = []
 
     def checksum_all() -> None:
         try:
-            for i, d in enumerate(data):
+            for i, (_, _, d) in enumerate(placed):
                 sums[i] = crc32c(d)
+                if hashes is None:
+                    digests[i] = hashing.digest(d)
         except BaseException as e:  # noqa: B902 - re-raised below
             errors.append(e)
 
@@ -181,10 +189,27 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
         if image is not None:
             sink.write_image(file, image, size)
         else:
-            sink.write_pieces(file, size, [(it.offset, d) for it, d in zip(items, data)])
+            sink.write_pieces(file, size, [(off, d) for _, off, d in placed])
     finally:
         summer.join()
     if errors:
         raise errors[0]
-    return {it: Chunk(file, it.offset, it.length, it.start, it.shape, "raw", format_checksum(s))
-            for it, s in zip(items, sums)}
+    return [Chunk(file, off, it.length, it.start, it.shape, "raw", format_checksum(s),
+                  hashing.format_hash(h))
+            for (it, off, _), s, h in zip(placed, sums, digests)]
+
+
+def write_data_file(sink, file: str, size: int, items: List[WriteItem],
+                    arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
+                    origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
+    """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
+    offset, durably; return the chunks.
+
+    ``image``, when given, is the whole file's bytes (a staging arena laid out
+    by the plan): it is written in one piece and the items are checksummed from it.
+    """
+    items = sorted(items, key=lambda it: it.offset)
+    data = piece_data(items, arrays, image, origins)
+    chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
+                               image)
+    return dict(zip(items, chunks))
