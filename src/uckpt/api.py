@@ -70,13 +70,14 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
             if c.size == 1:
                 raise
             flat = e
+    given = None if baseline is None else (lambda: baseline)
     if blocking:
         return save_collective(store, name, flat, c, step=step, metadata=metadata,
-                               overwrite=overwrite, baseline=baseline)
+                               overwrite=overwrite, baseline=given)
     # the plan exchange runs here (so only this rank's share is snapshotted, straight
     # into the layout of its data file); the write and commit run in the background
     prepared = prepare_collective(store, name, flat, c, step=step, metadata=metadata,
-                                  overwrite=overwrite, baseline=baseline)
+                                  overwrite=overwrite, baseline=given)
     return submit_async_share(default_saver(), prepared, c, background_communicator(c),
                               f"save to {str(store.location(name))!r}")
 

@@ -51,8 +51,8 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None, baseline: Optional[Baseline] = None,
-                    on_commit: Optional[Callable[[Manifest], None]] = None):
+                    what: Optional[str] = None,
+                    baseline: Optional[Callable[[], Baseline]] = None, on_commit: Optional[Callable[[Manifest], None]] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``; returns
     its location. ``baseline``, ``on_commit``: see :func:`prepare_collective`.
 
@@ -95,8 +95,9 @@ class Prepared:
     metadata: Dict[str, Any]
     overwrite: bool
     what: str
-    #: incremental: the previous checkpoint's chunks (unchanged chunks refer to them)
-    baseline: Optional[Baseline] = None
+    #: incremental: gives, when this rank writes, the previous checkpoint's chunks
+    #: (unchanged chunks refer to them)
+    baseline: Optional[Callable[[], Baseline]] = None
     #: called on every rank with the manifest, once it is committed
     on_commit: Optional[Callable[[Manifest], None]] = None
 
@@ -104,13 +105,15 @@ class Prepared:
 def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                       what: Optional[str] = None, baseline: Optional[Baseline] = None,
+                       what: Optional[str] = None,
+                       baseline: Optional[Callable[[], Baseline]] = None,
                        on_commit: Optional[Callable[[Manifest], None]] = None) -> Prepared:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
 
-    ``baseline``: make an incremental checkpoint (its chunks are cut into pieces of
-    ``knobs.incremental_chunk_bytes``, and unchanged ones refer to the baseline's); the
-    coordinator checks that every checkpoint it refers to is still committed."""
+    ``baseline``: make an incremental checkpoint: its chunks are cut into pieces of
+    ``knobs.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
+    (called when this rank writes, after the saves before it committed) refer to it;
+    every checkpoint it refers to is first checked to be committed."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
@@ -123,8 +126,6 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
         if comm.rank == 0:
             check_metadata(metadata)
             check_step(step)
-            if baseline is not None:
-                check_bases(store, name, baseline)
             try:
                 opened["sink"] = store.sink(name, overwrite, shared=comm.size > 1)
             except BaseException as e:
@@ -172,8 +173,10 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                                               origins=gp.origins)
                     chunks, written_size = [by_item[it] for it in mine], size
                 else:
+                    baseline = used["baseline"] = p.baseline()
+                    check_bases(p.store, p.name, baseline)
                     written_size, chunks = write_changed(sink, file, mine, staged.arrays, image,
-                                                         gp.origins, p.baseline)
+                                                         gp.origins, baseline)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
@@ -182,6 +185,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                      time.perf_counter() - start)
             return {"chunks": [_compact(c) for c in chunks], "size": written_size, "view": view}
 
+        used: Dict[str, Baseline] = {}
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
         built: Dict[str, Manifest] = {}
 
@@ -193,7 +197,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                 sizes = tuple((f, w["size"]) for (f, _), w in zip(gp.plan.file_sizes, written))
                 built["m"] = assemble_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
-                    p.metadata, sizes=sizes, bases=bases_of(chunks.values(), p.baseline))
+                    p.metadata, sizes=sizes, bases=bases_of(chunks.values(), used.get("baseline")))
             return built["m"]
 
         views = [w["view"] for w in written]
