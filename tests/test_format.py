@@ -33,8 +33,8 @@ from uckpt.reader import CheckpointReader
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v2"  # the version uckpt writes
-GOLDENS = {1: DATA / "golden_v1", 2: GOLDEN}
+GOLDEN = DATA / "golden_v4"  # the version uckpt writes
+GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 4: GOLDEN}
 VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]
@@ -129,7 +129,7 @@ def encode(doc) -> bytes:
 
 def encode_text(text: str, version) -> bytes:
     """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
-    if version != 2:
+    if version not in (2, 4):
         return text.encode("utf-8")
     text = text.rstrip()
     assert text.endswith("}")
@@ -139,7 +139,7 @@ def encode_text(text: str, version) -> bytes:
 def unsealed_text(version, name="all_types") -> str:
     """A golden manifest's text without its checksum member (a JSON object still)."""
     text = (GOLDENS[version] / name / "manifest.json").read_text("utf-8")
-    if version == 2:
+    if version in (2, 4):
         text = text[:text.rindex(',\n "manifest_checksum":')] + "\n}\n"
     return text
 
@@ -147,7 +147,7 @@ def unsealed_text(version, name="all_types") -> str:
 def schema_doc(doc):
     """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2."""
     doc = body(doc)
-    if doc.get("format_version") == 2:
+    if doc.get("format_version") in (2, 4):
         doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
     return doc
 
@@ -341,9 +341,9 @@ def test_uckpt_writes_what_the_spec_says(tmp_path):
     the CRC-32C of every byte before the value, then '"}' and a line feed."""
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
     raw = (path / "manifest.json").read_bytes()
-    assert raw.startswith(b'{"format":"uckpt","format_version":2,') and raw.count(b"\n") == 1
+    assert raw.startswith(b'{"format":"uckpt","format_version":4,') and raw.count(b"\n") == 1
     covered = raw[:-19]
-    assert covered.endswith(b'}},"manifest_checksum":')
+    assert re.search(rb'"merkle_root":"xxh3-128:[0-9a-f]{32}","manifest_checksum":$', covered)
     assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
     doc = strict_json(raw)
     assert list(doc)[-1] == integrity.FIELD and doc[integrity.FIELD] == raw[-18:-3].decode()
@@ -358,9 +358,9 @@ def test_make_golden_refuses_to_regenerate(capsys):
 def test_schema_mirrors_the_code(schema):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert tuple(schema["required"]) == manifest_module._TOP_FIELDS
-    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V2)
+    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V4)
     assert schema["properties"]["format_version"]["enum"] == list(manifest_module.READ_VERSIONS)
-    assert schema["else"]["required"] == [integrity.FIELD]  # required from version 2 on
+    assert schema["allOf"][0]["else"]["required"] == [integrity.FIELD]  # required from version 2 on
     assert tuple(schema["$defs"]["chunk"]["required"]) == manifest_module._CHUNK_FIELDS
     assert tuple(schema["$defs"]["dtype"]["enum"]) == dtypes.NAMES
     assert schema["$defs"]["chunk"]["properties"]["codec"]["const"] in manifest_module.CODECS
@@ -583,6 +583,8 @@ def test_specific_error_types(version):
 
 def _add_orphan(doc):
     doc["arrays"]["orphan"] = {"dtype": "int8", "shape": [0], "chunks": []}
+    if doc["format_version"] >= 4:
+        doc["arrays"]["orphan"]["root"] = "xxh3-128:" + "0" * 32
 
 
 def _extra_file(doc):
@@ -779,8 +781,38 @@ def test_doc_reader_reads_golden(version, name):
 def test_doc_reader_reads_what_uckpt_writes(tmp_path):
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
     m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert m["format_version"] == 2 and m["step"] == 7
+    assert m["format_version"] == 4 and m["step"] == 7
     assert sorted(arrays) == ["model/b", "model/w", "tag"]
+
+
+def test_doc_reader_follows_references_of_the_golden_chain():
+    """Section 12.1's reader reads an incremental checkpoint through its base."""
+    m, arrays = doc_reader()["read_checkpoint"](str(GOLDEN / "chain" / "step_00000002"))
+    assert list(m["bases"]) == ["step_00000001"]
+    assert_same(arrays["w"], golden.chain_states()[1]["w"])
+
+
+def test_golden_chain_loads_verifies_and_refers_to_its_base():
+    first, second = golden.chain_states()
+    chain = GOLDEN / "chain"
+    assert_same(uckpt.load(chain / "step_00000002"), second)
+    assert_same(uckpt.load(chain / "step_00000001"), first)
+    m = uckpt.verify(chain / "step_00000002")
+    based = [c.base for c in m.arrays["w"].chunks]
+    assert based == ["step_00000001", "step_00000001", None, "step_00000001"]
+    assert m.files["data-00000.bin"].size == 16  # only the changed row was written
+
+
+def test_resave_of_the_golden_chain_is_byte_identical(tmp_path, monkeypatch):
+    for knob, value in golden.CHAIN_KNOBS.items():
+        monkeypatch.setattr(knobs, knob, value)
+    first, second = golden.chain_states()
+    uckpt.save(tmp_path / "step_00000001", first, step=1, incremental=True)
+    uckpt.save(tmp_path / "step_00000002", second, step=2, base=tmp_path / "step_00000001")
+    for name in ("step_00000001", "step_00000002"):
+        old, new = GOLDEN / "chain" / name, tmp_path / name
+        assert (new / "data-00000.bin").read_bytes() == (old / "data-00000.bin").read_bytes()
+        assert without_volatile(manifest_doc(new)) == without_volatile(manifest_doc(old))
 
 
 def test_doc_reader_detects_manifest_damage(tmp_path):
@@ -824,7 +856,7 @@ def test_doc_reader_refuses_other_versions(tmp_path):
     doc = manifest_doc(directory)
     doc["format_version"] = 3
     (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1 or 2"):
+    with pytest.raises(ValueError, match="version 1, 2 or 4"):
         doc_reader()["read_checkpoint"](str(directory))
 
 

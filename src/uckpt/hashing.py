@@ -50,6 +50,11 @@ def digest(data) -> bytes:
     return _digest(data)
 
 
+def hasher():
+    """A streaming XXH3-128 (``update(block)``, then ``digest()``)."""
+    return xxhash.xxh3_128()
+
+
 def format_hash(value: bytes) -> str:
     return PREFIX + value.hex()
 
@@ -116,8 +121,3 @@ def checkpoint_root(arrays: Mapping[str, bytes]) -> bytes:
     return _digest(b"\x04" + struct.pack("<Q", len(leaves)) +
                    (_combine(leaves) if leaves else b""))
 
-
-def changed_leaves(old: Mapping[tuple, bytes], new: Mapping[tuple, bytes]) -> List[tuple]:
-    """Keys (e.g. ``(path, start, shape)``) of ``new`` whose digest differs from ``old``'s
-    or that ``old`` lacks, in ``new``'s order."""
-    return [k for k, d in new.items() if old.get(k) != d]

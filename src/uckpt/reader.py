@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import dtypes, fsutil
+from . import dtypes, fsutil, hashing
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
@@ -194,9 +194,10 @@ class CheckpointReader:
             region[...] = whole[tuple(slice(s - c, s - c + n)
                                       for s, c, n in zip(start, chunk.start, shape))]
 
-    def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
+    def _stream(self, entry: ArrayEntry, chunk: Chunk, into, hasher=None) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
-        while it is still in the CPU cache; raise on a short file or a mismatch."""
+        (and feeding it to ``hasher``, if given) while it is still in the CPU cache; raise
+        on a short file or a mismatch."""
         source, value, done = self._source(chunk.base), 0, 0
         block_bytes = source.block_bytes
         while done < chunk.length:
@@ -219,6 +220,8 @@ class CheckpointReader:
                     f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
                     path=where, leaf=entry.path, offset=end)
             value = crc32c(block, value)
+            if hasher is not None:
+                hasher.update(block)
             done += n
         self._mismatch(entry, chunk, format_checksum(value))
 
@@ -237,7 +240,12 @@ class CheckpointReader:
         """Re-check every chunk's checksum (of ``files`` only, if given), streaming;
         returns the bytes verified. Chunks are checked one after another (local files:
         sequential reads), or on ``source.verify_threads`` threads (object stores: each
-        block is a request, and requests in parallel are what make them fast)."""
+        block is a request, and requests in parallel are what make them fast).
+
+        Version 4: every chunk's content hash is recomputed from its bytes and compared
+        (chunks of ``bases`` are read too, unless ``files`` limits the check to some of
+        this checkpoint's own files), then, when every chunk was read, each array's Merkle
+        root and the checkpoint's (docs/format.md section 14.3)."""
         for name in self.manifest.files:
             if files is None or name in files:
                 self._open(name)  # every file is checked first, even one without chunks
@@ -251,19 +259,57 @@ class CheckpointReader:
         done = [0]
         lock = threading.Lock()
         scratch = threading.local()
+        hashed = self.manifest.format_version >= 4
+        digests: Dict[tuple, bytes] = {}
 
         def check(job) -> None:
             if not hasattr(scratch, "buf"):
                 scratch.buf = np.empty(self.source.block_bytes, dtype=np.uint8)
             buf = scratch.buf
-            self._stream(job[0], job[1], lambda done_, want: buf[:want])
+            hasher = hashing.hasher() if hashed else None
+            entry, chunk = job
+            self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
+            if hasher is not None:
+                digest = hasher.digest()
+                if hashing.format_hash(digest) != chunk.hash:
+                    where = self._source(chunk.base).file_where(chunk.file)
+                    raise ChecksumMismatchError(
+                        f"{where}: content hash mismatch in leaf {entry.path!r}, chunk at "
+                        f"byte offset {chunk.offset}: the manifest records {chunk.hash}, the "
+                        f"bytes hash to {hashing.format_hash(digest)}", path=where,
+                        leaf=entry.path, offset=chunk.offset,
+                        hint="the manifest is inconsistent; restore an earlier checkpoint")
             with lock:
-                done[0] += job[1].length
+                if hasher is not None:
+                    digests[(entry.path, chunk.start)] = digest
+                done[0] += chunk.length
                 if progress:
                     progress(done[0])
 
         parallel_map(check, jobs, self.source.verify_threads, "uckpt-verify")
+        if hashed and files is None:
+            self._check_roots(digests)
         return done[0]
+
+    def _check_roots(self, digests: Dict[tuple, bytes]) -> None:
+        """Recompute every array's Merkle root from the hashes of its bytes, and the
+        checkpoint's; raise on the first that differs from the manifest's."""
+        roots = {}
+        for entry in self.manifest.arrays.values():
+            root = entry.merkle_root([digests[(entry.path, c.start)] for c in entry.chunks])
+            if hashing.format_hash(root) != entry.root:
+                raise CorruptCheckpointError(
+                    f"{self.source.where}: the Merkle root of leaf {entry.path!r} is "
+                    f"{hashing.format_hash(root)}, the manifest records {entry.root}",
+                    path=self.source.where, leaf=entry.path,
+                    hint="the manifest is inconsistent; restore an earlier checkpoint")
+            roots[entry.path] = root
+        top = hashing.format_hash(hashing.checkpoint_root(roots))
+        if top != self.manifest.merkle_root:
+            raise CorruptCheckpointError(
+                f"{self.source.where}: the checkpoint's Merkle root is {top}, the manifest "
+                f"records {self.manifest.merkle_root}", path=self.source.where,
+                hint="the manifest is inconsistent; restore an earlier checkpoint")
 
 
 def _new_array(entry: ArrayEntry) -> np.ndarray:
