@@ -1,9 +1,10 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1 and 2 (tests/data/golden_v1 and
-  golden_v2, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 2,
-  the version uckpt writes); version 1 is version 2 without its checksum;
+* golden checkpoints of format versions 1, 2 and 3 (tests/data/golden_v1 to
+  golden_v3, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 3,
+  the version uckpt writes); version 1 is version 2 without its checksum, version
+  2 is version 3 without compressed chunks (golden_v3/codecs has every codec);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
@@ -34,11 +35,12 @@ from uckpt.reader import CheckpointReader
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
 GOLDEN = DATA / "golden_v4"  # the version uckpt writes
-GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 4: GOLDEN}
+GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: GOLDEN}
 VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
-GOLDEN_DIRS = ["all_types", "example", "sharded"]
+GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
 EACH_GOLDEN = [pytest.param(v, name, id=f"v{v}-{name}") for v in VERSIONS for name in GOLDEN_DIRS]
+EACH_GOLDEN.append(pytest.param(3, "codecs", id="v3-codecs"))
 NODE_TYPES = {"value", "float", "array", "bytes", "dict", "list", "tuple", "object"}
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 
@@ -122,14 +124,14 @@ def body(doc):
 
 
 def encode(doc) -> bytes:
-    """A manifest file for ``doc`` (compact JSON): a version-2 document is sealed with
+    """A manifest file for ``doc`` (compact JSON): a version-2 or 3 document is sealed with
     its checksum (docs/format.md 4.4), so that the parser's other rules are what it meets."""
     return encode_text(json.dumps(body(doc), ensure_ascii=False), doc.get("format_version"))
 
 
 def encode_text(text: str, version) -> bytes:
     """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
-    if version not in (2, 4):
+    if version not in (2, 3, 4):
         return text.encode("utf-8")
     text = text.rstrip()
     assert text.endswith("}")
@@ -139,15 +141,15 @@ def encode_text(text: str, version) -> bytes:
 def unsealed_text(version, name="all_types") -> str:
     """A golden manifest's text without its checksum member (a JSON object still)."""
     text = (GOLDENS[version] / name / "manifest.json").read_text("utf-8")
-    if version in (2, 4):
+    if version >= 2:
         text = text[:text.rindex(',\n "manifest_checksum":')] + "\n}\n"
     return text
 
 
 def schema_doc(doc):
-    """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2."""
+    """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2 or 3."""
     doc = body(doc)
-    if doc.get("format_version") in (2, 4):
+    if doc.get("format_version") in (2, 3, 4):
         doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
     return doc
 
@@ -217,17 +219,20 @@ def test_golden_all_types_manifest_fields(version):
         assert raw.endswith(f'\n "manifest_checksum":"{m.checksum}"}}\n'.encode())
 
 
+@pytest.mark.parametrize("older", [1, 2])
 @pytest.mark.parametrize("name", GOLDEN_DIRS)
-def test_golden_v1_is_v2_without_checksum(name):
-    """The two versions hold the same checkpoints: equal data files, and manifests equal
-    but for the version, the checksum and what changes with every save."""
-    old, new = GOLDENS[1] / name, GOLDENS[2] / name
+def test_golden_versions_hold_the_same_checkpoints(name, older):
+    """Versions 1, 2 and 3 hold the same checkpoints: equal data files, and manifests
+    equal but for the version, the checksum and what changes with every save (version 1
+    is version 2 without its checksum, version 2 is version 3 without codecs)."""
+    old, new = GOLDENS[older] / name, GOLDENS[older + 1] / name
     assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
     for data_file in old.glob("*.bin"):
         assert (new / data_file.name).read_bytes() == data_file.read_bytes()
     docs = [manifest_doc(old), manifest_doc(new)]
-    assert docs[0]["format_version"] == 1 and docs[1]["format_version"] == 2
-    assert integrity.FIELD not in docs[0] and list(docs[1])[-1] == integrity.FIELD
+    assert docs[0]["format_version"] == older and docs[1]["format_version"] == older + 1
+    assert (integrity.FIELD not in docs[0]) == (older == 1)
+    assert list(docs[1])[-1] == integrity.FIELD
     for doc in docs:
         for key in ("format_version", "created", "generator", integrity.FIELD):
             doc.pop(key, None)
@@ -291,8 +296,29 @@ def test_golden_sharded_loads_bitwise(version):
 @pytest.mark.parametrize("version, name", EACH_GOLDEN)
 def test_golden_verifies(version, name):
     m = uckpt.verify(GOLDENS[version] / name)
-    assert m.nbytes == sum(c.length for a in m.arrays.values() for c in a.chunks)
+    stored = sum(c.length for a in m.arrays.values() for c in a.chunks)
+    assert m.nbytes == stored if name != "codecs" else m.nbytes > stored
     assert m.format_version == version
+
+
+def test_golden_codecs_loads_bitwise():
+    """Every codec of version 3, encoded by hand, decodes to the expected arrays."""
+    out = uckpt.load(GOLDENS[3] / "codecs")
+    assert_same(out, golden.codecs_expected())
+    m = uckpt.manifest(GOLDENS[3] / "codecs")
+    codecs = {c.codec for a in m.arrays.values() for c in a.chunks}
+    assert codecs == set(manifest_module.CODECS)
+    assert [c.codec for c in m.arrays["weights"].chunks] == ["zstd+bytegroup", "zstd"]
+
+
+def test_golden_codecs_partial_load():
+    """A box inside one compressed chunk, and one across two chunks of different codecs."""
+    want = golden.codecs_expected()["weights"]
+    for rows in [(3, 9), (30, 40)]:
+        box = np.zeros((rows[1] - rows[0], 8), dtype=np.float32)
+        uckpt.load(GOLDENS[3] / "codecs", {"weights": uckpt.Shard(box, (64, 8), (rows[0], 0))},
+                   strict=False)
+        assert_same(box, want[rows[0]:rows[1]])
 
 
 def test_golden_restores_into_objects():
@@ -363,8 +389,8 @@ def test_schema_mirrors_the_code(schema):
     assert schema["allOf"][0]["else"]["required"] == [integrity.FIELD]  # required from version 2 on
     assert tuple(schema["$defs"]["chunk"]["required"]) == manifest_module._CHUNK_FIELDS
     assert tuple(schema["$defs"]["dtype"]["enum"]) == dtypes.NAMES
-    assert schema["$defs"]["chunk"]["properties"]["codec"]["const"] in manifest_module.CODECS
-    assert len(manifest_module.CODECS) == 1
+    assert tuple(schema["$defs"]["chunk"]["properties"]["codec"]["enum"]) == \
+        manifest_module.CODECS
     assert set(schema["$defs"]["node"]["properties"]["type"]["enum"]) == NODE_TYPES
 
 
@@ -468,7 +494,7 @@ REJECTED = {
     **{f"missing {f}": (_pop(TOP, f), True) for f in manifest_module._TOP_FIELDS},
     "unknown top-level field": (_set(TOP, "extra", 1), True),
     "format other": (_set(TOP, "format", "safetensors"), True),
-    "format_version 3": (_set(TOP, "format_version", 3), True),
+    "format_version 5": (_set(TOP, "format_version", 5), True),
     "format_version 0": (_set(TOP, "format_version", 0), True),
     "format_version string": (_set(TOP, "format_version", "1"), True),
     "generator not a string": (_set(TOP, "generator", 5), True),
@@ -506,7 +532,7 @@ REJECTED = {
     "chunk offset negative": (_set(CHUNK, "offset", -64), True),
     "chunk offset string": (_set(CHUNK, "offset", "1728"), True),
     "chunk start not a list": (_set(CHUNK, "start", 0), True),
-    "codec unknown": (_set(CHUNK, "codec", "zstd"), True),
+    "codec unknown": (_set(CHUNK, "codec", "lz4"), True),
     "checksum other algorithm": (_set(CHUNK, "checksum", "md5:0123456789abcdef"), True),
     "checksum short": (_set(CHUNK, "checksum", "crc32c:1234567"), True),
     "checksum long": (_set(CHUNK, "checksum", "crc32c:123456789"), True),
@@ -573,12 +599,52 @@ def test_parser_and_schema_reject(validator, case, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_specific_error_types(version):
     doc = body(manifest_doc(GOLDENS[version] / "all_types"))
-    for mutate, error in [(_set(TOP, "format_version", 3), errors.FormatVersionError),
+    for mutate, error in [(_set(TOP, "format_version", 5), errors.FormatVersionError),
                           (lambda d: _rename_file(d, "../x"), errors.UnsafePathError)]:
         d = copy.deepcopy(doc)
         mutate(d)
         with pytest.raises(error):
             Manifest.parse(encode(d))
+
+
+def _codecs_doc():
+    return body(manifest_doc(GOLDENS[3] / "codecs"))
+
+
+def _weights_chunk(doc, i=0):
+    return doc["arrays"]["weights"]["chunks"][i]
+
+
+CODEC_REJECTED = {
+    "compressed chunk of length 0": (_set(_weights_chunk, "length", 0), "cannot hold"),
+    "more than 32768 raw bytes per stored byte": (
+        lambda d: d["arrays"].update(huge={"dtype": "float64", "shape": [2 ** 40], "chunks": [
+            dict(_weights_chunk(d), start=[0], shape=[2 ** 40])]}), "cannot hold"),
+    "compressed chunk without elements": (
+        lambda d: d["arrays"]["weights"]["chunks"].append(
+            dict(_weights_chunk(d), start=[0, 0], shape=[0, 8])), "cannot hold"),
+    "codec of a later version": (_set(_weights_chunk, "codec", "zstd+delta"),
+                                 "unknown codec 'zstd\\+delta' for leaf arrays\\['weights'\\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CODEC_REJECTED))
+def test_parser_rejects_bad_compressed_chunks(validator, case):
+    mutate, message = CODEC_REJECTED[case]
+    doc = _codecs_doc()
+    mutate(doc)
+    with pytest.raises(errors.ManifestError, match=message):
+        Manifest.parse(encode(doc))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_compressed_codecs_are_version_3(validator, version):
+    """A version-1 or 2 manifest with a compressed chunk is refused, by the schema too."""
+    doc = dict(_codecs_doc(), format_version=version)
+    with pytest.raises(errors.ManifestError, match="unknown codec 'zstd\\+bytegroup'"):
+        Manifest.parse(encode(doc))
+    assert not validator.is_valid(schema_doc(doc))
+    validator.validate(schema_doc(dict(doc, format_version=3)))
 
 
 def _add_orphan(doc):
@@ -854,9 +920,9 @@ def test_doc_reader_detects_damage(tmp_path):
 def test_doc_reader_refuses_other_versions(tmp_path):
     directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
     doc = manifest_doc(directory)
-    doc["format_version"] = 3
+    doc["format_version"] = 5
     (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1, 2 or 4"):
+    with pytest.raises(ValueError, match="version 1, 2, 3 or 4"):
         doc_reader()["read_checkpoint"](str(directory))
 
 

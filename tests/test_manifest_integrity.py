@@ -1,4 +1,4 @@
-"""A damaged manifest is always caught (format version 2, docs/format.md section 4.4).
+"""A damaged manifest is always caught (format versions 2 and 3, docs/format.md section 4.4).
 
 Every single changed byte of a real manifest is detected by ``uckpt.load``,
 ``uckpt verify`` (in-process for speed, and a few times as a real subprocess) and
@@ -85,7 +85,7 @@ def run_verify(capsys, path):
 def test_the_real_manifest_is_sealed(checkpoint):
     path, raw = checkpoint
     m = Manifest.parse(raw)
-    assert m.format_version == 2 and m.checksum == integrity.check(raw, "x")
+    assert m.format_version == 3 and m.checksum == integrity.check(raw, "x")
     assert m.step == 3 and len(m.arrays) >= 6 and m.metadata["note"] == "h\u00e9llo"
     assert raw.endswith(b'"manifest_checksum":"' + m.checksum.encode() + b'"}\n')
 
@@ -246,7 +246,7 @@ def test_checksum_must_be_the_last_member_and_match(checkpoint):
 def test_version_1_with_a_checksum_member_is_refused(checkpoint):
     """Version 1 knows no such field, even a correct one."""
     _, raw = checkpoint
-    text = _body_text(raw).replace('"format_version":2', '"format_version":1', 1)
+    text = _body_text(raw).replace('"format_version":3', '"format_version":1', 1)
     with pytest.raises(errors.ManifestError, match="unknown field.*manifest_checksum"):
         Manifest.parse(integrity.seal(text[:-1].encode()))
     Manifest.parse(text.encode())  # and without it, it is a valid version-1 manifest
@@ -257,10 +257,10 @@ def test_seal_is_what_to_bytes_writes(checkpoint):
     m = Manifest.parse(raw)
     again = m.to_bytes()
     assert again == raw  # the same fields in the same order, the same checksum
-    v1 = Manifest.parse(_body_text(raw).replace('"format_version":2', '"format_version":1',
+    v1 = Manifest.parse(_body_text(raw).replace('"format_version":3', '"format_version":1',
                                                 1).encode())
     assert v1.format_version == 1 and v1.checksum is None
-    assert v1.to_bytes() == raw  # re-written, a version-1 manifest becomes version 2
+    assert v1.to_bytes() == raw  # re-written, a version-1 manifest becomes version 3
 
 
 # --- version 1: read, verified, and said to be unchecked ----------------------------------------
@@ -284,7 +284,7 @@ def test_version_1_note_through_the_real_command(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("OK: ") and lines[2].startswith("OK: ")
     assert "note: format version 1" in lines[1] and str(v2) in lines[2]
-    assert uckpt.manifest(v2).format_version == 2  # saving again gives a checked manifest
+    assert uckpt.manifest(v2).format_version == 3  # saving again gives a checked manifest
 
 
 def test_a_version_1_manifest_changed_into_version_2_is_refused(tmp_path):

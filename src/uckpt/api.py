@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
+from .codecs import compression_of
 from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
 from .comm import background_communicator, get_communicator
 from .commit import write_checkpoint
@@ -21,6 +22,8 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
          metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
          blocking: bool = True, comm: Any = None,
          storage_options: Optional[Mapping[str, Any]] = None,
+         compression: Optional[str] = None,
+         compression_level: Optional[int] = None,
          base: Any = None, incremental: bool = False) -> Union[Path, str, SaveHandle]:
     """Save ``state`` to ``directory`` and commit it atomically.
 
@@ -31,6 +34,13 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     (models, optimizers, schedulers, RNGs, ...), arrays and plain values. Refuses to
     replace an existing committed checkpoint unless ``overwrite=True``; the previous
     checkpoint is never damaged by a failed save.
+
+    ``compression="zstd"`` compresses every chunk with Zstandard at
+    ``compression_level`` (default 1), grouping the bytes of each element of dtypes of
+    itemsize 2 or more into planes first (codec ``zstd+bytegroup``, docs/format.md
+    section 6.3); a chunk that does not shrink is stored raw. With ``blocking=False`` the
+    compression runs in the background. Unknown names raise
+    :class:`~uckpt.errors.CompressionError` (a ``ValueError``).
 
     Returns the directory (a URL for an object store). With ``blocking=False``, returns a
     :class:`~uckpt.engine.SaveHandle` as soon as the state is copied to host
@@ -59,6 +69,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     without a base the same way, so that the first checkpoint of a chain can serve as one.
     """
     default_saver().raise_unreported()  # an earlier background save's error is never lost
+    codec = compression_of(compression, compression_level)
     c = get_communicator(comm)
     store, name = locate(directory, storage_options)
     flat = flatten_shared(state, c)
@@ -73,11 +84,11 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     given = None if baseline is None else (lambda: baseline)
     if blocking:
         return save_collective(store, name, flat, c, step=step, metadata=metadata,
-                               overwrite=overwrite, baseline=given)
+                               overwrite=overwrite, compression=codec, baseline=given)
     # the plan exchange runs here (so only this rank's share is snapshotted, straight
     # into the layout of its data file); the write and commit run in the background
     prepared = prepare_collective(store, name, flat, c, step=step, metadata=metadata,
-                                  overwrite=overwrite, baseline=given)
+                                  overwrite=overwrite, compression=codec, baseline=given)
     return submit_async_share(default_saver(), prepared, c, background_communicator(c),
                               f"save to {str(store.location(name))!r}")
 
@@ -139,16 +150,21 @@ def _load_local(open_, state, strict: bool, rank: int) -> Dict[str, Any]:
 
 
 def consolidate(src, dst, *, overwrite: bool = False,
-                storage_options: Optional[Mapping[str, Any]] = None) -> Union[Path, str]:
+                storage_options: Optional[Mapping[str, Any]] = None,
+                compression: Optional[str] = None,
+                compression_level: Optional[int] = None) -> Union[Path, str]:
     """Rewrite checkpoint ``src`` (written by any number of ranks) as a single-process one
     at ``dst``: one data file, each array in one piece, the same tree (adapters, classes,
     PerRank subtrees), step and metadata. ``uckpt convert`` takes either.
+    ``compression`` and ``compression_level`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL."""
+    codec = compression_of(compression, compression_level)
     with CheckpointReader(src, storage_options=_for(src, storage_options)) as reader:
         m = reader.manifest
         arrays = reader.read_arrays({p: None for p in m.arrays})
     return write_checkpoint(dst, Flat(m.tree, arrays), step=m.step, metadata=m.metadata,
-                            overwrite=overwrite, storage_options=_for(dst, storage_options))
+                            overwrite=overwrite, storage_options=_for(dst, storage_options),
+                            compression=codec)
 
 
 def _for(target, storage_options):

@@ -14,8 +14,9 @@ error itself) and nothing is committed:
    :class:`~uckpt.global_plan.GlobalPlan` (which checks, in one process too, that
    :class:`~uckpt.Shard` boxes tile their arrays);
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
-   directory), writes its data file durably, and sends its chunks' checksums and which
-   copy of the storage it wrote into (its *view*);
+   directory), writes its data file durably (compressing its chunks first if asked), and
+   sends its chunks' checksums (compressed: also their codecs, offsets and lengths) and
+   which copy of the storage it wrote into (its *view*);
 3. *commit*: the lowest rank of each view writes the manifest (the same on every view)
    last; in a directory by renaming the temporary directory into place, in an object
    store by the manifest object's PUT.
@@ -43,7 +44,8 @@ from .reader import CheckpointReader, _manifest_where
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
 from .tree import Flat, flatten
-from .writer import write_data_file
+from .codecs import Compression
+from .writer import file_end, write_data_file
 
 log = logging.getLogger("uckpt.collective")
 
@@ -51,17 +53,19 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None,
-                    baseline: Optional[Callable[[], Baseline]] = None, on_commit: Optional[Callable[[Manifest], None]] = None):
-    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``; returns
-    its location. ``baseline``, ``on_commit``: see :func:`prepare_collective`.
+                    what: Optional[str] = None, compression: Optional[Compression] = None,
+                    baseline: Optional[Callable[[], Baseline]] = None,
+                    on_commit: Optional[Callable[[Manifest], None]] = None):
+    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``
+    (chunks compressed with ``compression``, if given); returns its location.
+    ``baseline``, ``on_commit``: see :func:`prepare_collective`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
-                                  overwrite=overwrite, what=what, baseline=baseline,
-                                  on_commit=on_commit)
+                                  overwrite=overwrite, what=what, compression=compression,
+                                  baseline=baseline, on_commit=on_commit)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
@@ -95,6 +99,7 @@ class Prepared:
     metadata: Dict[str, Any]
     overwrite: bool
     what: str
+    compression: Optional[Compression] = None
     #: incremental: gives, when this rank writes, the previous checkpoint's chunks
     #: (unchanged chunks refer to them)
     baseline: Optional[Callable[[], Baseline]] = None
@@ -106,6 +111,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                        what: Optional[str] = None,
+                       compression: Optional[Compression] = None,
                        baseline: Optional[Callable[[], Baseline]] = None,
                        on_commit: Optional[Callable[[Manifest], None]] = None) -> Prepared:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
@@ -150,7 +156,7 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return Prepared(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                    overwrite, what, baseline, on_commit)
+                    overwrite, what, compression, baseline, on_commit)
 
 
 def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Communicator):
@@ -170,20 +176,21 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                 image = staged.images.get(file)
                 if p.baseline is None:
                     by_item = write_data_file(sink, file, size, mine, staged.arrays, image=image,
-                                              origins=gp.origins)
-                    chunks, written_size = [by_item[it] for it in mine], size
+                                              origins=gp.origins, compression=p.compression)
+                    chunks = [by_item[it] for it in mine]
                 else:
                     baseline = used["baseline"] = p.baseline()
                     check_bases(p.store, p.name, baseline)
-                    written_size, chunks = write_changed(sink, file, mine, staged.arrays, image,
-                                                         gp.origins, baseline)
+                    chunks = write_changed(sink, file, mine, staged.arrays, image, gp.origins,
+                                           baseline, p.compression)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
-            log.info("saved %s of %s: step %s, %d bytes, %.3f s", file, where,
-                     "-" if p.step is None else p.step, written_size,
-                     time.perf_counter() - start)
-            return {"chunks": [_compact(c) for c in chunks], "size": written_size, "view": view}
+            stored = file_end(c for c in chunks if c.base is None)
+            log.info("saved %s of %s: step %s, %d bytes%s, %.3f s", file, where,
+                     "-" if p.step is None else p.step, stored,
+                     f" ({size} raw)" if stored != size else "", time.perf_counter() - start)
+            return {"chunks": [_compact(c) for c in chunks], "size": stored, "view": view}
 
         used: Dict[str, Baseline] = {}
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
@@ -194,7 +201,7 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
                 ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order they arrived in
                 found = [c for w in written for c in w["chunks"]]
                 chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
-                sizes = tuple((f, w["size"]) for (f, _), w in zip(gp.plan.file_sizes, written))
+                sizes = [w["size"] for w in written]
                 built["m"] = assemble_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
                     p.metadata, sizes=sizes, bases=bases_of(chunks.values(), used.get("baseline")))

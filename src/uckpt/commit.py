@@ -25,7 +25,8 @@ from .plan import SavePlan, metas, plan_save
 from .storage import locate
 from .storage.local import check_target, publish  # noqa: F401 (re-exported)
 from .tree import Flat
-from .writer import write_data_file
+from .codecs import Compression
+from .writer import file_end, write_data_file
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     if metadata is None:
@@ -47,9 +48,11 @@ def check_step(step) -> None:
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     plan: Optional[SavePlan] = None, storage_options=None):
-    """Write every data file of ``plan`` (default: one file) from this process and commit;
-    returns the checkpoint's location (a Path, or a URL)."""
+                     plan: Optional[SavePlan] = None, storage_options=None,
+                     compression: Optional[Compression] = None):
+    """Write every data file of ``plan`` (default: one file) from this process, its chunks
+    compressed with ``compression`` if given, and commit; returns the checkpoint's
+    location (a Path, or a URL)."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
@@ -58,11 +61,14 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
     sink = None
     try:
         sink = store.sink(name, overwrite)
-        chunks = {}
+        chunks, sizes = {}, []
         for rank, (file, size) in enumerate(plan.file_sizes):
-            chunks.update(write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
-                                          image=flat.images.get(file)))
-        manifest = build_manifest(flat, plan, chunks, step, metadata)
+            written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
+                                      image=flat.images.get(file), compression=compression)
+            chunks.update(written)
+            sizes.append(file_end(written.values()) if compression is not None else size)
+        manifest = assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step,
+                                     metadata, sizes)
         sink.commit(manifest.to_bytes(), overwrite)
     except BaseException as e:
         if sink is not None:
@@ -72,21 +78,19 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
     return where
 
 
-def build_manifest(flat: Flat, plan: SavePlan, chunks, step, metadata) -> Manifest:
-    return assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step, metadata)
-
-
 def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
                       sizes=None, bases=None) -> Manifest:
     """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`);
-    ``sizes``: ``(file, size)`` per rank when they differ from the plan's (an incremental
-    save writes only changed chunks), ``bases``: the checkpoints chunks refer to."""
+    ``sizes``: the data files' sizes by rank when they differ from the plan's (compressed
+    chunks, or an incremental save writing only changed ones); ``bases``: the
+    checkpoints chunks refer to."""
     by_path: Dict[str, list] = {p: [] for p in array_metas}
     for item in plan.items:
         by_path[item.path].append(chunks[item])
     arrays = {p: ArrayEntry(p, m.dtype, tuple(m.shape), tuple(by_path[p]))
               for p, m in array_metas.items()}
-    files = {f: FileEntry(f, r, size) for r, (f, size) in enumerate(sizes or plan.file_sizes)}
+    files = {f: FileEntry(f, r, size if sizes is None else sizes[r])
+             for r, (f, size) in enumerate(plan.file_sizes)}
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
                     step=step, metadata=metadata, generator=f"uckpt {_version}", created=created,

@@ -179,6 +179,10 @@ class StorageConfigError(UckptError, ValueError):
     """A malformed storage URL or ``storage_options``."""
 
 
+class CompressionError(UckptError, ValueError):
+    """An unknown ``compression=`` name or an invalid ``compression_level=``."""
+
+
 class StorageDependencyError(UckptError, ImportError):
     """The storage needs an optional package that is not installed."""
 

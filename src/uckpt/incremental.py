@@ -18,7 +18,7 @@ import numpy as np
 from . import hashing
 from .format import Chunk, Manifest
 from .plan import WriteItem, layout
-from .writer import piece_data, write_checksummed
+from .writer import piece_data, write_checksummed, write_encoded
 
 log = logging.getLogger("uckpt.incremental")
 
@@ -53,10 +53,11 @@ class Baseline:
 
 def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, np.ndarray],
                   image: "np.ndarray | None", origins: "Mapping[str, tuple] | None",
-                  baseline: Baseline) -> Tuple[int, List[Chunk]]:
+                  baseline: Baseline, compression=None) -> List[Chunk]:
     """Write data file ``file`` holding only those of ``items`` whose content differs from
-    ``baseline``'s chunk of the same box; return the file's size and a chunk per item (in
-    the order of ``items``): the unchanged ones refer to where their bytes already are."""
+    ``baseline``'s chunk of the same box (compressed with ``compression``, if given);
+    return a chunk per item, in the order of ``items``: the unchanged ones refer to where
+    their bytes already are."""
     data = piece_data(items, arrays, image, origins)
     digests = hashing.digests(data)
     chunks: List[Optional[Chunk]] = [None] * len(items)
@@ -67,16 +68,20 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
             chunks[i] = replace(old, start=it.start, shape=it.shape)
         else:
             changed.append(i)
-    packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
-                     for i in changed], 1)
-    placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
-    size = packed.file_sizes[0][1]
-    written = write_checksummed(sink, file, size, placed, hashes=[digests[i] for i in changed])
+    if compression is not None:
+        by_item = write_encoded(sink, file, [(items[i].path, items[i], data[i]) for i in changed],
+                                compression, [digests[i] for i in changed])
+        written = [by_item[items[i]] for i in changed]
+    else:
+        packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
+                         for i in changed], 1)
+        placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
+        written = write_checksummed(sink, file, packed.file_sizes[0][1], placed,
+                                    hashes=[digests[i] for i in changed])
     for i, c in zip(changed, written):
         chunks[i] = c
-    log.debug("%s: %d of %d chunks changed, %d bytes written", file, len(changed), len(items),
-              size)
-    return size, chunks  # type: ignore[return-value]
+    log.debug("%s: %d of %d chunks changed", file, len(changed), len(items))
+    return chunks  # type: ignore[return-value]
 
 
 def bases_of(chunks, baseline: Optional[Baseline]) -> Dict[str, Dict[str, int]]:

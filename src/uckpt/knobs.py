@@ -22,6 +22,10 @@ incremental_chunk_bytes: int = _env_int("incremental_chunk_bytes", 1 << 20)
 alignment: int = _env_int("alignment", 64)
 #: threads that checksum and write (or read and verify) chunks in parallel
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
+#: threads that compress chunks in parallel; chunks of at least ``compress_split_bytes``
+#: are each compressed on this many threads of Zstandard's own
+compress_threads: int = _env_int("compress_threads", max(2, min(8, (os.cpu_count() or 2))))
+compress_split_bytes: int = _env_int("compress_split_bytes", 4 << 20)
 #: reads go in blocks of this size, each checksummed while it is still in the CPU cache
 read_block_bytes: int = _env_int("read_block_bytes", 1 << 20)
 #: threads that copy arrays into staging memory during a snapshot

@@ -2,7 +2,9 @@
 
 Every byte read is checked against its chunk's CRC-32C; a mismatch raises
 :class:`~uckpt.errors.ChecksumMismatchError` naming the file, the leaf and the
-byte offset.
+byte offset. A compressed chunk (docs/format.md section 6.3) is checked as stored,
+then decoded (:func:`uckpt.codecs.decode_into`) straight into the destination where
+the box is a contiguous part of it, else into one chunk-sized buffer.
 
 A checkpoint directory may be hostile: only regular files directly inside it are
 read, never through a symlink and never blocking (``fsutil.open_regular``); the
@@ -12,17 +14,19 @@ a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import dtypes, fsutil, hashing
+from . import codecs, dtypes, fsutil, hashing
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
+from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .storage import open_source
 from .storage.base import MAX_MANIFEST_BYTES  # noqa: F401 (re-exported)
@@ -169,10 +173,13 @@ class CheckpointReader:
 
     def _check_allocation(self, entries: List[ArrayEntry], files) -> None:
         """Refuse, before allocating, new arrays larger than the data files being read
-        (already open and size-checked): chunks of a valid checkpoint never share bytes, so
-        its arrays always fit in its files."""
+        (already open and size-checked) can hold: chunks of a valid checkpoint never share
+        bytes, so its arrays always fit in its files, each compressed byte counting as at
+        most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3)."""
         need = sum(e.nbytes for e in entries)
-        have = sum(self._sizes[key] for key in files)
+        have = sum(self._sizes[key] for key in files) + (MAX_RATIO - 1) * sum(
+            c.length for e in entries for c in e.chunks
+            if c.compressed and (c.base, c.file) in files)
         if need > have:
             raise CorruptCheckpointError(
                 f"{self.source.where}: the manifest declares {need} bytes of arrays "
@@ -186,9 +193,17 @@ class CheckpointReader:
         start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
         region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape)) + (...,)]
         direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
-        buf = region if direct else np.empty(chunk.length, dtype=np.uint8)
+        itemsize = dtypes.itemsize(entry.dtype)
+        buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
-        self._stream(entry, chunk, lambda done, want: raw[done:done + want])
+        if chunk.compressed:
+            stored = np.empty(chunk.length, dtype=np.uint8)
+            self._stream(entry, chunk, lambda done, want: stored[done:done + want])
+            codecs.decode_into(chunk.codec, stored, raw, itemsize,
+                               where=self._source(chunk.base).file_where(chunk.file),
+                               leaf=entry.path, offset=chunk.offset)
+        else:
+            self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
             whole = raw.view(dest.dtype).reshape(chunk.shape)
             region[...] = whole[tuple(slice(s - c, s - c + n)
@@ -266,11 +281,14 @@ class CheckpointReader:
             if not hasattr(scratch, "buf"):
                 scratch.buf = np.empty(self.source.block_bytes, dtype=np.uint8)
             buf = scratch.buf
-            hasher = hashing.hasher() if hashed else None
             entry, chunk = job
-            self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
-            if hasher is not None:
-                digest = hasher.digest()
+            if hashed and chunk.compressed:  # the hash is of the raw bytes: decode them
+                digest = hashing.digest(self._decoded(entry, chunk))
+            else:
+                hasher = hashing.hasher() if hashed else None
+                self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
+                digest = hasher.digest() if hasher is not None else b""
+            if hashed:
                 if hashing.format_hash(digest) != chunk.hash:
                     where = self._source(chunk.base).file_where(chunk.file)
                     raise ChecksumMismatchError(
@@ -280,7 +298,7 @@ class CheckpointReader:
                         leaf=entry.path, offset=chunk.offset,
                         hint="the manifest is inconsistent; restore an earlier checkpoint")
             with lock:
-                if hasher is not None:
+                if hashed:
                     digests[(entry.path, chunk.start)] = digest
                 done[0] += chunk.length
                 if progress:
@@ -290,6 +308,17 @@ class CheckpointReader:
         if hashed and files is None:
             self._check_roots(digests)
         return done[0]
+
+    def _decoded(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
+        """A compressed chunk read (CRC checked) and decoded to its raw bytes."""
+        itemsize = dtypes.itemsize(entry.dtype)
+        stored = np.empty(chunk.length, dtype=np.uint8)
+        self._stream(entry, chunk, lambda done, want: stored[done:done + want])
+        raw = np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
+        codecs.decode_into(chunk.codec, stored, raw, itemsize,
+                           where=self._source(chunk.base).file_where(chunk.file),
+                           leaf=entry.path, offset=chunk.offset)
+        return raw
 
     def _check_roots(self, digests: Dict[tuple, bytes]) -> None:
         """Recompute every array's Merkle root from the hashes of its bytes, and the

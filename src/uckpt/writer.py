@@ -7,6 +7,11 @@ storage with O_DIRECT. Otherwise one thread writes the chunks in file order with
 writes serialise on its inode lock anyway), while another computes their
 checksums over the same memory: the two overlap, so a save costs about what
 writing the bytes costs.
+
+With a :class:`~uckpt.codecs.Compression`, chunks are first encoded on
+``knobs.compress_threads`` threads (Zstandard releases the GIL; on the background
+threads of an asynchronous save), each checksummed as stored, and laid out anew:
+the plan's offsets are those of the raw bytes, the file's those of the stored ones.
 """
 from __future__ import annotations
 
@@ -14,15 +19,17 @@ import errno
 import os
 import queue
 import threading
+from dataclasses import replace
 from pathlib import Path
-from typing import Dict, List, Mapping
+from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from . import dtypes, hashing
+from . import codecs, dtypes, hashing, knobs
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
+from .parallel import parallel_map
 from .plan import WriteItem
 
 _IOV_MAX = 512  # buffers per pwritev call (the OS limit is 1024 on Linux)
@@ -145,6 +152,11 @@ def write_image(path: Path, image: np.ndarray, size: int) -> None:
         os.close(fd)
 
 
+def file_end(chunks) -> int:
+    """The size of a data file holding ``chunks`` (Chunks): the end of the last one."""
+    return max((c.offset + c.length for c in chunks), default=0)
+
+
 def piece_data(items: List[WriteItem], arrays: Mapping[str, np.ndarray],
                image: "np.ndarray | None" = None,
                origins: "Mapping[str, tuple] | None" = None) -> List[np.ndarray]:
@@ -201,15 +213,79 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
 
 def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                     arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
-                    origins: "Mapping[str, tuple] | None" = None) -> Dict[WriteItem, Chunk]:
+                    origins: "Mapping[str, tuple] | None" = None,
+                    compression: "Optional[codecs.Compression]" = None
+                    ) -> Dict[WriteItem, Chunk]:
     """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
-    offset, durably; return the chunks.
+    offset, durably; return the chunks (the file's size is :func:`file_end` of them).
 
     ``image``, when given, is the whole file's bytes (a staging arena laid out
     by the plan): it is written in one piece and the items are checksummed from it.
+    ``origins`` gives, for arrays that are a box of a larger one, where the box
+    starts: items' boxes are global, the arrays local. With ``compression``, chunks are
+    encoded first and the file laid out by their stored sizes (``size`` is then unused).
     """
     items = sorted(items, key=lambda it: it.offset)
     data = piece_data(items, arrays, image, origins)
+    if compression is not None:
+        return write_encoded(sink, file, [(it.path, it, d) for it, d in zip(items, data)],
+                             compression, hashing.digests(data))
     chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
                                image)
     return dict(zip(items, chunks))
+
+
+def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
+    """``[(codec, stored bytes, checksum)]`` for ``pieces`` (``(path, WriteItem or Chunk,
+    raw flat uint8 bytes)``), encoded on ``knobs.compress_threads`` threads, largest
+    first; a large chunk is itself compressed on Zstandard's threads."""
+    def one(k: int):
+        _, box, raw = pieces[k]
+        itemsize = raw.nbytes // max(1, _elements(box.shape))
+        threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
+        codec, stored = codecs.encode(compression, raw, itemsize, threads)
+        return codec, stored, format_checksum(crc32c(stored))
+
+    order = sorted(range(len(pieces)), key=lambda k: -pieces[k][2].nbytes)
+    out: List[tuple] = [None] * len(pieces)  # type: ignore[list-item]
+    for k, result in zip(order, parallel_map(one, order, knobs.compress_threads,
+                                             "uckpt-compress")):
+        out[k] = result
+    return out
+
+
+def layout(pieces, encoded, file: str) -> List[Chunk]:
+    """Chunks for encoded pieces in file order: each array starts at a multiple of
+    ``knobs.alignment``, its chunks follow each other without gaps."""
+    chunks, end, last = [], 0, None
+    for (path, box, _), (codec, stored, checksum) in zip(pieces, encoded):
+        if path != last:
+            end, last = -(-end // knobs.alignment) * knobs.alignment, path
+        n = memoryview(stored).nbytes
+        chunks.append(Chunk(file, end, n, tuple(box.start), tuple(box.shape), codec, checksum))
+        end += n
+    return chunks
+
+
+def write_encoded(sink, file: str, pieces, compression: "codecs.Compression",
+                  digests: List[bytes]) -> Dict:
+    """Encode ``pieces`` (``(path, key, raw bytes)``; ``key`` has ``start`` and ``shape``),
+    write them as data file ``file`` and return ``{key: Chunk}``; ``digests`` are the
+    pieces' content hashes (of their raw bytes)."""
+    encoded = encode_chunks(pieces, compression)
+    chunks = [replace(c, hash=hashing.format_hash(d))
+              for c, d in zip(layout(pieces, encoded, file), digests)]
+    sink.write_pieces(file, file_end(chunks),
+                      [(c.offset, _as_uint8(e[1])) for c, e in zip(chunks, encoded)])
+    return {key: c for (_, key, _), c in zip(pieces, chunks)}
+
+
+def _as_uint8(data) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
+
+
+def _elements(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n

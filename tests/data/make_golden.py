@@ -7,12 +7,20 @@ Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
 the same state and requires byte-identical data files. Never regenerate them to
 make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
-(docs/format.md quotes golden_v2/example/manifest.json verbatim, ``created``
+(docs/format.md quotes golden_v3/example/manifest.json verbatim, ``created``
 included; the tests hold the two equal.)
 
-tests/data/golden_v2/ holds the same three checkpoints in format version 2, made by
-this script when uckpt wrote version 2, and never made again (version 4 adds content
-hashes, Merkle roots and ``bases``; the data files are identical).
+tests/data/golden_v3/ holds ``all_types``, ``example``, ``sharded`` and ``codecs`` in
+format version 3, made by this script when uckpt wrote version 3, and never made again:
+version 4 adds content hashes, Merkle roots and ``bases``, so their data files are
+identical to golden_v4's.
+
+tests/data/golden_v2/ holds ``all_types``, ``example`` and ``sharded`` in format
+version 2, made by this script when uckpt wrote version 2 (uckpt 0.2.0) and never made
+again: version 3 only adds codecs, so their data files are identical to golden_v3's and
+their manifests differ in ``format_version``, ``created``, ``generator``, the
+metadata's ``purpose`` and the checksum.
+
 tests/data/golden_v1/ holds the same three checkpoints in format version 1.
 They were made by this script when uckpt wrote version 1 (uckpt 0.1.0) and are
 never made again: version 1 is version 2 without the manifest checksum, so
@@ -28,7 +36,7 @@ checksum covers its exact bytes, so :func:`write_manifest` seals the indented
 text by the rule of docs/format.md section 4.4, implemented here by hand (with
 ``crc32c`` only) rather than by uckpt: an independent check of uckpt's reader.
 
-Three checkpoints are made:
+Five checkpoints are made:
 
 ``all_types``  written by ``uckpt.save`` from :func:`golden_state` with the
                knobs in :data:`KNOBS`: every node type, every dtype, and an
@@ -46,6 +54,9 @@ Three checkpoints are made:
                out of file order. uckpt's single-process writer cannot write
                such a checkpoint but must read it; so must any reader following
                the spec.
+``codecs``     written by hand (NumPy, json, crc32c, zstandard and xxhash, no uckpt code):
+               every codec of version 3 (docs/format.md section 6.3): ``zstd``,
+               ``zstd+bytegroup`` and ``raw`` chunks, one array mixing two codecs.
 """
 from __future__ import annotations
 
@@ -61,8 +72,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 VERSION = 4
 GOLDEN = HERE / f"golden_v{VERSION}"
-GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
 GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
+GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
+GOLDEN_V3 = HERE / "golden_v3"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
 KNOBS = {"chunk_bytes": 256, "alignment": 64}
@@ -251,6 +263,76 @@ def write_sharded(directory: Path, version: int = VERSION) -> None:
     write_manifest(directory / "manifest.json", manifest, version)
 
 
+def codecs_expected():
+    """The arrays of golden_v3/codecs, as NumPy arrays."""
+    x = np.linspace(-1.0, 1.0, 512, dtype=np.float32)
+    return {
+        "weights": (np.round(x * 64) / 64).reshape(64, 8),  # chunks: bytegroup, then zstd
+        "bf16": np.round(np.linspace(-4, 4, 256)).astype(ml_dtypes.bfloat16),
+        "ids": np.arange(100, dtype=np.int64) * 3,
+        "mask": np.arange(200) % 7 == 0,
+        "c64": (np.arange(32) % 4 + 1j * (np.arange(32) % 2)).astype(np.complex64),
+        "noise": np.frombuffer(bytes(range(7, 256, 3)), dtype=np.uint8).copy(),  # stays raw
+    }
+
+
+#: how golden_v3/codecs stores its arrays: (path, rows of each chunk, codec of each chunk)
+CODECS_LAYOUT = [("weights", (32, 32), ("zstd+bytegroup", "zstd")),
+                 ("bf16", (256,), ("zstd+bytegroup",)), ("ids", (100,), ("zstd",)),
+                 ("mask", (200,), ("zstd",)), ("c64", (32,), ("zstd+bytegroup",)),
+                 ("noise", (83,), ("raw",))]
+
+
+def write_codecs(directory: Path, version: int = VERSION) -> None:
+    """A checkpoint of every codec, encoded by hand (docs/format.md section 6.3)."""
+    import crc32c
+    import xxhash
+    import zstandard
+
+    arrays = codecs_expected()
+    data, entries = bytearray(), {}
+    for path, rows, codecs in CODECS_LAYOUT:
+        arr = arrays[path]
+        dtype = {"bool": "bool"}.get(arr.dtype.name, arr.dtype.name)
+        entries[path] = {"dtype": dtype, "shape": list(arr.shape), "chunks": []}
+        data += bytes(-len(data) % 64)  # each array starts at a multiple of 64
+        first = 0
+        for n, codec in zip(rows, codecs):
+            box = np.ascontiguousarray(arr[first:first + n])
+            raw = box.view(np.uint8).reshape(-1)
+            k = arr.dtype.itemsize
+            if codec == "raw":
+                stored = raw.tobytes()
+            else:
+                content = raw.reshape(-1, k).T.tobytes() if codec == "zstd+bytegroup" else raw.tobytes()
+                stored = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(content)
+                assert len(stored) < raw.nbytes, (path, codec)
+            entries[path]["chunks"].append({
+                "file": "data-00000.bin", "offset": len(data), "length": len(stored),
+                "start": [first] + [0] * (arr.ndim - 1), "shape": list(box.shape),
+                "codec": codec, "checksum": f"crc32c:{crc32c.crc32c(stored):08x}"})
+            if version >= 4:  # the content hash is of the raw bytes, whatever the codec
+                entries[path]["chunks"][-1]["hash"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(raw)
+            data += stored
+            first += n
+    manifest = {
+        "format": "uckpt", "format_version": version, "generator": "hand-written (make_golden.py)",
+        "created": "2026-01-01T00:00:00.000000Z", "world_size": 1, "step": 5,
+        "metadata": {"codecs": "zstd, zstd+bytegroup and raw"},
+        "files": {"data-00000.bin": {"rank": 0, "size": len(data)}},
+        "tree": {"type": "dict", "items": {p: {"type": "array", "path": p} for p in arrays}},
+        "arrays": entries,
+    }
+    if version >= 4:
+        roots, top = merkle_roots(entries)
+        for path, root in roots.items():
+            entries[path]["root"] = root
+        manifest.update(bases={}, merkle_root=top)
+    directory.mkdir(parents=True)
+    (directory / "data-00000.bin").write_bytes(bytes(data))
+    write_manifest(directory / "manifest.json", manifest, version)
+
+
 def merkle_roots(entries):
     """The arrays' Merkle roots and the checkpoint's, of array entries holding chunks with
     hashes (docs/format.md section 14.3; written from the spec, not taken from uckpt)."""
@@ -329,6 +411,7 @@ def main(argv) -> int:
     save_with_knobs(GOLDEN / "chain" / "step_00000002", second, CHAIN_KNOBS, step=2,
                     base=GOLDEN / "chain" / "step_00000001")
     write_sharded(GOLDEN / "sharded")
+    write_codecs(GOLDEN / "codecs")
     for p in sorted(GOLDEN.rglob("*")):
         if p.is_file():
             print(f"{p.stat().st_size:6d}  {p.relative_to(HERE)}")

@@ -1,8 +1,9 @@
 """The manifest: the JSON document that describes one checkpoint (docs/format.md).
 
-``Manifest.to_bytes`` writes it (format version 2: ending in its own
-checksum, ``integrity.py``); ``Manifest.parse`` reads versions 1 and 2 back,
-checks a version-2 manifest's checksum before anything else, and validates every
+``Manifest.to_bytes`` writes it (format version 4: ending in its own
+checksum, ``integrity.py``; chunks raw or compressed, each with its content hash, Merkle
+roots, references to earlier checkpoints); ``Manifest.parse`` reads versions 1 to 4 back,
+checks the manifest checksum (version 2 on) before anything else, and validates every
 field strictly: unknown fields, wrong types, numbers beyond the format's limits,
 chunks outside their file or outside their array or overlapping each other, and
 file names that leave the checkpoint directory are all errors naming the field.
@@ -27,11 +28,14 @@ from .tiling import find_defect
 
 FORMAT_NAME = "uckpt"
 FORMAT_VERSION = 4
-# 1: without the manifest checksum; 2: without content hashes, Merkle roots and references
-# (docs/format.md sections 11 and 14)
-READ_VERSIONS = (1, 2, 4)
+# 1: version 2 without its checksum; 2: version 3 with raw chunks only; 3: version 4
+# without content hashes, Merkle roots and references (docs/format.md sections 11, 14)
+READ_VERSIONS = (1, 2, 3, 4)
 MANIFEST_NAME = "manifest.json"
-CODECS = ("raw",)
+CODECS = ("raw", "zstd", "zstd+bytegroup")
+CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS}  # the codecs each version knows
+#: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
+MAX_RATIO = 32768
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
 MAX_DIMS = 64  # NumPy's limit
 MAX_KEY_DIGITS = 4300  # int dict keys; Python's default limit for int(str)
@@ -62,6 +66,10 @@ class Chunk:
     hash: str = ""
     #: the earlier checkpoint whose data file ``file`` holds the bytes (version 4), or None
     base: Optional[str] = None
+
+    @property
+    def compressed(self) -> bool:
+        return self.codec != "raw"
 
     def to_json(self) -> Dict[str, Any]:
         out = {"file": self.file, "offset": self.offset, "length": self.length,
@@ -188,7 +196,7 @@ class _Loc:
         return str(self) + other
 
 
-def _fast_chunk(obj, itemsize: int, shape, files, v4: bool) -> Optional[Chunk]:
+def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[Chunk]:
     """The chunk, if every rule holds; None sends it to the field-by-field checks (as does
     a reference to a base). Every number is then within int64: the file's size and the
     array's shape were checked."""
@@ -201,7 +209,7 @@ def _fast_chunk(obj, itemsize: int, shape, files, v4: bool) -> Optional[Chunk]:
     start, cshape, checksum = obj["start"], obj["shape"], obj["checksum"]
     entry = files.get(name) if type(name) is str else None
     if (entry is None or type(offset) is not int or type(length) is not int or offset < 0
-            or length < 0 or offset + length > entry.size or obj["codec"] not in CODECS
+            or length < 0 or offset + length > entry.size or obj["codec"] not in codecs
             or type(start) is not list or type(cshape) is not list
             or len(start) != len(shape) or len(cshape) != len(shape)
             or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)):
@@ -211,7 +219,10 @@ def _fast_chunk(obj, itemsize: int, shape, files, v4: bool) -> Optional[Chunk]:
         if type(s) is not int or type(c) is not int or s < 0 or c < 0 or s + c > full:
             return None
         n *= c
-    if length != n:
+    if obj["codec"] == "raw":
+        if length != n:
+            return None
+    elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
     return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
                  content)
@@ -223,6 +234,7 @@ class _Parser:
     def __init__(self, where: str) -> None:
         self.where = where
         self.version = FORMAT_VERSION
+        self.codecs = CODECS  # those of the manifest's version, once known
 
     def fail(self, loc: str, msg: str, cls=ManifestError):
         raise cls(f"{self.where}: {loc}: {msg}", path=self.where, field=loc)
@@ -275,6 +287,7 @@ class _Parser:
         self.version = version
         self.fields(doc, "<top>", _TOP_FIELDS_V4 if version >= 4 else
                     _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS)
+        self.codecs = CODECS_OF[version]
         self.need(doc["generator"], "generator", str, "a string")
         if not isinstance(doc["created"], str) or not _CREATED.fullmatch(doc["created"]):
             self.fail("created", f"expected a UTC time like 2026-01-31T12:00:00.000000Z, got "
@@ -383,7 +396,7 @@ class _Parser:
                 self.fail(loc + ".shape", f"{dtype} array of shape {_dims(shape)} is too large: "
                                           f"its byte size (each 0 counted as 1) is "
                                           f"{_show(size)}, more than 2**63-1")
-            chunks = tuple(_fast_chunk(c, itemsize, shape, files, v4) or
+            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4) or
                            self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
@@ -430,14 +443,22 @@ class _Parser:
             if s + n > full:
                 self.fail(loc, f"dimension {d}: {s}+{n} exceeds the array's extent {full}")
         codec = obj["codec"]
-        if codec not in CODECS:
-            self.fail(loc + ".codec", f"unknown codec {_show(codec)} (known: {', '.join(CODECS)})")
+        if codec not in self.codecs:
+            leaf = loc.array_loc if isinstance(loc, _Loc) else loc
+            newer = " (a newer format version's; upgrade uckpt)" if codec not in CODECS else ""
+            self.fail(loc + ".codec", f"unknown codec {_show(codec)} for leaf {leaf}"
+                                      f"{newer} (known here: {', '.join(self.codecs)})")
         expected = dtypes.itemsize(dtype)
         for n in cshape:
             expected *= n
-        if length != expected:
+        if codec == "raw" and length != expected:
             self.fail(loc + ".length", f"{length} bytes, but a raw {dtype} chunk of shape "
                                        f"{list(cshape)} holds {expected}")
+        if codec != "raw" and not 0 < expected <= MAX_RATIO * length:
+            self.fail(loc + ".length", f"a {codec} chunk of {length} bytes cannot hold the "
+                                       f"{expected} bytes of a {dtype} box of shape "
+                                       f"{list(cshape)} (a compressed chunk has elements and "
+                                       f"at most {MAX_RATIO} raw bytes per stored byte)")
         checksum = self.need(obj["checksum"], loc + ".checksum", str, "a checksum string")
         try:
             parse_checksum(checksum)

@@ -1,0 +1,206 @@
+"""Chunk codecs (docs/format.md section 6.3): ``raw``, ``zstd`` and ``zstd+bytegroup``.
+
+:func:`encode` turns a chunk's raw bytes into what is stored (``raw`` when compression
+would not make it smaller); :func:`decode_into` turns stored bytes back into the raw
+bytes, into a buffer the caller allocated of exactly the raw size, after checking the
+frame's header (content size present and equal, no dictionary, a bounded window), so
+that a hostile frame can neither make the reader allocate nor write more than the
+manifest's shape implies. Every decoding failure is a
+:class:`~uckpt.errors.CorruptCheckpointError` naming the file, the leaf and the offset.
+
+Zstandard releases the GIL while it works, so chunks are encoded and decoded on plain
+threads in parallel (the writer's and reader's thread pools).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .errors import CompressionError, CorruptCheckpointError
+
+RAW = "raw"
+ZSTD = "zstd"
+BYTEGROUP = "zstd+bytegroup"
+COMPRESSED = (ZSTD, BYTEGROUP)
+#: a Zstandard frame never decodes to more than this many bytes per stored byte (a block
+#: yields at most 128 KiB and takes at least 4 bytes)
+MAX_RATIO = 32768
+#: the largest window a frame may ask for (Zstandard's default decoder limit)
+MAX_WINDOW = 1 << 27
+#: the values ``compression=`` takes (besides None): "zstd" picks the codec per dtype
+COMPRESSIONS = ("none", ZSTD, BYTEGROUP)
+DEFAULT_LEVEL = 1
+_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+@dataclass(frozen=True)
+class Compression:
+    """How a save or a tier compresses chunks: ``name`` one of :data:`COMPRESSIONS`
+    (``"zstd"``: ``zstd+bytegroup`` for dtypes of itemsize 2 or more, ``zstd`` for
+    1-byte ones); ``level`` Zstandard's level (1 is fast and nearly as small as 3)."""
+
+    name: str = ZSTD
+    level: int = DEFAULT_LEVEL
+
+    def codec_for(self, itemsize: int) -> str:
+        if self.name == ZSTD and itemsize < 2:
+            return ZSTD
+        return BYTEGROUP if self.name in (ZSTD, BYTEGROUP) else ZSTD
+
+
+def compression_of(name, level: Optional[int] = None) -> Optional[Compression]:
+    """The :class:`Compression` for a user's ``compression=`` (None, ``"none"``, a name of
+    :data:`COMPRESSIONS`, or a Compression) and ``compression_level=``; None: store raw.
+    Raises CompressionError (a ValueError) for anything else."""
+    if isinstance(name, Compression):
+        return name if level is None else Compression(name.name, _level(level))
+    if name is None or name == "none":
+        if level is not None:
+            raise CompressionError(f"compression_level={level!r} given without a compression",
+                                   hint='pass compression="zstd" too')
+        return None
+    if not isinstance(name, str) or name not in COMPRESSIONS:
+        raise CompressionError(f"unknown compression {name!r}; uckpt knows "
+                               f"{', '.join(repr(c) for c in COMPRESSIONS)} and None",
+                               hint='use compression="zstd" (byte grouping for floats)')
+    return Compression(name, DEFAULT_LEVEL if level is None else _level(level))
+
+
+def _level(level) -> int:
+    import zstandard
+
+    top = zstandard.MAX_COMPRESSION_LEVEL
+    if not isinstance(level, int) or isinstance(level, bool) or not -7 <= level <= top:
+        raise CompressionError(f"compression_level must be an int from -7 to {top}, got "
+                               f"{level!r}", hint="1 (the default) is fast; 3 to 9 smaller")
+    return level
+
+
+_local = threading.local()
+
+
+def _compressor(level: int, threads: int):
+    import zstandard
+
+    cache = getattr(_local, "compressors", None)
+    if cache is None:
+        cache = _local.compressors = {}
+    if (level, threads) not in cache:
+        cache[level, threads] = zstandard.ZstdCompressor(
+            level=level, write_content_size=True, write_checksum=False, threads=threads)
+    return cache[level, threads]
+
+
+def _decompressor():
+    import zstandard
+
+    d = getattr(_local, "decompressor", None)
+    if d is None:
+        d = _local.decompressor = zstandard.ZstdDecompressor(max_window_size=MAX_WINDOW)
+    return d
+
+
+def group_bytes(raw: np.ndarray, itemsize: int) -> np.ndarray:
+    """Planes of ``raw`` (flat uint8): byte j of every item, for j = 0 .. itemsize-1."""
+    if itemsize == 1:
+        return raw
+    return np.ascontiguousarray(raw.reshape(-1, itemsize).T)
+
+
+def ungroup_bytes(planes: np.ndarray, itemsize: int, out: np.ndarray) -> None:
+    """The inverse of :func:`group_bytes`, written into ``out`` (flat uint8)."""
+    if itemsize == 1:
+        out[...] = planes
+        return
+    items = out.reshape(-1, itemsize)
+    for j, plane in enumerate(planes.reshape(itemsize, -1)):
+        items[:, j] = plane
+
+
+def encode(compression: Compression, raw: np.ndarray, itemsize: int, threads: int = 0):
+    """``(codec, stored bytes)`` for a chunk's raw bytes (flat uint8): compressed (on
+    ``threads`` more threads of Zstandard's own when > 1), or ``(RAW, raw)`` when the
+    frame would not be smaller or there are no bytes."""
+    if raw.nbytes == 0:
+        return RAW, raw
+    codec = compression.codec_for(itemsize)
+    content = group_bytes(raw, itemsize) if codec == BYTEGROUP else raw
+    frame = _compressor(compression.level, threads if threads > 1 else 0).compress(content)
+    if len(frame) >= raw.nbytes:
+        return RAW, raw
+    return codec, frame
+
+
+def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: str, leaf: str,
+                offset: int) -> None:
+    """Decode ``stored`` (a compressed chunk's bytes, CRC already checked) into ``out``, a
+    writable C-contiguous uint8 array of exactly the chunk's raw size."""
+    import zstandard
+
+    def damaged(what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{where}: compressed chunk of leaf {leaf!r} at byte offset {offset} ({codec}) "
+            f"is damaged: {what}", path=where, leaf=leaf, offset=offset,
+            hint="the checkpoint was written wrongly or altered; restore an earlier one")
+
+    want = out.nbytes
+    head = bytes(memoryview(stored)[:18])
+    if head[:4] != _MAGIC:
+        raise damaged("it does not start with a Zstandard frame")
+    try:
+        params = zstandard.get_frame_parameters(head)
+    except zstandard.ZstdError as e:
+        raise damaged(f"its frame header is unreadable ({e})") from None
+    if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
+        raise damaged("its frame does not declare its decompressed size; refused "
+                      "before decompressing")
+    if params.content_size != want:
+        raise damaged(f"its frame declares {params.content_size} decompressed bytes, the "
+                      f"manifest's shape implies {want}; refused before decompressing")
+    if params.dict_id:
+        raise damaged(f"its frame needs dictionary {params.dict_id}")
+    if params.window_size > MAX_WINDOW:
+        raise damaged(f"its frame asks for a {params.window_size}-byte window, more than "
+                      f"{MAX_WINDOW}")
+    end = _frame_end(stored, zstandard.frame_header_size(head), params.has_checksum)
+    if end != len(memoryview(stored)):
+        raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}"
+                      if end is not None else "its frame is cut short")
+    target = out if codec == ZSTD else np.empty(want, dtype=np.uint8)
+    try:
+        _inflate(stored, target, damaged)
+    except zstandard.ZstdError as e:
+        raise damaged(f"Zstandard cannot decode it ({e})") from None
+    if codec == BYTEGROUP:
+        ungroup_bytes(target, itemsize, out)
+
+
+def _frame_end(stored, header: int, checksum: bool) -> Optional[int]:
+    """Where the frame starting ``stored`` ends, walking its block headers (3 bytes each:
+    last-block bit, type, size); None if it runs past the end."""
+    data = memoryview(stored).cast("B")
+    at, size = header, len(data)
+    while at + 3 <= size:
+        word = data[at] | data[at + 1] << 8 | data[at + 2] << 16
+        kind, length = (word >> 1) & 3, word >> 3
+        at += 3 + (1 if kind == 1 else length)  # an RLE block stores one byte
+        if word & 1:  # the last block
+            at += 4 if checksum else 0
+            return at if at <= size else None
+    return None
+
+
+def _inflate(stored, target: np.ndarray, damaged) -> None:
+    """Decode one frame into ``target``: exactly its size, no more."""
+    reader = _decompressor().stream_reader(stored, read_across_frames=False)
+    view, done = memoryview(target).cast("B"), 0
+    while done < len(view):
+        n = reader.readinto(view[done:])
+        if not n:
+            raise damaged(f"its frame ends after {done} of {len(view)} bytes")
+        done += n
+    if reader.read(1):
+        raise damaged(f"its frame holds more than the {len(view)} bytes it declares")
