@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .. import knobs
+from .. import hashing, knobs
 from .._version import __version__
 from ..checksum import crc32c, format_checksum
 from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
@@ -101,7 +101,7 @@ def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress)
                 start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
                 chunks.append(Chunk(name, at, len(data), start, box, "raw",
-                                    format_checksum(crc32c(data))))
+                                    format_checksum(crc32c(data)), hashing.of(data)))
                 write_pieces(_Positioned(fd, at), data, progress)
             arrays[path] = ArrayEntry(path, leaf.dtype, leaf.shape, tuple(chunks))
             del arr, flat

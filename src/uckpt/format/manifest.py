@@ -71,10 +71,12 @@ class Chunk:
     def compressed(self) -> bool:
         return self.codec != "raw"
 
-    def to_json(self) -> Dict[str, Any]:
+    def to_json(self, hashed: bool = True) -> Dict[str, Any]:
         out = {"file": self.file, "offset": self.offset, "length": self.length,
                "start": list(self.start), "shape": list(self.shape),
-               "codec": self.codec, "checksum": self.checksum, "hash": self.hash}
+               "codec": self.codec, "checksum": self.checksum}
+        if hashed:
+            out["hash"] = self.hash
         if self.base is not None:
             out["base"] = self.base
         return out
@@ -101,10 +103,13 @@ class ArrayEntry:
         return hashing.array_root(self.dtype, self.shape,
                                   [(c.start, c.shape, d) for c, d in zip(self.chunks, digests)])
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape),
-                "chunks": [c.to_json() for c in self.chunks],
-                "root": hashing.format_hash(self.merkle_root())}
+    def to_json(self, hashed: bool = True) -> Dict[str, Any]:
+        """``hashed=False``: without the fields of version 4 (read from an older one)."""
+        out = {"dtype": self.dtype, "shape": list(self.shape),
+               "chunks": [c.to_json(hashed) for c in self.chunks]}
+        if hashed:
+            out["root"] = hashing.format_hash(self.merkle_root())
+        return out
 
 
 @dataclass(frozen=True)
@@ -137,12 +142,20 @@ class Manifest:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
+    def unhashed(self) -> Optional[str]:
+        """The path of an array with a chunk without a content hash (one read from a
+        manifest older than version 4), or None."""
+        return next((a.path for a in self.arrays.values() for c in a.chunks if not c.hash), None)
+
     def to_json(self) -> Dict[str, Any]:
-        """The fields of the current format version, less the checksum (``to_bytes`` adds it)."""
-        arrays = {p: a.to_json() for p, a in self.arrays.items()}
-        return {
+        """The fields of the current format version, less the checksum (``to_bytes`` adds
+        it); of the version it was read as when its chunks have no content hashes (read
+        from an older version: only ``to_bytes`` needs them)."""
+        old = self.unhashed() is not None
+        arrays = {p: a.to_json(hashed=not old) for p, a in self.arrays.items()}
+        out = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version if old else FORMAT_VERSION,
             "generator": self.generator,
             "created": self.created,
             "world_size": self.world_size,
@@ -151,13 +164,22 @@ class Manifest:
             "files": {f.name: {"rank": f.rank, "size": f.size} for f in self.files.values()},
             "tree": self.tree,
             "arrays": arrays,
-            "bases": self.bases,
-            "merkle_root": hashing.format_hash(hashing.checkpoint_root(
-                {p: hashing.parse_hash(a["root"]) for p, a in arrays.items()})),
         }
+        if not old:
+            out["bases"] = self.bases
+            out["merkle_root"] = hashing.format_hash(hashing.checkpoint_root(
+                {p: hashing.parse_hash(a["root"]) for p, a in arrays.items()}))
+        return out
 
     def to_bytes(self) -> bytes:
         """The manifest file: compact UTF-8 JSON ending in its checksum member and a newline."""
+        unhashed = self.unhashed()
+        if unhashed is not None:
+            raise ManifestError(
+                f"leaf {unhashed!r} has a chunk without a content hash: a manifest read from "
+                f"format version {self.format_version} cannot be written as version "
+                f"{FORMAT_VERSION} without reading its data", leaf=unhashed,
+                hint="load the checkpoint and save it again, or use uckpt.consolidate")
         try:
             # compact, so json's C encoder runs (indent selects the slow pure-Python one)
             text = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False,
