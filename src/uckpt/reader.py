@@ -240,15 +240,18 @@ class CheckpointReader:
             done += n
         self._mismatch(entry, chunk, format_checksum(value))
 
-    def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
-        if got != chunk.checksum:
+    def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str, kind: str = "checksum",
+                  hint: str = "the file is corrupted; restore an earlier checkpoint") -> None:
+        """Raise ChecksumMismatchError if ``got`` differs from the chunk's ``kind``
+        (``checksum``, or ``hash``: its content hash), naming the file, leaf and offset."""
+        recorded = chunk.checksum if kind == "checksum" else chunk.hash
+        if got != recorded:
             where = self._source(chunk.base).file_where(chunk.file)
             raise ChecksumMismatchError(
-                f"{where}: checksum mismatch in leaf {entry.path!r}, "
-                f"chunk at byte offset {chunk.offset} (length {chunk.length}): stored "
-                f"{chunk.checksum}, computed {got}", path=where,
-                leaf=entry.path, offset=chunk.offset,
-                hint="the file is corrupted; restore an earlier checkpoint")
+                f"{where}: {'checksum' if kind == 'checksum' else 'content hash'} mismatch in "
+                f"leaf {entry.path!r}, chunk at byte offset {chunk.offset} (length "
+                f"{chunk.length}): stored {recorded}, computed {got}", path=where,
+                leaf=entry.path, offset=chunk.offset, hint=hint)
 
     # -- verification --------------------------------------------------------------------------
     def verify(self, progress=None, files: Optional[set] = None) -> int:
@@ -289,14 +292,8 @@ class CheckpointReader:
                 self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
                 digest = hasher.digest() if hasher is not None else b""
             if hashed:
-                if hashing.format_hash(digest) != chunk.hash:
-                    where = self._source(chunk.base).file_where(chunk.file)
-                    raise ChecksumMismatchError(
-                        f"{where}: content hash mismatch in leaf {entry.path!r}, chunk at "
-                        f"byte offset {chunk.offset}: the manifest records {chunk.hash}, the "
-                        f"bytes hash to {hashing.format_hash(digest)}", path=where,
-                        leaf=entry.path, offset=chunk.offset,
-                        hint="the manifest is inconsistent; restore an earlier checkpoint")
+                self._mismatch(entry, chunk, hashing.format_hash(digest), "hash",
+                               "the manifest is inconsistent; restore an earlier checkpoint")
             with lock:
                 if hashed:
                     digests[(entry.path, chunk.start)] = digest

@@ -253,10 +253,7 @@ def write_sharded(directory: Path, version: int = VERSION) -> None:
         "arrays": entries,
     }
     if version >= 4:
-        roots, top = merkle_roots(entries)
-        for path, root in roots.items():
-            entries[path]["root"] = root
-        manifest.update(bases={}, merkle_root=top)
+        add_merkle_roots(manifest)
     directory.mkdir(parents=True)
     for name, data in files.items():
         (directory / name).write_bytes(bytes(data))
@@ -324,10 +321,7 @@ def write_codecs(directory: Path, version: int = VERSION) -> None:
         "arrays": entries,
     }
     if version >= 4:
-        roots, top = merkle_roots(entries)
-        for path, root in roots.items():
-            entries[path]["root"] = root
-        manifest.update(bases={}, merkle_root=top)
+        add_merkle_roots(manifest)
     directory.mkdir(parents=True)
     (directory / "data-00000.bin").write_bytes(bytes(data))
     write_manifest(directory / "manifest.json", manifest, version)
@@ -364,6 +358,15 @@ def merkle_roots(entries):
               for p in sorted(roots, key=lambda p: p.encode())]
     top = h(b"\x04" + u64([len(leaves)]) + tree(leaves))
     return {p: "xxh3-128:" + r.hex() for p, r in roots.items()}, "xxh3-128:" + top.hex()
+
+
+def add_merkle_roots(manifest) -> None:
+    """Complete a version-4 manifest document: arrays' roots, ``bases`` (none) and the
+    checkpoint's root."""
+    roots, top = merkle_roots(manifest["arrays"])
+    for path, root in roots.items():
+        manifest["arrays"][path]["root"] = root
+    manifest.update(bases={}, merkle_root=top)
 
 
 def chain_states():
