@@ -295,3 +295,18 @@ def test_s3_durable_tier_holds_the_bases_and_restores_after_node_loss(tmp_path, 
                                                 storage_options=s3_options))
     assert got == 4
     check(out, 4)
+
+
+def test_inspect_shows_the_merkle_root_and_the_bases(tmp_path):
+    save_chain(tmp_path, [1, 2])
+    path = tmp_path / "step_00000002"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    text = subprocess.run([PYTHON, "-m", "uckpt.cli", "inspect", str(path)], capture_output=True,
+                          text=True, env=env, check=True).stdout
+    m = uckpt.manifest(path)
+    referring = sum(1 for a in m.arrays.values() for c in a.chunks if c.base)
+    assert f"merkle root  {m.merkle_root}" in text
+    assert f"bases        1: step_00000001; {referring} of " in text
+    doc = json.loads(subprocess.run([PYTHON, "-m", "uckpt.cli", "inspect", "--json", str(path)],
+                                    capture_output=True, text=True, env=env, check=True).stdout)
+    assert doc["bases"] == {"step_00000001": {"data-00000.bin": data_size(tmp_path / "step_00000001")}}
