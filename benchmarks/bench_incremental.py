@@ -207,8 +207,9 @@ def report(results: dict) -> str:
                   ""]
     if "embedding" in results:
         e = results["embedding"]
-        lines += [f"## Embedding {e['rows']} x {e['dim']} float32 ({C.fmt_bytes(e['table_bytes'])}),"
-                  " SparseAdam, 1% random rows per step", "",
+        size = C.fmt_bytes(e["table_bytes"])
+        lines += [f"## Embedding {e['rows']} x {e['dim']} float32 ({size}), SparseAdam, 1% "
+                  "random rows per step", "",
                   C.markdown_table(["incremental_chunk_bytes", "full save", "incremental (median)",
                                     "manifest (median)", "(written + manifest) / full, max",
                                     "time incremental / full"],

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 import uckpt

@@ -32,10 +32,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from . import knobs
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step, raise_save_failure
 from .engine import submit_collective
-from . import knobs
 from .errors import CheckpointExistsError, CheckpointNotFoundError
 from .format import Chunk, Manifest
 from .incremental import Baseline, bases_of, write_changed
@@ -198,7 +198,8 @@ def finish_collective(p: Prepared, staged: Union[Flat, BaseException], comm: Com
 
         def manifest() -> Manifest:
             if "m" not in built:
-                ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order they arrived in
+                # the order the ranks' chunks arrived in
+                ordered = sorted(gp.plan.items, key=lambda it: it.rank)
                 found = [c for w in written for c in w["chunks"]]
                 chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
                 sizes = [w["size"] for w in written]

@@ -37,15 +37,15 @@ from .collective import (copy_collective, flatten_shared, prepare_collective, sa
                          submit_async_share)
 from .comm import get_communicator
 from .engine import AsyncSaver, Chain, SaveHandle
-from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
-                     ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
-                     StorageUnavailableError, UckptError)
+from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                     DistributedError, ManifestError, NotACheckpointError, ObjectStoreError,
+                     StorageAccessError, StorageUnavailableError, UckptError)
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .incremental import Baseline
-from .storage.base import step_of
 from .reader import read_manifest
+from .storage.base import step_of
 from .tiers import Tier, as_tier
 
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
