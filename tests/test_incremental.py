@@ -309,3 +309,25 @@ def test_inspect_shows_the_merkle_root_and_the_bases(tmp_path):
     doc = json.loads(subprocess.run([PYTHON, "-m", "uckpt.cli", "inspect", "--json", str(path)],
                                     capture_output=True, text=True, env=env, check=True).stdout)
     assert doc["bases"] == {"step_00000001": {"data-00000.bin": data_size(tmp_path / "step_00000001")}}
+
+
+def test_a_base_naming_the_checkpoint_itself_or_not_a_directory_is_refused(tmp_path):
+    save_chain(tmp_path, [1, 2])
+    path = tmp_path / "step_00000002"
+    original = (path / "manifest.json").read_bytes()
+
+    def rename_base(d, name):
+        d["bases"] = {name: d["bases"]["step_00000001"]}
+        for a in d["arrays"].values():
+            for c in a["chunks"]:
+                if c.get("base"):
+                    c["base"] = name
+
+    _resealed(path, lambda d: rename_base(d, "step_00000002"))
+    with pytest.raises(errors.CorruptCheckpointError, match="names the checkpoint itself"):
+        uckpt.load(path)
+    (path / "manifest.json").write_bytes(original)
+    os.mkfifo(tmp_path / "fifo")
+    _resealed(path, lambda d: rename_base(d, "fifo"))
+    with pytest.raises(errors.NotACheckpointError, match="fifo"):
+        uckpt.load(path)  # never blocks on the FIFO
