@@ -76,8 +76,11 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
         packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
                          for i in changed], 1)
         placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
+        # everything changed: the staging arena (if any) is the file, written in one piece
+        whole = image is not None and all(p[0].offset == p[1] for p in placed) and \
+            len(changed) == len(items)
         written = write_checksummed(sink, file, packed.file_sizes[0][1], placed,
-                                    hashes=[digests[i] for i in changed])
+                                    image if whole else None, [digests[i] for i in changed])
     for i, c in zip(changed, written):
         chunks[i] = c
     log.debug("%s: %d of %d chunks changed", file, len(changed), len(items))
