@@ -1,10 +1,12 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1, 2 and 3 (tests/data/golden_v1 to
-  golden_v3, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 3,
+* golden checkpoints of format versions 1 to 4 (tests/data/golden_v1 to
+  golden_v4, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 4,
   the version uckpt writes); version 1 is version 2 without its checksum, version
-  2 is version 3 without compressed chunks (golden_v3/codecs has every codec);
+  2 is version 3 without compressed chunks (golden_v3/codecs has every codec),
+  version 3 is version 4 without content hashes, Merkle roots and references
+  (golden_v4/chain is an incremental pair);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
