@@ -173,9 +173,14 @@ def test_durable_tier_holds_what_its_checkpoints_refer_to(tmp_path):
 def test_consolidate_makes_a_self_contained_checkpoint(tmp_path):
     save_chain(tmp_path / "root", [1, 2, 3])
     dst = uckpt.consolidate(tmp_path / "root" / "step_00000003", tmp_path / "alone")
+    packed = uckpt.consolidate(tmp_path / "root" / "step_00000003", tmp_path / "packed",
+                               compression="zstd")  # one function: issue 12's option too
     shutil.rmtree(tmp_path / "root")
-    assert uckpt.manifest(dst).bases == {}
+    assert uckpt.manifest(dst).bases == {} and uckpt.manifest(packed).bases == {}
+    assert {c.codec for c in uckpt.manifest(packed).arrays["table"].chunks} == {"zstd+bytegroup"}
     check(uckpt.load(dst), 3)
+    check(uckpt.load(packed), 3)
+    assert uckpt.verify(packed).merkle_root == uckpt.manifest(dst).merkle_root
 
 
 def test_base_must_be_beside_the_new_checkpoint(tmp_path):

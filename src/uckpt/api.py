@@ -155,7 +155,9 @@ def consolidate(src, dst, *, overwrite: bool = False,
                 compression_level: Optional[int] = None) -> Union[Path, str]:
     """Rewrite checkpoint ``src`` (written by any number of ranks) as a single-process one
     at ``dst``: one data file, each array in one piece, the same tree (adapters, classes,
-    PerRank subtrees), step and metadata. ``uckpt convert`` takes either.
+    PerRank subtrees), step and metadata. ``uckpt convert`` takes either. The copy of an
+    incremental checkpoint is self-contained (no ``bases``: every chunk read through its
+    references).
     ``compression`` and ``compression_level`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL."""
     codec = compression_of(compression, compression_level)
