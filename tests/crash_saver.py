@@ -2,6 +2,8 @@
 
     crash_saver.py ROOT                       synchronous saves under ROOT
     crash_saver.py FAST DURABLE --async       async saves, copied to a durable tier
+    crash_saver.py ROOT --incremental         incremental saves (a few rows change each
+                                              step), keep_last=2, a full save every 3
 """
 import sys
 
@@ -11,7 +13,12 @@ import uckpt
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 asynchronous = "--async" in sys.argv
-if len(args) == 1:
+incremental = "--incremental" in sys.argv
+if incremental:
+    import incremental_common
+
+    mgr = uckpt.CheckpointManager(args[0], keep_last=2, incremental=True, full_every=3)
+elif len(args) == 1:
     mgr = uckpt.CheckpointManager(args[0], keep_last=3, async_save=asynchronous)
 else:
     mgr = uckpt.CheckpointManager(tiers=[uckpt.Tier(args[0], keep=2), uckpt.Tier(args[1], keep=3)],
@@ -20,8 +27,9 @@ step = (mgr.latest_step() or 0) + 1
 print("ready", flush=True)
 pending = []
 while True:
-    state = {"a": np.full((512, 1024), step, np.float32), "b": np.full(300_000, -step, np.int64),
-             "small": {"x": np.arange(10) * step}, "step": step}
+    state = incremental_common.state(step) if incremental else \
+        {"a": np.full((512, 1024), step, np.float32), "b": np.full(300_000, -step, np.int64),
+         "small": {"x": np.arange(10) * step}, "step": step}
     result = mgr.save(step, state)
     pending.append((step, result))
     for s, r in list(pending):  # report what is committed on the first tier

@@ -66,6 +66,17 @@ def reseal(path, fn):
     (path / "manifest.json").write_bytes(integrity.seal(text[:-1].encode()))
 
 
+def _without_v4_fields(m, version):
+    """A version-4 manifest made into one of ``version`` (3 or older): without content
+    hashes, Merkle roots and bases."""
+    m.update(format_version=version)
+    m.pop("bases"), m.pop("merkle_root")
+    for a in m["arrays"].values():
+        a.pop("root")
+        for c in a["chunks"]:
+            c.pop("hash")
+
+
 def replace_chunk(path, leaf, stored: bytes, **fields):
     """Write ``stored`` as the (only) chunk of ``leaf`` at the end of the data file and
     point the manifest at it, with a matching CRC: damage that the CRC cannot see."""
@@ -93,7 +104,7 @@ def test_every_dtype_round_trips(tmp_path, compression):
     codecs = {p: c[0].codec for p, c in chunks_of(path).items()}
     assert codecs["float32"] == codecs["bfloat16"] == codecs["int64"] == "zstd+bytegroup"
     assert codecs["uint8"] == ("zstd" if compression == "zstd" else "zstd+bytegroup")
-    assert uckpt.manifest(path).format_version == 3
+    assert uckpt.manifest(path).format_version == 4
     uckpt.verify(path)
 
 
@@ -262,7 +273,10 @@ def test_undecodable_frame_names_the_leaf(packed):
     with pytest.raises(errors.CorruptCheckpointError, match="leaf 'ids'") as info:
         uckpt.load(path)
     assert not isinstance(info.value, zstandard.ZstdError)
-    uckpt.verify(path)  # the CRC of the stored bytes matches: verify needs no decoding
+    # the CRC of the stored bytes matches, but verify (version 4) decodes every compressed
+    # chunk to check its content hash
+    with pytest.raises(errors.CorruptCheckpointError, match="leaf 'ids'"):
+        uckpt.verify(path)
 
 
 @pytest.mark.parametrize("case", ["larger", "smaller", "no size", "not zstd", "trailing",
@@ -328,7 +342,7 @@ def test_declared_size_beyond_ratio_is_refused_before_allocating(packed):
 
 def test_zstd_codec_in_a_version_2_manifest_is_refused(packed):
     path, _ = packed
-    reseal(path, lambda m: m.update(format_version=2))
+    reseal(path, lambda m: _without_v4_fields(m, version=2))
     with pytest.raises(errors.ManifestError, match="unknown codec 'zstd\\+bytegroup' for leaf"):
         uckpt.load(path)
 

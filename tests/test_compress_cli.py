@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 from convert_common import assert_error, assert_ok, cli
 from conftest import flip_byte
 
@@ -61,6 +62,24 @@ def test_convert_compress_to_uckpt(tmp_path, ckpts, codec):
     out = uckpt.load(dst)
     assert np.array_equal(out["w"], state["w"]) and np.array_equal(out["noise"], state["noise"])
     assert_ok(cli("verify", dst))
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_convert_to_uckpt_writes_content_hashes(tmp_path, ckpts, compress):
+    """A converted uckpt target is version 4: every chunk's content hash, and the Merkle
+    roots of a uckpt save of the same state (same chunking), raw or compressed."""
+    raw, _, _ = ckpts
+    npz = tmp_path / "state.npz"
+    assert_ok(cli("convert", raw, npz))
+    dst = tmp_path / "back"
+    assert_ok(cli("convert", npz, dst, *(["--compress"] if compress else [])))
+    m, saved = uckpt.manifest(dst), uckpt.manifest(raw)
+    assert m.format_version == FORMAT_VERSION and all(c.hash for a in m.arrays.values()
+                                                       for c in a.chunks)
+    assert ({c.codec for c in m.arrays["w"].chunks} == {"zstd+bytegroup"}) == compress
+    assert {p: a.root for p, a in m.arrays.items()} == {p: a.root for p, a in saved.arrays.items()}
+    assert m.merkle_root == saved.merkle_root
+    assert_ok(cli("verify", dst))  # recomputes every hash and root from the bytes
 
 
 def test_convert_compress_refuses_unknown_codec(tmp_path, ckpts):

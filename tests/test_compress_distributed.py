@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -28,7 +29,7 @@ def packed(tmp_path_factory):
 
 def test_four_ranks_write_compressed_files(packed):
     m = uckpt.manifest(packed)
-    assert m.world_size == 4 and m.format_version == 3
+    assert m.world_size == 4 and m.format_version == FORMAT_VERSION
     assert sorted(m.files) == [f"data-{r:05d}.bin" for r in range(4)]
     codecs = {c.codec for a in m.arrays.values() for c in a.chunks}
     assert "zstd+bytegroup" in codecs

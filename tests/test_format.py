@@ -1,10 +1,12 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1, 2 and 3 (tests/data/golden_v1 to
-  golden_v3, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 3,
+* golden checkpoints of format versions 1 to 4 (tests/data/golden_v1 to
+  golden_v4, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 4,
   the version uckpt writes); version 1 is version 2 without its checksum, version
-  2 is version 3 without compressed chunks (golden_v3/codecs has every codec);
+  2 is version 3 without compressed chunks (golden_v3/codecs has every codec),
+  version 3 is version 4 without content hashes, Merkle roots and references
+  (golden_v4/chain is an incremental pair);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
@@ -34,8 +36,8 @@ from uckpt.reader import CheckpointReader
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v3"  # the version uckpt writes
-GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: GOLDEN}
+GOLDEN = DATA / "golden_v4"  # the version uckpt writes
+GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: GOLDEN}
 VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
@@ -131,7 +133,7 @@ def encode(doc) -> bytes:
 
 def encode_text(text: str, version) -> bytes:
     """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
-    if version not in (2, 3):
+    if version not in (2, 3, 4):
         return text.encode("utf-8")
     text = text.rstrip()
     assert text.endswith("}")
@@ -149,7 +151,7 @@ def unsealed_text(version, name="all_types") -> str:
 def schema_doc(doc):
     """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2 or 3."""
     doc = body(doc)
-    if doc.get("format_version") in (2, 3):
+    if doc.get("format_version") in (2, 3, 4):
         doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
     return doc
 
@@ -367,9 +369,9 @@ def test_uckpt_writes_what_the_spec_says(tmp_path):
     the CRC-32C of every byte before the value, then '"}' and a line feed."""
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
     raw = (path / "manifest.json").read_bytes()
-    assert raw.startswith(b'{"format":"uckpt","format_version":3,') and raw.count(b"\n") == 1
+    assert raw.startswith(b'{"format":"uckpt","format_version":4,') and raw.count(b"\n") == 1
     covered = raw[:-19]
-    assert covered.endswith(b'}},"manifest_checksum":')
+    assert re.search(rb'"merkle_root":"xxh3-128:[0-9a-f]{32}","manifest_checksum":$', covered)
     assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
     doc = strict_json(raw)
     assert list(doc)[-1] == integrity.FIELD and doc[integrity.FIELD] == raw[-18:-3].decode()
@@ -384,9 +386,9 @@ def test_make_golden_refuses_to_regenerate(capsys):
 def test_schema_mirrors_the_code(schema):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert tuple(schema["required"]) == manifest_module._TOP_FIELDS
-    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V2)
+    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V4)
     assert schema["properties"]["format_version"]["enum"] == list(manifest_module.READ_VERSIONS)
-    assert schema["else"]["required"] == [integrity.FIELD]  # required from version 2 on
+    assert schema["allOf"][0]["else"]["required"] == [integrity.FIELD]  # required from version 2 on
     assert tuple(schema["$defs"]["chunk"]["required"]) == manifest_module._CHUNK_FIELDS
     assert tuple(schema["$defs"]["dtype"]["enum"]) == dtypes.NAMES
     assert tuple(schema["$defs"]["chunk"]["properties"]["codec"]["enum"]) == \
@@ -493,7 +495,7 @@ REJECTED = {
     **{f"missing {f}": (_pop(TOP, f), True) for f in manifest_module._TOP_FIELDS},
     "unknown top-level field": (_set(TOP, "extra", 1), True),
     "format other": (_set(TOP, "format", "safetensors"), True),
-    "format_version 4": (_set(TOP, "format_version", 4), True),
+    "format_version 5": (_set(TOP, "format_version", 5), True),
     "format_version 0": (_set(TOP, "format_version", 0), True),
     "format_version string": (_set(TOP, "format_version", "1"), True),
     "generator not a string": (_set(TOP, "generator", 5), True),
@@ -598,7 +600,7 @@ def test_parser_and_schema_reject(validator, case, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_specific_error_types(version):
     doc = body(manifest_doc(GOLDENS[version] / "all_types"))
-    for mutate, error in [(_set(TOP, "format_version", 4), errors.FormatVersionError),
+    for mutate, error in [(_set(TOP, "format_version", 5), errors.FormatVersionError),
                           (lambda d: _rename_file(d, "../x"), errors.UnsafePathError)]:
         d = copy.deepcopy(doc)
         mutate(d)
@@ -648,6 +650,8 @@ def test_compressed_codecs_are_version_3(validator, version):
 
 def _add_orphan(doc):
     doc["arrays"]["orphan"] = {"dtype": "int8", "shape": [0], "chunks": []}
+    if doc["format_version"] >= 4:
+        doc["arrays"]["orphan"]["root"] = "xxh3-128:" + "0" * 32
 
 
 def _extra_file(doc):
@@ -844,8 +848,38 @@ def test_doc_reader_reads_golden(version, name):
 def test_doc_reader_reads_what_uckpt_writes(tmp_path):
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
     m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert m["format_version"] == 3 and m["step"] == 7
+    assert m["format_version"] == 4 and m["step"] == 7
     assert sorted(arrays) == ["model/b", "model/w", "tag"]
+
+
+def test_doc_reader_follows_references_of_the_golden_chain():
+    """Section 12.1's reader reads an incremental checkpoint through its base."""
+    m, arrays = doc_reader()["read_checkpoint"](str(GOLDEN / "chain" / "step_00000002"))
+    assert list(m["bases"]) == ["step_00000001"]
+    assert_same(arrays["w"], golden.chain_states()[1]["w"])
+
+
+def test_golden_chain_loads_verifies_and_refers_to_its_base():
+    first, second = golden.chain_states()
+    chain = GOLDEN / "chain"
+    assert_same(uckpt.load(chain / "step_00000002"), second)
+    assert_same(uckpt.load(chain / "step_00000001"), first)
+    m = uckpt.verify(chain / "step_00000002")
+    based = [c.base for c in m.arrays["w"].chunks]
+    assert based == ["step_00000001", "step_00000001", None, "step_00000001"]
+    assert m.files["data-00000.bin"].size == 16  # only the changed row was written
+
+
+def test_resave_of_the_golden_chain_is_byte_identical(tmp_path, monkeypatch):
+    for knob, value in golden.CHAIN_KNOBS.items():
+        monkeypatch.setattr(knobs, knob, value)
+    first, second = golden.chain_states()
+    uckpt.save(tmp_path / "step_00000001", first, step=1, incremental=True)
+    uckpt.save(tmp_path / "step_00000002", second, step=2, base=tmp_path / "step_00000001")
+    for name in ("step_00000001", "step_00000002"):
+        old, new = GOLDEN / "chain" / name, tmp_path / name
+        assert (new / "data-00000.bin").read_bytes() == (old / "data-00000.bin").read_bytes()
+        assert without_volatile(manifest_doc(new)) == without_volatile(manifest_doc(old))
 
 
 def test_doc_reader_detects_manifest_damage(tmp_path):
@@ -887,9 +921,9 @@ def test_doc_reader_detects_damage(tmp_path):
 def test_doc_reader_refuses_other_versions(tmp_path):
     directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
     doc = manifest_doc(directory)
-    doc["format_version"] = 4
+    doc["format_version"] = 5
     (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1, 2 or 3"):
+    with pytest.raises(ValueError, match="version 1, 2, 3 or 4"):
         doc_reader()["read_checkpoint"](str(directory))
 
 
@@ -949,8 +983,8 @@ def test_doc_sharded_excerpt_matches_golden():
     assert len(quoted) == 6 and all(c in chunks for c in quoted[:4])
     assert f'"files": {json.dumps(doc["files"])}' in doc_text()
     # section 6.3's example: golden_v3/codecs's weights, and what its frame starts with
-    assert quoted[4:] == manifest_doc(GOLDEN / "codecs")["arrays"]["weights"]["chunks"]
-    data = (GOLDEN / "codecs" / "data-00000.bin").read_bytes()
+    assert quoted[4:] == manifest_doc(GOLDENS[3] / "codecs")["arrays"]["weights"]["chunks"]
+    data = (GOLDENS[3] / "codecs" / "data-00000.bin").read_bytes()
     assert data[:7] == bytes.fromhex("28b52ffd600003") and "`28 b5 2f fd` (the magic" in doc_text()
 
 

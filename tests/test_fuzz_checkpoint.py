@@ -55,7 +55,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 import uckpt
-from uckpt import dtypes
+from uckpt import dtypes, hashing
 from conftest import REPO
 from fuzz_common import (OPS, Case, Dup, Raw, Source, Worker, dumps, establish, fingerprint,
                          is_sealed, judge, manifest_doc, run_case, seal_manifest, stale_seal)
@@ -128,6 +128,25 @@ def _crc(directory: Path, chunk, offset, length) -> str:
     with open(directory / chunk["file"], "rb") as f:
         f.seek(offset)
         return f"crc32c:{crc32c.crc32c(f.read(length)):08x}"
+
+
+def _content_hash(directory: Path, chunk, offset, length) -> str:
+    """The content hash (format version 4) of a raw chunk's bytes."""
+    with open(directory / chunk["file"], "rb") as f:
+        f.seek(offset)
+        return hashing.of(f.read(length))
+
+
+def _merkle_roots(doc) -> None:
+    """Set a version-4 document's Merkle roots anew from its chunks' hashes."""
+    if "merkle_root" not in doc:
+        return
+    roots = {}
+    for path, a in doc["arrays"].items():
+        roots[path] = hashing.array_root(a["dtype"], a["shape"], [
+            (c["start"], c["shape"], hashing.parse_hash(c["hash"])) for c in a["chunks"]])
+        a["root"] = hashing.format_hash(roots[path])
+    doc["merkle_root"] = hashing.format_hash(hashing.checkpoint_root(roots))
 
 
 # --- sources ----------------------------------------------------------------------------------
@@ -493,9 +512,12 @@ def reslab(draw, source: Source):
                 chunks.append(dict(c, start=[c["start"][0] + lo] + c["start"][1:],
                                    shape=[hi - lo] + c["shape"][1:], offset=off, length=n,
                                    checksum=_crc(source.path, c, off, n)))
+                if "hash" in c:
+                    chunks[-1]["hash"] = _content_hash(source.path, c, off, n)
             cuts += len(bounds)
         a["chunks"] = draw(st.permutations(chunks))
     doc["arrays"] = dict(draw(st.permutations(list(doc["arrays"].items()))))
+    _merkle_roots(doc)
     return f"{cuts} cut(s) into slabs, chunks and arrays reordered", dumps(doc).encode()
 
 

@@ -85,7 +85,7 @@ def run_verify(capsys, path):
 def test_the_real_manifest_is_sealed(checkpoint):
     path, raw = checkpoint
     m = Manifest.parse(raw)
-    assert m.format_version == 3 and m.checksum == integrity.check(raw, "x")
+    assert m.format_version == 4 and m.checksum == integrity.check(raw, "x")
     assert m.step == 3 and len(m.arrays) >= 6 and m.metadata["note"] == "h\u00e9llo"
     assert raw.endswith(b'"manifest_checksum":"' + m.checksum.encode() + b'"}\n')
 
@@ -208,10 +208,18 @@ def test_the_issue_case_a_changed_digit_of_a_learning_rate(checkpoint, tmp_path)
 
 
 # --- the rules around the checksum member -----------------------------------------------------
-def _body_text(raw: bytes) -> str:
-    """The manifest without its checksum member, as a JSON object text."""
+def _body_text(raw: bytes, version=None) -> str:
+    """The manifest without its checksum member, as a JSON object text; with ``version``
+    (1 to 3), also without the fields of version 4 (content hashes, Merkle roots, bases)."""
     doc = json.loads(raw)
     del doc[integrity.FIELD]
+    if version is not None:
+        doc["format_version"] = version
+        del doc["bases"], doc["merkle_root"]
+        for a in doc["arrays"].values():
+            del a["root"]
+            for c in a["chunks"]:
+                del c["hash"]
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -246,7 +254,7 @@ def test_checksum_must_be_the_last_member_and_match(checkpoint):
 def test_version_1_with_a_checksum_member_is_refused(checkpoint):
     """Version 1 knows no such field, even a correct one."""
     _, raw = checkpoint
-    text = _body_text(raw).replace('"format_version":3', '"format_version":1', 1)
+    text = _body_text(raw, version=1)
     with pytest.raises(errors.ManifestError, match="unknown field.*manifest_checksum"):
         Manifest.parse(integrity.seal(text[:-1].encode()))
     Manifest.parse(text.encode())  # and without it, it is a valid version-1 manifest
@@ -257,10 +265,11 @@ def test_seal_is_what_to_bytes_writes(checkpoint):
     m = Manifest.parse(raw)
     again = m.to_bytes()
     assert again == raw  # the same fields in the same order, the same checksum
-    v1 = Manifest.parse(_body_text(raw).replace('"format_version":3', '"format_version":1',
-                                                1).encode())
+    v1 = Manifest.parse(_body_text(raw, version=1).encode())
     assert v1.format_version == 1 and v1.checksum is None
-    assert v1.to_bytes() == raw  # re-written, a version-1 manifest becomes version 3
+    # version 4 needs every chunk's content hash: a version-1 manifest cannot give them
+    with pytest.raises(errors.ManifestError, match="without reading its data"):
+        v1.to_bytes()
 
 
 # --- version 1: read, verified, and said to be unchecked ----------------------------------------
@@ -284,7 +293,7 @@ def test_version_1_note_through_the_real_command(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("OK: ") and lines[2].startswith("OK: ")
     assert "note: format version 1" in lines[1] and str(v2) in lines[2]
-    assert uckpt.manifest(v2).format_version == 3  # saving again gives a checked manifest
+    assert uckpt.manifest(v2).format_version == 4  # saving again gives a checked manifest
 
 
 def test_a_version_1_manifest_changed_into_version_2_is_refused(tmp_path):

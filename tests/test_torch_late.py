@@ -136,3 +136,31 @@ def test_ranges():
     assert r.holds(a) and r.holds(a[10:20])
     assert not Ranges([(base, base + 799)]).holds(a)
     assert not r.holds(np.zeros(3)) and not r.holds(a[:0])
+
+
+def test_late_incremental_compressed_saves_hold_the_state_at_save(tmp_path, monkeypatch):
+    """Every option of the manager together: late snapshots, incremental saves and
+    compression. A frozen first layer is referred to, not written again; each checkpoint
+    is the state at save though the copies and the hashing happen after save returns."""
+    from uckpt import knobs
+
+    monkeypatch.setattr(knobs, "incremental_chunk_bytes", 64 << 10)
+    model, opt = _net()
+    model[0].requires_grad_(False)  # a frozen backbone: never changes
+    x, y = torch.randn(64, 256), torch.randint(0, 8, (64,))
+    _step(model, opt, x, y)
+    expected = {}
+    with uckpt.torch.LateSnapshot(opt) as late, \
+            uckpt.CheckpointManager(tmp_path, async_save=True, late_snapshot=late,
+                                    incremental=True, full_every=3, compression="zstd",
+                                    compression_level=1) as mgr:
+        for step in range(1, 5):
+            mgr.save(step, {"model": model, "optimizer": opt, "step": step})
+            expected[step] = _expected(model, opt)
+            _step(model, opt, x * step, y)
+    frozen = uckpt.manifest(mgr.path(2)).arrays["model/0.weight"].chunks
+    assert frozen and all(c.base == "step_00000001" for c in frozen)
+    assert [s for s in range(1, 5) if not uckpt.manifest(mgr.path(s)).bases] == [1, 4]
+    for step in range(1, 5):
+        assert uckpt.verify(mgr.path(step)).format_version == 4
+        _check(mgr.path(step), expected[step])

@@ -9,7 +9,9 @@ from .collective import flatten_shared, prepare_collective, save_collective, sub
 from .comm import background_communicator, get_communicator
 from .commit import write_checkpoint
 from .engine import SaveHandle, default_saver
+from .errors import UnsafePathError
 from .format import Manifest
+from .incremental import Baseline
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
 from .storage import locate, open_source
@@ -21,7 +23,8 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
          blocking: bool = True, comm: Any = None,
          storage_options: Optional[Mapping[str, Any]] = None,
          compression: Optional[str] = None,
-         compression_level: Optional[int] = None) -> Union[Path, str, SaveHandle]:
+         compression_level: Optional[int] = None,
+         base: Any = None, incremental: bool = False) -> Union[Path, str, SaveHandle]:
     """Save ``state`` to ``directory`` and commit it atomically.
 
     ``directory`` is a local path or an ``s3://bucket/prefix`` URL of an S3-compatible
@@ -56,21 +59,50 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     Every rank writes its own data file (to an object store: uploads it); the
     checkpoint is committed only once every rank succeeded, and a failure on any rank
     raises :class:`~uckpt.errors.DistributedError` on all.
+
+    ``base`` (a committed checkpoint beside ``directory``: same parent directory or
+    prefix) makes an incremental checkpoint: chunks whose content hash equals the base's
+    chunk of the same box are not written but refer to where the base's bytes are
+    (docs/format.md section 14). The new checkpoint then needs its bases to load; keep
+    them, or make a self-contained copy with :func:`consolidate`. Chunks are then cut into
+    slabs of about ``knobs.incremental_chunk_bytes``; ``incremental=True`` cuts a save
+    without a base the same way, so that the first checkpoint of a chain can serve as one.
     """
     default_saver().raise_unreported()  # an earlier background save's error is never lost
     codec = compression_of(compression, compression_level)
     c = get_communicator(comm)
     store, name = locate(directory, storage_options)
     flat = flatten_shared(state, c)
+    baseline = Baseline("") if incremental else None
+    if base is not None:
+        try:
+            baseline = baseline_at(store, name, base, storage_options)
+        except Exception as e:  # noqa: BLE001 - told to the other ranks by the plan exchange
+            if c.size == 1:
+                raise
+            flat = e
+    given = None if baseline is None else (lambda: baseline)
     if blocking:
         return save_collective(store, name, flat, c, step=step, metadata=metadata,
-                               overwrite=overwrite, compression=codec)
+                               overwrite=overwrite, compression=codec, baseline=given)
     # the plan exchange runs here (so only this rank's share is snapshotted, straight
     # into the layout of its data file); the write and commit run in the background
     prepared = prepare_collective(store, name, flat, c, step=step, metadata=metadata,
-                                  overwrite=overwrite, compression=codec)
+                                  overwrite=overwrite, compression=codec, baseline=given)
     return submit_async_share(default_saver(), prepared, c, background_communicator(c),
                               f"save to {str(store.location(name))!r}")
+
+
+def baseline_at(store, name: str, base, storage_options=None) -> Baseline:
+    """The baseline of checkpoint ``base``, which must be a sibling of ``name`` in
+    ``store`` (references name a directory beside the checkpoint's own)."""
+    base_store, base_name = locate(base, storage_options)
+    if str(base_store.location(base_name)) != str(store.location(base_name)):
+        raise UnsafePathError(
+            f"the base {str(base)!r} is not beside {str(store.location(name))!r}: an "
+            "incremental checkpoint refers to checkpoints in its own parent directory only",
+            path=str(base), hint="save next to the base (same parent directory or prefix)")
+    return Baseline.of(read_manifest(base_store.source(base_name)), base_name)
 
 
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,
@@ -123,7 +155,9 @@ def consolidate(src, dst, *, overwrite: bool = False,
                 compression_level: Optional[int] = None) -> Union[Path, str]:
     """Rewrite checkpoint ``src`` (written by any number of ranks) as a single-process one
     at ``dst``: one data file, each array in one piece, the same tree (adapters, classes,
-    PerRank subtrees), step and metadata. ``uckpt convert`` takes either.
+    PerRank subtrees), step and metadata. ``uckpt convert`` takes either. The copy of an
+    incremental checkpoint is self-contained (no ``bases``: every chunk read through its
+    references).
     ``compression`` and ``compression_level`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL."""
     codec = compression_of(compression, compression_level)

@@ -32,14 +32,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from . import knobs
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
-from .errors import CheckpointExistsError
+from .errors import CheckpointExistsError, CheckpointNotFoundError
 from .format import Chunk, Manifest
+from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .reader import CheckpointReader, _manifest_where
-from .recode import recode_files, recoded_manifest
+from .recode import recode_files, recoded_manifest, target_bases
 from .save_errors import raise_save_failure
 from .staging import snapshot, snapshot_share
 from .storage.base import CheckpointSink, Store
@@ -53,15 +55,19 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None, compression: Optional[Compression] = None):
+                    what: Optional[str] = None, compression: Optional[Compression] = None,
+                    baseline: Optional[Callable[[], Baseline]] = None,
+                    on_commit: Optional[Callable[[Manifest], None]] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``
     (chunks compressed with ``compression``, if given); returns its location.
+    ``baseline``, ``on_commit``: see :func:`prepare_collective`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
-                                  overwrite=overwrite, what=what, compression=compression)
+                                  overwrite=overwrite, what=what, compression=compression,
+                                  baseline=baseline, on_commit=on_commit)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
@@ -96,14 +102,26 @@ class PreparedSave:
     overwrite: bool
     what: str
     compression: Optional[Compression] = None
+    #: incremental: gives, when this rank writes, the previous checkpoint's chunks
+    #: (unchanged chunks refer to them)
+    baseline: Optional[Callable[[], Baseline]] = None
+    #: called on every rank with the manifest, once it is committed
+    on_commit: Optional[Callable[[Manifest], None]] = None
 
 
 def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                        what: Optional[str] = None,
-                       compression: Optional[Compression] = None) -> PreparedSave:
-    """Collective, step 1 (plan): returns the same plan on every rank, or raises on all."""
+                       compression: Optional[Compression] = None,
+                       baseline: Optional[Callable[[], Baseline]] = None,
+                       on_commit: Optional[Callable[[Manifest], None]] = None) -> PreparedSave:
+    """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
+
+    ``baseline``: make an incremental checkpoint: its chunks are cut into pieces of
+    ``knobs.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
+    (called when this rank writes, after the saves before it committed) refer to it;
+    every checkpoint it refers to is first checked to be committed."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
@@ -132,14 +150,15 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
             for r in differ:
                 gathered[r]["replicated"] = full[r]
-        gp = global_plan(gathered, comm.rank)  # raises the same error on every rank
+        gp = global_plan(gathered, comm.rank,  # raises the same error on every rank
+                         knobs.incremental_chunk_bytes if baseline is not None else 0)
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                        overwrite, what, compression)
+                        overwrite, what, compression, baseline, on_commit)
 
 
 def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):
@@ -155,37 +174,41 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
                 raise staged
             try:
                 replica = sink.view()
-                chunks = write_data_file(sink, file, size, gp.plan.for_rank(comm.rank),
-                                         staged.arrays, image=staged.images.get(file),
-                                         origins=gp.origins, compression=p.compression)
+                mine = gp.plan.for_rank(comm.rank)
+                image = staged.images.get(file)
+                if p.baseline is None:
+                    by_item = write_data_file(sink, file, size, mine, staged.arrays, image=image,
+                                              origins=gp.origins, compression=p.compression)
+                    chunks = [by_item[it] for it in mine]
+                else:
+                    baseline = used["baseline"] = p.baseline()
+                    check_bases(p.store, p.name, baseline)
+                    chunks = write_changed(sink, file, mine, staged.arrays, image, gp.origins,
+                                           baseline, p.compression)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
-            mine = [chunks[it] for it in gp.plan.items if it.rank == comm.rank]
-            stored = file_end(mine)
+            stored = file_end(c for c in chunks if c.base is None)
             log.info("saved %s of %s: step %s, %d bytes%s, %.3f s", file, where,
                      "-" if p.step is None else p.step, stored,
                      f" ({size} raw)" if stored != size else "", time.perf_counter() - start)
-            if p.compression is None:
-                return {"sums": [c.checksum for c in mine], "replica": replica}
-            return {"chunks": [(c.offset, c.length, c.codec, c.checksum) for c in mine],
-                    "size": stored, "replica": replica}
+            return {"chunks": [_compact(c) for c in chunks], "size": stored, "replica": replica}
 
+        used: Dict[str, Baseline] = {}
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
+        built: Dict[str, Manifest] = {}
 
-        def manifest() -> bytes:
-            ordered = sorted(gp.plan.items, key=lambda it: it.rank)  # the order sums arrived in
-            if p.compression is None:
-                stored = [(it.offset, it.length, "raw", s) for it, s in
-                          zip(ordered, [s for w in written for s in w["sums"]])]
-                sizes = None
-            else:
-                stored = [c for w in written for c in w["chunks"]]
+        def manifest() -> Manifest:
+            if "m" not in built:
+                # the order the ranks' chunks arrived in
+                ordered = sorted(gp.plan.items, key=lambda it: it.rank)
+                found = [c for w in written for c in w["chunks"]]
+                chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
                 sizes = [w["size"] for w in written]
-            chunks = {it: Chunk(it.file, offset, length, it.start, it.shape, codec, s)
-                      for it, (offset, length, codec, s) in zip(ordered, stored)}
-            return assemble_manifest(merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                                     chunks, p.step, p.metadata, sizes).to_bytes()
+                built["m"] = assemble_manifest(
+                    merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
+                    p.metadata, sizes=sizes, bases=bases_of(chunks.values(), used.get("baseline")))
+            return built["m"]
 
         replicas = [w["replica"] for w in written]
 
@@ -193,10 +216,10 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
             try:
-                sink.commit(manifest(), p.overwrite)
+                sink.commit(manifest().to_bytes(), p.overwrite)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what} (commit)", where)
-            total = sum(s for _, s in gp.plan.file_sizes)
+            total = sum(w["size"] for w in written)
             log.info("committed %s: step %s, %d bytes in %d file(s), %.3f s", where,
                      "-" if p.step is None else p.step, total, len(gp.plan.file_sizes),
                      time.perf_counter() - start)
@@ -206,7 +229,36 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
         sink.abort()
         raise
     sink.release()  # a rank that made its node's copy but did not commit it
+    if p.on_commit is not None:
+        p.on_commit(manifest())
     return where
+
+
+def _compact(c: Chunk) -> tuple:
+    """What a rank tells the others of one of its chunks (its box is in the plan)."""
+    return (c.file, c.offset, c.length, c.codec, c.checksum, c.hash, c.base)
+
+
+def _chunk(it, c: tuple) -> Chunk:
+    file, offset, length, codec, checksum, content, base = c
+    return Chunk(file, offset, length, it.start, it.shape, codec, checksum, content, base)
+
+
+def check_bases(store: Store, name: str, baseline: Baseline) -> None:
+    """Refuse an incremental save whose references would not resolve: every checkpoint
+    holding chunks of ``baseline`` must be a committed sibling, other than ``name``."""
+    for holder in sorted(baseline.holders()):
+        if holder == name:
+            raise CheckpointExistsError(
+                f"{str(store.location(name))!r} cannot be saved over its own base",
+                path=str(store.location(name)),
+                hint="save to a new name, or save in full (no base) to overwrite")
+        if not store.has(holder):
+            raise CheckpointNotFoundError(
+                f"the base checkpoint {str(store.location(holder))!r} of the incremental "
+                f"save to {str(store.location(name))!r} is not committed", path=str(
+                    store.location(holder)),
+                hint="save in full, or give a committed checkpoint of the same root as base")
 
 
 def submit_async_share(saver, prepared: PreparedSave, comm: Communicator, background: Communicator,
@@ -245,7 +297,9 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
     process, every file) and checks every chunk of them read back from ``dst``; then the
     lowest rank of each replica of ``dst`` commits, with the source's manifest bytes. With
     ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
-    manifest committed is the source's with the new chunks.
+    manifest committed is the source's with the new chunks; its references to bases
+    (an incremental checkpoint) then point at the bases' chunks on ``dst``, where the
+    bases must be committed already.
     """
     what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
     where = dst.location(name)
@@ -285,6 +339,7 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                         if comm.size == 1 or f.rank == comm.rank]
                 recoded = None
                 if compression is not None:
+                    found["bases"] = target_bases(dst, manifest)  # copied before (manager)
                     recoded = recode_files(source, manifest, mine, sink, compression)
                 else:
                     for n in mine:
@@ -294,7 +349,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
             raise_save_failure(e, what, where)
         if verify:
             checked = time.perf_counter()
-            written = manifest if recoded is None else recoded_manifest(manifest, [recoded])
+            written = manifest if recoded is None else \
+                recoded_manifest(manifest, [recoded], found["bases"])
             with CheckpointReader(sink.written(written), manifest=written) as copied:
                 verified = copied.verify(files=set(mine))
             log.info("verified the copy of step %s at %s: %d bytes of chunks read back "
@@ -307,7 +363,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
         replicas = [c["replica"] for c in copied]
         if compression is not None:  # every rank's new chunks, in one manifest
             found["data"] = recoded_manifest(Manifest.parse(found["data"]),
-                                             [c["recoded"] for c in copied]).to_bytes()
+                                             [c["recoded"] for c in copied],
+                                             found["bases"]).to_bytes()
 
         def commit() -> bool:
             if replicas.index(replicas[comm.rank]) != comm.rank:

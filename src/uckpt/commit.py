@@ -75,10 +75,11 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
 
 
 def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
-                      sizes=None) -> Manifest:
+                      sizes=None, bases=None) -> Manifest:
     """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`);
     ``sizes``: the data files' sizes by rank when they differ from the plan's (compressed
-    chunks)."""
+    chunks, or an incremental save writing only changed ones); ``bases``: the
+    checkpoints chunks refer to."""
     by_path: Dict[str, list] = {p: [] for p in array_metas}
     for item in plan.items:
         by_path[item.path].append(chunks[item])
@@ -88,4 +89,5 @@ def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
              for r, (f, size) in enumerate(plan.file_sizes)}
     created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
-                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created)
+                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created,
+                    bases=bases or {})

@@ -15,6 +15,9 @@ def _env_int(name: str, default: int) -> int:
 
 #: arrays larger than twice this are split into chunks of about this size along their first axis
 chunk_bytes: int = _env_int("chunk_bytes", 64 << 20)
+#: incremental saves cut arrays into slabs of about this size along their first axis, so
+#: that an update of a few rows rewrites only the slabs holding them
+incremental_chunk_bytes: int = _env_int("incremental_chunk_bytes", 1 << 20)
 #: every chunk starts at a multiple of this many bytes in its data file
 alignment: int = _env_int("alignment", 64)
 #: threads that read chunks and check their checksums in parallel when loading (an

@@ -39,13 +39,15 @@ from .collective import (copy_collective, flatten_shared, prepare_collective, sa
 from .comm import get_communicator
 from .costs import CostRecorder
 from .engine import AsyncSaver, SaveHandle, SerialRunner
-from .errors import (CheckpointNotFoundError, CorruptCheckpointError, DistributedError,
-                     ManifestError, NotACheckpointError, ObjectStoreError, StorageAccessError,
-                     StorageUnavailableError, UckptError)
+from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                     DistributedError, ManifestError, NotACheckpointError, ObjectStoreError,
+                     StorageAccessError, StorageUnavailableError, UckptError)
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
+from .incremental import Baseline
 from .reader import read_manifest
+from .storage.base import step_of
 from .tiers import Tier, as_tier
 
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
@@ -118,6 +120,14 @@ class CheckpointManager:
         opt in to sharing the tiers with other writers that opted in too (each
         must save different steps; retention of each applies to every step of
         the root). An exclusive writer and a concurrent one refuse each other.
+    incremental, full_every
+        with ``incremental=True`` a save writes only the chunks whose content hash
+        differs from this manager's previous save (held in memory), and refers to the
+        others where they already are (docs/format.md section 14); arrays are cut into
+        slabs of ``knobs.incremental_chunk_bytes``. Every ``full_every``-th save (and
+        the first of a manager, and an overwrite) writes everything. Retention never
+        deletes a checkpoint that a kept one refers to, and deletes newest first;
+        copies to durable tiers bring the checkpoints they refer to along.
 
     A tier may be an ``s3://bucket/prefix`` URL of an S3-compatible object store
     (``pip install 'uckpt[s3]'``), e.g. ``tiers=["/local/nvme/run1",
@@ -133,7 +143,8 @@ class CheckpointManager:
                  storage_options: Optional[Mapping[str, Any]] = None,
                  compression: Optional[str] = None,
                  compression_level: Optional[int] = None,
-                 late_snapshot: Any = None) -> None:
+                 late_snapshot: Any = None,
+                 incremental: bool = False, full_every: int = 10) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -146,6 +157,11 @@ class CheckpointManager:
             raise ValueError("late_snapshot defers the copies of an asynchronous save: give "
                              "async_save=True too (a synchronous save writes from live memory)")
         self.late_snapshot = late_snapshot
+        if not isinstance(full_every, int) or isinstance(full_every, bool) or full_every < 1:
+            raise ValueError(f"full_every must be a positive int, got {full_every!r}")
+        if incremental and concurrent_writers:
+            raise ValueError("incremental saves need an exclusive writer: another writer's "
+                             "retention could delete the checkpoints this one refers to")
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
         self.compression = compression_of(compression, compression_level)
@@ -180,6 +196,11 @@ class CheckpointManager:
         self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
         self._lock = threading.RLock()  # pins and pending handles
         self._saves = 0
+        self.incremental = bool(incremental)
+        self.full_every = full_every
+        self._baseline: Optional[Baseline] = None  # chunks of this manager's last save
+        self._chain = 0  # incremental saves since the last full one
+        self._bases: Dict[tuple, Optional[List[int]]] = {}  # (tier, step) -> steps it refers to
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
         # rank 0 records what saves cost beside a local first tier (uckpt.costs)
@@ -328,12 +349,17 @@ class CheckpointManager:
         # several ranks: the same on every rank (should_save agreed on it)
         exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
-        codec = self.tiers[0].codec(self.compression)
+        options: Dict[str, Any] = dict(compression=self.tiers[0].codec(self.compression))
+        if self.incremental:
+            if overwrite:
+                self._refuse_overwriting_a_base(step)
+            options.update(baseline=lambda: self._next_baseline(overwrite),
+                         on_commit=lambda m: self._committed_baseline(m, name))
         try:
             if self._saver is not None and not exiting:
                 prepared = prepare_collective(store, name, flat, self.comm, step=step,
                                               metadata=meta, overwrite=overwrite, what=what,
-                                              compression=codec)
+                                              **options)
                 result: Union[Path, str, SaveHandle] = self._track(submit_async_share(
                     self._saver, prepared, self.comm, self._save_comm, what,
                     then=committed, failed=(lambda: self._unpin(step)) if copy else None,
@@ -343,7 +369,7 @@ class CheckpointManager:
                     self._saver.join()  # the final save follows the ones in flight
                 result = committed(save_collective(store, name, flat, self.comm, step=step,
                                                    metadata=meta, overwrite=overwrite,
-                                                   what=what, compression=codec))
+                                                   what=what, **options))
         except BaseException:
             if copy:
                 self._unpin(step)
@@ -364,6 +390,39 @@ class CheckpointManager:
         summary = self._costs.summary()
         if summary is not None:
             self.save_policy.measured(summary.stall, summary.durable)
+
+    # -- incremental saves ------------------------------------------------------------------
+    def _next_baseline(self, overwrite: bool) -> Baseline:
+        """What the save being written compares with (runs when it writes, after the
+        saves before it committed): the last save's chunks, or nothing (a full save)."""
+        if self._baseline is None or overwrite or self._chain + 1 >= self.full_every:
+            return Baseline("")
+        return self._baseline
+
+    def _committed_baseline(self, manifest: Manifest, name: str) -> None:
+        self._chain = self._chain + 1 if manifest.bases else 0
+        self._baseline = Baseline.of(manifest, name)
+
+    def _refuse_overwriting_a_base(self, step: int) -> None:
+        store = self.tiers[0].store
+        for s in store.steps():
+            if s > step and step in (self._bases_of(0, s) or ()):
+                raise CheckpointExistsError(
+                    f"step {step} cannot be overwritten: step {s} refers to its data "
+                    f"({self.path(s)})", path=str(self.path(step)),
+                    hint="save under a new step, or delete the checkpoints that refer to it")
+
+    def _bases_of(self, tier: int, step: int) -> Optional[List[int]]:
+        """The steps checkpoint ``step`` of ``tier`` refers to (None: its manifest cannot
+        be read, so nothing older is safe to delete)."""
+        key = (tier, step)
+        if key not in self._bases:
+            try:
+                m = self.manifest(step, tier)
+            except UckptError:
+                return None  # not cached: it may read back later
+            self._bases[key] = sorted(s for s in map(step_of, m.bases) if s is not None)
+        return self._bases[key]
 
     def _exit_after_final_save(self, step: int) -> None:
         self.close()  # the final checkpoint is committed and copied before we leave
@@ -460,9 +519,7 @@ class CheckpointManager:
         def job():
             try:
                 for i in range(1, len(self.tiers)):
-                    copy_collective(self.tiers[0].store, self.tiers[i].store,
-                                    step_dir_name(step), self._copy_comm,
-                                    compression=self.tiers[i].codec(self.compression))
+                    self._copy_with_bases(i, step)
                     self._retain(i)
                 self._costs.durable(step)
             finally:
@@ -471,6 +528,15 @@ class CheckpointManager:
             return self.path(step, len(self.tiers) - 1)
 
         self._track(self._flusher.run(SaveHandle(f"copy of step {step} to the durable tier"), job))
+
+    def _copy_with_bases(self, tier: int, step: int) -> None:
+        """Copy ``step`` to ``tier``, after every checkpoint it refers to that is not
+        committed there (recursively): a tier's checkpoints read from that tier alone."""
+        for base in self._bases_of(0, step) or ():
+            if not self.tiers[tier].store.has(step_dir_name(base)):
+                self._copy_with_bases(tier, base)
+        copy_collective(self.tiers[0].store, self.tiers[tier].store, step_dir_name(step),
+                        self._copy_comm, compression=self.tiers[tier].codec(self.compression))
 
     def _pin(self, step: int) -> None:
         with self._lock:
@@ -517,15 +583,38 @@ class CheckpointManager:
             if tier == 0:
                 with self._lock:  # after the listing: a step listed was pinned before it
                     keep |= set(self._pins)  # never one still to be copied
-            for s in steps:
+                baseline = self._baseline  # never one the next save may refer to
+                if baseline is not None:
+                    keep |= {s for s in map(step_of, baseline.holders()) if s is not None}
+            keep = self._with_bases(tier, steps, keep)
+            for s in reversed(steps):  # newest first: bases outlive what refers to them
                 if s not in keep:
                     self._delete(tier, s)
+
+    def _with_bases(self, tier: int, steps: List[int], keep: set) -> set:
+        """``keep`` and every checkpoint a kept one refers to; where a kept checkpoint's
+        manifest cannot be read, every older one too."""
+        keep = set(keep)
+        todo = sorted(keep)
+        while todo:
+            s = todo.pop()
+            bases = self._bases_of(tier, s) if s in steps else []
+            if bases is None:
+                older = {t for t in steps if t < s} - keep
+                log.info("keeping steps %s on tier %r: step %d, which may refer to them, "
+                         "cannot be read", sorted(older), self.tiers[tier].name, s)
+            else:
+                older = set(bases) - keep
+            keep |= older
+            todo.extend(older)
+        return keep
 
     def _delete(self, tier: int, step: int) -> None:
         """Un-commit first (hide or delete the manifest), then delete the data: a crash
         never leaves a half-deleted checkpoint visible."""
         start = time.perf_counter()
         self._info_cache.pop((tier, step), None)
+        self._bases.pop((tier, step), None)
         nbytes = self._nbytes.pop((tier, step), None)
         if not self.tiers[tier].store.delete(step_dir_name(step)):
             return  # another rank sharing this tier deleted it first

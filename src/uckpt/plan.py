@@ -115,16 +115,24 @@ def plan_holdings(arrays: Mapping[str, ArrayMeta], held: Mapping[str, Holdings],
         rank = min(holders, key=lambda r: (load[r], r))
         owner[(p, start)] = rank
         load[rank] += _length(arrays[p], shape)
+    return layout([(p, start, shape, owner[(p, start)], _length(arrays[p], shape))
+                   for p, start, shape, _ in pieces], world_size, alignment)
+
+
+def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
+           world_size: int, alignment: int = 0) -> SavePlan:
+    """Place pieces ``(path, start, shape, rank, length)`` in their ranks' data files, in
+    the given order: an array's pieces follow each other, each array starts at a multiple
+    of ``alignment``; each file ends with its last piece."""
+    alignment = alignment or knobs.alignment
     items: List[WriteItem] = []
     ends = [0] * world_size
     last_path: List[object] = [None] * world_size
-    for p, start, shape, _ in pieces:
-        rank = owner[(p, start)]
+    for p, start, shape, rank, length in pieces:
         offset = ends[rank]
         if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned
             offset = -(-offset // alignment) * alignment
             last_path[rank] = p
-        length = _length(arrays[p], shape)
         items.append(WriteItem(p, start, shape, rank, data_file_name(rank), offset, length))
         ends[rank] = offset + length
     sizes = tuple((data_file_name(r), ends[r]) for r in range(world_size))

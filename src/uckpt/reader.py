@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import codecs, dtypes, fsutil
+from . import codecs, dtypes, fsutil, hashing
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
@@ -72,7 +72,8 @@ class CheckpointReader:
         self.source = open_source(directory, storage_options)
         self.directory = self.source.directory if hasattr(self.source, "directory") \
             else self.source.where
-        self._sizes: Dict[str, int] = {}  # actual sizes of the open data files
+        self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
+        self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:
             self.manifest = manifest if manifest is not None else \
                 Manifest.parse(self.source.manifest_bytes(), where=_manifest_where(self.source))
@@ -87,34 +88,53 @@ class CheckpointReader:
         self.close()
 
     def close(self) -> None:
+        for source in self._bases.values():
+            source.close()
+        self._bases.clear()
         self.source.close()
 
-    def _open(self, name: str) -> None:
-        """Open data file ``name`` and check that it holds at least its declared size (on
-        first use)."""
-        if name in self._sizes:
+    def _source(self, base: Optional[str]):
+        """The source holding files of ``base`` (None: this checkpoint), opened on first use."""
+        if base is None:
+            return self.source
+        if base not in self._bases:
+            own = os.path.basename(self.source.where.rstrip("/"))
+            if base == own:
+                raise CorruptCheckpointError(
+                    f"{self.source.where}: the manifest names the checkpoint itself as a base",
+                    path=self.source.where, hint="the manifest is damaged; restore an earlier "
+                                                 "checkpoint")
+            self._bases[base] = self.source.sibling(base)
+        return self._bases[base]
+
+    def _open(self, name: str, base: Optional[str] = None) -> None:
+        """Open data file ``name`` (of checkpoint ``base``, None: this one) and check that it
+        holds at least its declared size (on first use)."""
+        if (base, name) in self._sizes:
             return
-        expected = self.manifest.files[name].size
-        path = self.source.file_where(name)
+        expected = self.manifest.files[name].size if base is None else \
+            self.manifest.bases[base][name]
+        source = self._source(base)
+        path = source.file_where(name)
         try:
-            actual = self.source.open_file(name)
+            actual = source.open_file(name)
         except OSError as e:
             if isinstance(e, UckptError):
                 raise
             raise fsutil.unreadable(e, path, "data file") from None
         if actual < expected:
-            cut = self._first_chunk_beyond(name, actual)
+            cut = self._first_chunk_beyond(name, base, actual)
             at = f"; leaf {cut[0]!r} (chunk at byte offset {cut[1]}) is cut off" if cut else ""
             raise TruncatedDataError(
                 f"data file {path!r} is truncated: {actual} bytes, the manifest "
                 f"records {expected}{at}", path=path, offset=actual,
                 leaf=cut[0] if cut else None,
                 hint="the file was damaged after commit; restore an earlier checkpoint")
-        self._sizes[name] = actual
+        self._sizes[(base, name)] = actual
 
-    def _first_chunk_beyond(self, name: str, size: int):
+    def _first_chunk_beyond(self, name: str, base: Optional[str], size: int):
         cut = [(c.offset, e.path) for e in self.manifest.arrays.values() for c in e.chunks
-               if c.file == name and c.offset + c.length > size]
+               if c.file == name and c.base == base and c.offset + c.length > size]
         return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
@@ -137,9 +157,9 @@ class CheckpointReader:
             plan.append((entry, target, tuple(origin),
                          [c for c in entry.chunks
                           if _intersection(c.start, c.shape, origin, target.shape)]))
-        files = {c.file for _, _, _, cs in plan for c in cs}
-        for name in files:
-            self._open(name)  # open and size-check files before any allocation or thread
+        files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
+        for base, name in files:
+            self._open(name, base)  # open and size-check files before any allocation or thread
         self._check_allocation([p[0] for p in plan if p[1] is None], files)
         out: Dict[str, np.ndarray] = {}
         jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
@@ -157,8 +177,9 @@ class CheckpointReader:
         bytes, so its arrays always fit in its files, each compressed byte counting as at
         most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3)."""
         need = sum(e.nbytes for e in entries)
-        have = sum(self._sizes[name] for name in files) + (MAX_RATIO - 1) * sum(
-            c.length for e in entries for c in e.chunks if c.compressed and c.file in files)
+        have = sum(self._sizes[key] for key in files) + (MAX_RATIO - 1) * sum(
+            c.length for e in entries for c in e.chunks
+            if c.compressed and (c.base, c.file) in files)
         if need > have:
             raise CorruptCheckpointError(
                 f"{self.source.where}: the manifest declares {need} bytes of arrays "
@@ -177,8 +198,8 @@ class CheckpointReader:
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
         if chunk.compressed:
             codecs.decode_into(chunk.codec, self.read_stored(entry, chunk), raw, itemsize,
-                               where=self.source.file_where(chunk.file), leaf=entry.path,
-                               offset=chunk.offset)
+                               where=self._source(chunk.base).file_where(chunk.file),
+                               leaf=entry.path, offset=chunk.offset)
         else:
             self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
@@ -188,20 +209,22 @@ class CheckpointReader:
 
     def read_stored(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
         """A chunk's stored bytes (compressed ones as they are), checksum verified; its
-        data file was opened by :meth:`open_files`."""
+        data file was opened by :meth:`open_files` (or, for a chunk of a base, by a read)."""
         stored = np.empty(chunk.length, dtype=np.uint8)
         self._stream(entry, chunk, lambda done, want: stored[done:done + want])
         return stored
 
     def open_files(self, names) -> None:
-        """Open data files ``names`` and check their sizes (before reading any chunk)."""
+        """Open this checkpoint's data files ``names`` and check their sizes (before
+        reading any chunk)."""
         for name in names:
             self._open(name)
 
-    def _stream(self, entry: ArrayEntry, chunk: Chunk, into) -> None:
+    def _stream(self, entry: ArrayEntry, chunk: Chunk, into, hasher=None) -> None:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
-        while it is still in the CPU cache; raise on a short file or a mismatch."""
-        source, value, done = self.source, 0, 0
+        (and feeding it to ``hasher``, if given) while it is still in the CPU cache; raise
+        on a short file or a mismatch."""
+        source, value, done = self._source(chunk.base), 0, 0
         block_bytes = source.block_bytes
         while done < chunk.length:
             want = min(block_bytes, chunk.length - done)
@@ -223,46 +246,111 @@ class CheckpointReader:
                     f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
                     path=where, leaf=entry.path, offset=end)
             value = crc32c(block, value)
+            if hasher is not None:
+                hasher.update(block)
             done += n
         self._mismatch(entry, chunk, format_checksum(value))
 
-    def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str) -> None:
-        if got != chunk.checksum:
-            where = self.source.file_where(chunk.file)
+    def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str, kind: str = "checksum",
+                  hint: str = "the file is corrupted; restore an earlier checkpoint") -> None:
+        """Raise ChecksumMismatchError if ``got`` differs from the chunk's ``kind``
+        (``checksum``, or ``hash``: its content hash), naming the file, leaf and offset."""
+        recorded = chunk.checksum if kind == "checksum" else chunk.hash
+        if got != recorded:
+            where = self._source(chunk.base).file_where(chunk.file)
             raise ChecksumMismatchError(
-                f"{where}: checksum mismatch in leaf {entry.path!r}, "
-                f"chunk at byte offset {chunk.offset} (length {chunk.length}): stored "
-                f"{chunk.checksum}, computed {got}", path=where,
-                leaf=entry.path, offset=chunk.offset,
-                hint="the file is corrupted; restore an earlier checkpoint")
+                f"{where}: {'checksum' if kind == 'checksum' else 'content hash'} mismatch in "
+                f"leaf {entry.path!r}, chunk at byte offset {chunk.offset} (length "
+                f"{chunk.length}): stored {recorded}, computed {got}", path=where,
+                leaf=entry.path, offset=chunk.offset, hint=hint)
 
     # -- verification --------------------------------------------------------------------------
     def verify(self, progress=None, files: Optional[set] = None) -> int:
         """Re-check every chunk's checksum (of ``files`` only, if given), streaming;
         returns the bytes verified. Chunks are checked one after another (local files:
         sequential reads), or on ``source.verify_threads`` threads (object stores: each
-        block is a request, and requests in parallel are what make them fast)."""
+        block is a request, and requests in parallel are what make them fast).
+
+        Version 4: every chunk's content hash is recomputed from its bytes and compared
+        (chunks of ``bases`` are read too, unless ``files`` limits the check to some of
+        this checkpoint's own files), then, when every chunk was read, each array's Merkle
+        root and the checkpoint's (docs/format.md section 14.3)."""
         for name in self.manifest.files:
             if files is None or name in files:
                 self._open(name)  # every file is checked first, even one without chunks
+        if files is None:
+            for base, sizes in self.manifest.bases.items():
+                for name in sizes:
+                    self._open(name, base)
         jobs = [(entry, chunk) for entry in self.manifest.arrays.values()
-                for chunk in entry.chunks if files is None or chunk.file in files]
+                for chunk in entry.chunks
+                if files is None or (chunk.base is None and chunk.file in files)]
         done = [0]
         lock = threading.Lock()
         scratch = threading.local()
+        hashed = self.manifest.format_version >= 4
+        digests: Dict[tuple, bytes] = {}
 
         def check(job) -> None:
             if not hasattr(scratch, "buf"):
                 scratch.buf = np.empty(self.source.block_bytes, dtype=np.uint8)
             buf = scratch.buf
-            self._stream(job[0], job[1], lambda done_, want: buf[:want])
+            entry, chunk = job
+            if hashed and chunk.compressed:  # the hash is of the raw bytes: decode them
+                digest = hashing.digest(self.read_raw(entry, chunk))
+            else:
+                hasher = hashing.hasher() if hashed else None
+                self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
+                digest = hasher.digest() if hasher is not None else b""
+            if hashed:
+                self._mismatch(entry, chunk, hashing.format_hash(digest), "hash",
+                               "the manifest is inconsistent; restore an earlier checkpoint")
             with lock:
-                done[0] += job[1].length
+                if hashed:
+                    digests[(entry.path, chunk.start)] = digest
+                done[0] += chunk.length
                 if progress:
                     progress(done[0])
 
         parallel_map(check, jobs, self.source.verify_threads, "uckpt-verify")
+        if hashed and files is None:
+            self._check_roots(digests)
         return done[0]
+
+    def read_raw(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
+        """A chunk's raw bytes (flat uint8): read (CRC checked), and decoded if compressed;
+        its data file is open (:meth:`open_files`, or a read of a base's chunk)."""
+        stored = self.read_stored(entry, chunk)
+        return self.decoded(entry, chunk, stored) if chunk.compressed else stored
+
+    def decoded(self, entry: ArrayEntry, chunk: Chunk, stored) -> np.ndarray:
+        """The raw bytes (flat uint8) of compressed ``chunk``, from its ``stored`` bytes."""
+        itemsize = dtypes.itemsize(entry.dtype)
+        raw = np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
+        codecs.decode_into(chunk.codec, stored, raw, itemsize,
+                           where=self._source(chunk.base).file_where(chunk.file),
+                           leaf=entry.path, offset=chunk.offset)
+        return raw
+
+    def _check_roots(self, digests: Dict[tuple, bytes]) -> None:
+        """Recompute every array's Merkle root from the hashes of its bytes, and the
+        checkpoint's; raise on the first that differs from the manifest's."""
+        roots = {}
+        for entry in self.manifest.arrays.values():
+            root = entry.merkle_root([digests[(entry.path, c.start)] for c in entry.chunks])
+            if hashing.format_hash(root) != entry.root:
+                raise CorruptCheckpointError(
+                    f"{self.source.where}: the Merkle root of leaf {entry.path!r} is "
+                    f"{hashing.format_hash(root)}, the manifest records {entry.root}",
+                    path=self.source.where, leaf=entry.path,
+                    hint="the manifest is inconsistent; restore an earlier checkpoint")
+            roots[entry.path] = root
+        top = hashing.format_hash(hashing.checkpoint_root(roots))
+        if top != self.manifest.merkle_root:
+            raise CorruptCheckpointError(
+                f"{self.source.where}: the checkpoint's Merkle root is {top}, the manifest "
+                f"records {self.manifest.merkle_root}", path=self.source.where,
+                hint="the manifest is inconsistent; restore an earlier checkpoint")
 
 
 def _new_array(entry: ArrayEntry) -> np.ndarray:

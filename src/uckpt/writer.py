@@ -12,6 +12,10 @@ With a :class:`~uckpt.codecs.Compression`, chunks are first encoded on
 ``knobs.compress_threads`` threads (Zstandard releases the GIL; on the background
 threads of an asynchronous save), each checksummed as stored, and laid out anew:
 the plan's offsets are those of the raw bytes, the file's those of the stored ones.
+Encoded chunks are made a few ahead of the writing and streamed to the sink.
+
+Every chunk also gets its content hash (XXH3-128 of its raw bytes, :mod:`uckpt.hashing`),
+computed on the same threads as its checksum or its encoding.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from typing import Dict, List, Mapping, Optional
 
 import numpy as np
 
-from . import codecs, dtypes, knobs
+from . import codecs, dtypes, hashing, knobs
 from .checksum import crc32c, format_checksum
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
@@ -159,6 +163,60 @@ def file_end(chunks) -> int:
     return max((c.offset + c.length for c in chunks), default=0)
 
 
+def piece_data(items: List[WriteItem], arrays: Mapping[str, np.ndarray],
+               image: "np.ndarray | None" = None,
+               origins: "Mapping[str, tuple] | None" = None) -> List[np.ndarray]:
+    """The raw bytes of each item (flat uint8 views where possible): slices of ``image``
+    (a staging arena laid out by the plan), or boxes of ``arrays``. ``origins`` gives, for
+    arrays that are a box of a larger one, where the box starts (items' boxes are
+    global, the arrays local)."""
+    origins = origins or {}
+    if image is not None:
+        data = [image[it.offset:it.offset + it.length] for it in items]
+    else:
+        data = [box_bytes(arrays[it.path], _local(it.start, origins.get(it.path)), it.shape)
+                for it in items]
+    for it, d in zip(items, data):
+        assert d.nbytes == it.length, (it, d.nbytes)
+    return data
+
+
+def write_checksummed(sink, file: str, size: int, placed: List[tuple],
+                      image: "np.ndarray | None" = None,
+                      hashes: "List[bytes] | None" = None) -> List[Chunk]:
+    """Write ``placed`` ``(item, offset in the file, bytes)``, sorted by offset, as data
+    file ``file`` of ``sink`` (from ``image`` in one piece when given: it is the file);
+    return a chunk per item, in order. Checksums (and content hashes, unless ``hashes``
+    are given) are computed on another thread over the same memory while it is written."""
+    sums: List[int] = [0] * len(placed)
+    digests: List[bytes] = list(hashes) if hashes is not None else [b""] * len(placed)
+    errors: List[BaseException] = []
+
+    def checksum_all() -> None:
+        try:
+            for i, (_, _, d) in enumerate(placed):
+                sums[i] = crc32c(d)
+                if hashes is None:
+                    digests[i] = hashing.digest(d)
+        except BaseException as e:  # noqa: B902 - re-raised below
+            errors.append(e)
+
+    summer = threading.Thread(target=checksum_all, name="uckpt-crc", daemon=True)
+    summer.start()
+    try:
+        if image is not None:
+            sink.write_image(file, image, size)
+        else:
+            sink.write_pieces(file, size, [(off, d) for _, off, d in placed])
+    finally:
+        summer.join()
+    if errors:
+        raise errors[0]
+    return [Chunk(file, off, it.length, it.start, it.shape, "raw", format_checksum(s),
+                  hashing.format_hash(h))
+            for (it, off, _), s, h in zip(placed, sums, digests)]
+
+
 def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                     arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
                     origins: "Mapping[str, tuple] | None" = None,
@@ -174,52 +232,32 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     encoded first and the file laid out by their stored sizes (``size`` is then unused).
     """
     items = sorted(items, key=lambda it: it.offset)
-    origins = origins or {}
-    if image is not None:
-        data = [image[it.offset:it.offset + it.length] for it in items]
-    else:
-        data = [box_bytes(arrays[it.path], _local(it.start, origins.get(it.path)), it.shape)
-                for it in items]
-    for it, d in zip(items, data):
-        assert d.nbytes == it.length, (it, d.nbytes)
+    data = piece_data(items, arrays, image, origins)
     if compression is not None:
         return write_encoded(sink, file, [(it.path, it) for it in items],
                              lambda k: encode_piece(compression, data[k], items[k]))
-    sums: List[int] = [0] * len(items)
-    errors: List[BaseException] = []
-
-    def checksum_all() -> None:
-        try:
-            for i, d in enumerate(data):
-                sums[i] = crc32c(d)
-        except BaseException as e:  # noqa: B902 - re-raised below
-            errors.append(e)
-
-    summer = threading.Thread(target=checksum_all, name="uckpt-crc", daemon=True)
-    summer.start()
-    try:
-        if image is not None:
-            sink.write_image(file, image, size)
-        else:
-            sink.write_pieces(file, size, [(it.offset, d) for it, d in zip(items, data)])
-    finally:
-        summer.join()
-    if errors:
-        raise errors[0]
-    return {it: Chunk(file, it.offset, it.length, it.start, it.shape, "raw", format_checksum(s))
-            for it, s in zip(items, sums)}
+    chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
+                               image)
+    return dict(zip(items, chunks))
 
 
-def encode_piece(compression: "codecs.Compression", raw: np.ndarray, box) -> tuple:
-    """``(codec, stored bytes, checksum)`` of one chunk's raw bytes (flat uint8); ``box``
-    has its ``shape``. A large chunk is itself compressed on Zstandard's own threads."""
+def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, box,
+                 content: Optional[str] = None) -> tuple:
+    """``(codec, stored bytes, checksum, content hash)`` of one chunk's raw bytes (flat
+    uint8; ``box`` has its ``shape``): compressed with ``compression`` (None: stored raw),
+    the content hash of the raw bytes computed here unless given (``content``). A large
+    chunk is itself compressed on Zstandard's own threads."""
+    if content is None:
+        content = hashing.of(raw)
+    if compression is None:
+        return codecs.RAW, raw, format_checksum(crc32c(raw)), content
     itemsize = raw.nbytes // max(1, _elements(box.shape))
     threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
     codec, stored = codecs.encode(compression, raw, itemsize, threads)
-    return codec, stored, format_checksum(crc32c(stored))
+    return codec, stored, format_checksum(crc32c(stored)), content
 
 
-def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
+def encode_chunks(pieces, compression: "Optional[codecs.Compression]") -> List[tuple]:
     """:func:`encode_piece` of every ``(path, box, raw bytes)`` of ``pieces``, on
     ``knobs.compress_threads`` threads."""
     return parallel_map(lambda piece: encode_piece(compression, piece[2], piece[1]), pieces,
@@ -229,7 +267,8 @@ def encode_chunks(pieces, compression: "codecs.Compression") -> List[tuple]:
 def write_encoded(sink, file: str, pieces, encode) -> Dict:
     """Write data file ``file`` of ``pieces`` (``(path, key)`` in file order; ``key`` has
     the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the stored bytes of
-    piece ``k`` being ``encode(k) -> (codec, stored, checksum)``; returns ``{key: Chunk}``.
+    piece ``k`` being ``encode(k) -> (codec, stored, checksum, content hash)`` (see
+    :func:`encode_piece`); returns ``{key: Chunk}``.
 
     Pieces are encoded on ``knobs.compress_threads`` threads, a few ahead of the writing
     (:func:`~uckpt.parallel.ordered_map`), and handed to the sink as a stream: each array
@@ -241,12 +280,12 @@ def write_encoded(sink, file: str, pieces, encode) -> Dict:
     def stream():
         end, last = 0, None
         encoded = ordered_map(encode, range(len(pieces)), threads, 2 * threads, "uckpt-compress")
-        for (path, key), (codec, stored, checksum) in zip(pieces, encoded):
+        for (path, key), (codec, stored, checksum, content) in zip(pieces, encoded):
             if path != last:
                 end, last = -(-end // knobs.alignment) * knobs.alignment, path
             box, data = _box(key), _as_uint8(stored)
             chunks[key] = Chunk(file, end, data.nbytes, tuple(box.start), tuple(box.shape),
-                                codec, checksum)
+                                codec, checksum, content)
             yield end, data
             end += data.nbytes
 

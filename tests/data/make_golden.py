@@ -1,4 +1,4 @@
-"""Make the golden checkpoints of format version 3 in tests/data/golden_v3/.
+"""Make the golden checkpoints of format version 4 in tests/data/golden_v4/.
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
@@ -9,6 +9,11 @@ make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
 (docs/format.md quotes golden_v3/example/manifest.json verbatim, ``created``
 included; the tests hold the two equal.)
+
+tests/data/golden_v3/ holds ``all_types``, ``example``, ``sharded`` and ``codecs`` in
+format version 3, made by this script when uckpt wrote version 3, and never made again:
+version 4 adds content hashes, Merkle roots and ``bases``, so their data files are
+identical to golden_v4's.
 
 tests/data/golden_v2/ holds ``all_types``, ``example`` and ``sharded`` in format
 version 2, made by this script when uckpt wrote version 2 (uckpt 0.2.0) and never made
@@ -31,19 +36,25 @@ checksum covers its exact bytes, so :func:`write_manifest` seals the indented
 text by the rule of docs/format.md section 4.4, implemented here by hand (with
 ``crc32c`` only) rather than by uckpt: an independent check of uckpt's reader.
 
-Four checkpoints are made:
+Five checkpoints are made:
 
 ``all_types``  written by ``uckpt.save`` from :func:`golden_state` with the
                knobs in :data:`KNOBS`: every node type, every dtype, and an
                array split into several chunks.
 ``example``    the worked example of docs/format.md (:func:`example_state`).
-``sharded``    written by hand (NumPy, json and crc32c only, no uckpt writer):
+``chain``      (version 4) two checkpoints side by side: ``step_00000001`` saved
+               with ``incremental=True``, and ``step_00000002`` saved with
+               ``base=step_00000001``: one chunk changed, the others refer to the
+               base's data file.
+``sharded``    written by hand (NumPy, json, crc32c and xxhash only, no uckpt writer;
+               the Merkle roots computed by :func:`merkle_roots`, written here from
+               docs/format.md section 14.3):
                two files as if from two ranks, one array cut into 2-D boxes,
                chunks packed at offsets that are not multiples of 64 and listed
                out of file order. uckpt's single-process writer cannot write
                such a checkpoint but must read it; so must any reader following
                the spec.
-``codecs``     written by hand (NumPy, json, crc32c and zstandard, no uckpt code):
+``codecs``     written by hand (NumPy, json, crc32c, zstandard and xxhash, no uckpt code):
                every codec of version 3 (docs/format.md section 6.3): ``zstd``,
                ``zstd+bytegroup`` and ``raw`` chunks, one array mixing two codecs.
 """
@@ -59,14 +70,16 @@ import ml_dtypes
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VERSION = 3
+VERSION = 4
 GOLDEN = HERE / f"golden_v{VERSION}"
 GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
 GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
+GOLDEN_V3 = HERE / "golden_v3"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
 KNOBS = {"chunk_bytes": 256, "alignment": 64}
 EXAMPLE_KNOBS = {"chunk_bytes": 8, "alignment": 64}
+CHAIN_KNOBS = {"incremental_chunk_bytes": 16, "alignment": 64}
 STEP = 42
 
 
@@ -202,6 +215,7 @@ def write_manifest(path: Path, doc, version: int = VERSION) -> None:
 def write_sharded(directory: Path, version: int = VERSION) -> None:
     """A checkpoint as two ranks of a tensor-parallel job could write it (by hand)."""
     import crc32c
+    import xxhash
 
     arrays = sharded_expected()
     # (file, offset, array, start, shape): weight cut into four 2x3 boxes, rank 0 owns the
@@ -225,6 +239,8 @@ def write_sharded(directory: Path, version: int = VERSION) -> None:
         entries[path]["chunks"].append({
             "file": file, "offset": offset, "length": len(data), "start": list(start),
             "shape": list(shape), "codec": "raw", "checksum": f"crc32c:{crc32c.crc32c(data):08x}"})
+        if version >= 4:
+            entries[path]["chunks"][-1]["hash"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(data)
     leaf = {"type": "array"}
     manifest = {
         "format": "uckpt", "format_version": version, "generator": "hand-written (make_golden.py)",
@@ -236,6 +252,8 @@ def write_sharded(directory: Path, version: int = VERSION) -> None:
             "weight": dict(leaf, path="layer/weight"), "bias": dict(leaf, path="layer/bias")}}}},
         "arrays": entries,
     }
+    if version >= 4:
+        add_merkle_roots(manifest)
     directory.mkdir(parents=True)
     for name, data in files.items():
         (directory / name).write_bytes(bytes(data))
@@ -262,9 +280,10 @@ CODECS_LAYOUT = [("weights", (32, 32), ("zstd+bytegroup", "zstd")),
                  ("noise", (83,), ("raw",))]
 
 
-def write_codecs(directory: Path) -> None:
+def write_codecs(directory: Path, version: int = VERSION) -> None:
     """A checkpoint of every codec, encoded by hand (docs/format.md section 6.3)."""
     import crc32c
+    import xxhash
     import zstandard
 
     arrays = codecs_expected()
@@ -289,19 +308,73 @@ def write_codecs(directory: Path) -> None:
                 "file": "data-00000.bin", "offset": len(data), "length": len(stored),
                 "start": [first] + [0] * (arr.ndim - 1), "shape": list(box.shape),
                 "codec": codec, "checksum": f"crc32c:{crc32c.crc32c(stored):08x}"})
+            if version >= 4:  # the content hash is of the raw bytes, whatever the codec
+                entries[path]["chunks"][-1]["hash"] = "xxh3-128:" + xxhash.xxh3_128_hexdigest(raw)
             data += stored
             first += n
     manifest = {
-        "format": "uckpt", "format_version": VERSION, "generator": "hand-written (make_golden.py)",
+        "format": "uckpt", "format_version": version, "generator": "hand-written (make_golden.py)",
         "created": "2026-01-01T00:00:00.000000Z", "world_size": 1, "step": 5,
         "metadata": {"codecs": "zstd, zstd+bytegroup and raw"},
         "files": {"data-00000.bin": {"rank": 0, "size": len(data)}},
         "tree": {"type": "dict", "items": {p: {"type": "array", "path": p} for p in arrays}},
         "arrays": entries,
     }
+    if version >= 4:
+        add_merkle_roots(manifest)
     directory.mkdir(parents=True)
     (directory / "data-00000.bin").write_bytes(bytes(data))
-    write_manifest(directory / "manifest.json", manifest)
+    write_manifest(directory / "manifest.json", manifest, version)
+
+
+def merkle_roots(entries):
+    """The arrays' Merkle roots and the checkpoint's, of array entries holding chunks with
+    hashes (docs/format.md section 14.3; written from the spec, not taken from uckpt)."""
+    import struct
+
+    import xxhash
+
+    def h(data):
+        return xxhash.xxh3_128_digest(data)
+
+    def tree(nodes):
+        while len(nodes) > 1:
+            pairs = [h(b"\x01" + nodes[i] + nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
+            nodes = pairs + ([nodes[-1]] if len(nodes) % 2 else [])
+        return nodes[0] if nodes else b""
+
+    def u64(values):
+        return b"".join(struct.pack("<Q", v) for v in values)
+
+    roots = {}
+    for path, entry in entries.items():
+        chunks = sorted(entry["chunks"], key=lambda c: c["start"])
+        leaves = [h(b"\x00" + struct.pack("<I", len(c["start"])) + u64(c["start"]) +
+                    u64(c["shape"]) + bytes.fromhex(c["hash"][9:])) for c in chunks]
+        roots[path] = h(b"\x02" + entry["dtype"].encode() + b"\x00" +
+                        struct.pack("<I", len(entry["shape"])) + u64(entry["shape"]) +
+                        u64([len(leaves)]) + tree(leaves))
+    leaves = [h(b"\x03" + u64([len(p.encode())]) + p.encode() + roots[p])
+              for p in sorted(roots, key=lambda p: p.encode())]
+    top = h(b"\x04" + u64([len(leaves)]) + tree(leaves))
+    return {p: "xxh3-128:" + r.hex() for p, r in roots.items()}, "xxh3-128:" + top.hex()
+
+
+def add_merkle_roots(manifest) -> None:
+    """Complete a version-4 manifest document: arrays' roots, ``bases`` (none) and the
+    checkpoint's root."""
+    roots, top = merkle_roots(manifest["arrays"])
+    for path, root in roots.items():
+        manifest["arrays"][path]["root"] = root
+    manifest.update(bases={}, merkle_root=top)
+
+
+def chain_states():
+    """The two states of the golden ``chain``: the second changes one 16-byte row."""
+    first = {"w": np.arange(16, dtype=np.float32).reshape(4, 4), "step": 1}
+    second = {"w": first["w"].copy(), "step": 2}
+    second["w"][2, 1] = -1.0
+    return first, second
 
 
 def save_with_knobs(directory, state, knob_values, **kw):
@@ -335,6 +408,11 @@ def main(argv) -> int:
     GOLDEN.mkdir(parents=True)
     save_with_knobs(GOLDEN / "all_types", golden_state(), KNOBS, step=STEP, metadata=metadata())
     save_with_knobs(GOLDEN / "example", example_state(), EXAMPLE_KNOBS, step=7)
+    first, second = chain_states()
+    save_with_knobs(GOLDEN / "chain" / "step_00000001", first, CHAIN_KNOBS, step=1,
+                    incremental=True)
+    save_with_knobs(GOLDEN / "chain" / "step_00000002", second, CHAIN_KNOBS, step=2,
+                    base=GOLDEN / "chain" / "step_00000001")
     write_sharded(GOLDEN / "sharded")
     write_codecs(GOLDEN / "codecs")
     for p in sorted(GOLDEN.rglob("*")):

@@ -82,6 +82,9 @@ def describe(directory, manifest: Manifest) -> Dict[str, Any]:
         "ratio": _ratio(sum(_stored(a) for a in manifest.arrays.values()), manifest.nbytes),
         "files": [{"name": f.name, "rank": f.rank, "size": f.size}
                   for f in manifest.files.values()],
+        "merkle_root": manifest.merkle_root or None,
+        "bases": manifest.bases,
+        "referring_chunks": sum(1 for a in manifest.arrays.values() for c in a.chunks if c.base),
         "metadata": manifest.metadata,
         "objects": found["objects"],
         "values": found["values"],
@@ -134,6 +137,14 @@ def render(doc: Dict[str, Any]) -> str:
             f"{f['name']} (rank {f['rank']}, {human_bytes(f['size'])})" for f in files[:4])
             + (f", ... ({len(files) - 4} more)" if len(files) > 4 else "")),
     ]
+    if doc["merkle_root"]:
+        lines.append(f"merkle root  {doc['merkle_root']}")
+    if doc["bases"]:
+        names = list(doc["bases"])
+        lines.append(f"bases        {len(names)}: " + ", ".join(names[:4]) +
+                     (f", ... ({len(names) - 4} more)" if len(names) > 4 else "") +
+                     f"; {doc['referring_chunks']} of "
+                     f"{sum(a['chunks'] for a in doc['leaves'])} chunks refer to them")
     if doc["metadata"]:
         lines += ["", "metadata:"]
         lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}" for k, v in doc["metadata"].items()]

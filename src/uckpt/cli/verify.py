@@ -101,7 +101,7 @@ def verify_one(path, storage_options=None) -> str:
     if manifest.checksum is None:
         line += (f"\n  note: format version {manifest.format_version} has no manifest "
                  "checksum, so the manifest itself could not be checked (only the data); "
-                 "saving the state again writes version 2")
+                 "saving the state again writes the current version")
     return line
 
 

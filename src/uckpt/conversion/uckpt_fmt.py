@@ -24,7 +24,6 @@ import numpy as np
 
 from .. import knobs
 from .._version import __version__
-from ..checksum import crc32c, format_checksum
 from ..codecs import Compression
 from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
 from ..fsutil import fsync_dir, preallocate, write_file_durably
@@ -103,13 +102,13 @@ def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress,
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
                 pieces.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
                                flat[first * row_bytes:(first + rows) * row_bytes]))
-            encoded = encode_chunks(pieces, compress) if compress is not None else \
-                [("raw", data, format_checksum(crc32c(data))) for _, _, data in pieces]
+            encoded = encode_chunks(pieces, compress)  # checksums and content hashes too
             at = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
             chunks = []
-            for (_, key, data), (codec, stored, checksum) in zip(pieces, encoded):
+            for (_, key, data), (codec, stored, checksum, content) in zip(pieces, encoded):
                 stored = memoryview(stored).cast("B")
-                chunks.append(Chunk(name, at, len(stored), key.start, key.shape, codec, checksum))
+                chunks.append(Chunk(name, at, len(stored), key.start, key.shape, codec, checksum,
+                                    content))
                 write_pieces(_Positioned(fd, at), stored, None)
                 progress.advance(data.nbytes)
                 at += len(stored)

@@ -65,7 +65,7 @@ def missing(where: str, data: bytes) -> ManifestChecksumError:
     """The error for a version-2 manifest that does not end in its checksum member."""
     tail = data[-40:].decode("utf-8", "backslashreplace")
     return ManifestChecksumError(
-        f"{where}: a format version 2 manifest must end with its checksum member "
+        f"{where}: a manifest of format version 2 or later must end with its checksum member "
         f"'\"manifest_checksum\":\"crc32c:<8 hex digits>\"}}' and a line feed, but this one "
         f"ends with {tail!r}", path=where, stored=None, computed=None,
         hint="the file was damaged or edited after it was written; use another checkpoint")

@@ -1,8 +1,9 @@
 """The manifest: the JSON document that describes one checkpoint (docs/format.md).
 
-``Manifest.to_bytes`` writes it (format version 3: ending in its own
-checksum, ``integrity.py``; chunks raw or compressed); ``Manifest.parse`` reads
-versions 1, 2 and 3 back, checks a version-2 or 3 manifest's checksum before anything else, and validates every
+``Manifest.to_bytes`` writes it (format version 4: ending in its own
+checksum, ``integrity.py``; chunks raw or compressed, each with its content hash, Merkle
+roots, references to earlier checkpoints); ``Manifest.parse`` reads versions 1 to 4 back,
+checks the manifest checksum (version 2 on) before anything else, and validates every
 field strictly: unknown fields, wrong types, numbers beyond the format's limits,
 chunks outside their file or outside their array or overlapping each other, and
 file names that leave the checkpoint directory are all errors naming the field.
@@ -15,9 +16,9 @@ import re
 
 import numpy as np
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .. import dtypes
+from .. import dtypes, hashing
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, UnsafePathError
@@ -26,12 +27,13 @@ from .strict_json import loads as strict_json_loads
 from .tiling import find_defect
 
 FORMAT_NAME = "uckpt"
-FORMAT_VERSION = 3
-# 1: version 2 without its checksum; 2: version 3 with raw chunks only (docs/format.md 11)
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+# 1: version 2 without its checksum; 2: version 3 with raw chunks only; 3: version 4
+# without content hashes, Merkle roots and references (docs/format.md sections 11, 14)
+READ_VERSIONS = (1, 2, 3, 4)
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw", "zstd", "zstd+bytegroup")
-CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS}  # the codecs each version knows
+CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS}  # the codecs each version knows
 #: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
 MAX_RATIO = 32768
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
@@ -43,7 +45,10 @@ _INT_KEY = re.compile(r"-?(0|[1-9][0-9]*)")
 _TOP_FIELDS = ("format", "format_version", "generator", "created", "world_size", "step",
                "metadata", "files", "tree", "arrays")
 _TOP_FIELDS_V2 = _TOP_FIELDS + (integrity.FIELD,)
+_TOP_FIELDS_V4 = _TOP_FIELDS + ("bases", "merkle_root", integrity.FIELD)
 _CHUNK_FIELDS = ("file", "offset", "length", "start", "shape", "codec", "checksum")
+_CHUNK_FIELDS_V4 = _CHUNK_FIELDS + ("hash",)
+_HASH = re.compile(hashing.PREFIX + "[0-9a-f]{32}")
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,24 @@ class Chunk:
     shape: Tuple[int, ...]
     codec: str
     checksum: str
+    #: the content hash of the raw bytes (format version 4; "" when read from older ones)
+    hash: str = ""
+    #: the earlier checkpoint whose data file ``file`` holds the bytes (version 4), or None
+    base: Optional[str] = None
 
     @property
     def compressed(self) -> bool:
         return self.codec != "raw"
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"file": self.file, "offset": self.offset, "length": self.length,
-                "start": list(self.start), "shape": list(self.shape),
-                "codec": self.codec, "checksum": self.checksum}
+    def to_json(self, hashed: bool = True) -> Dict[str, Any]:
+        out = {"file": self.file, "offset": self.offset, "length": self.length,
+               "start": list(self.start), "shape": list(self.shape),
+               "codec": self.codec, "checksum": self.checksum}
+        if hashed:
+            out["hash"] = self.hash
+        if self.base is not None:
+            out["base"] = self.base
+        return out
 
 
 @dataclass(frozen=True)
@@ -74,14 +88,28 @@ class ArrayEntry:
     dtype: str
     shape: Tuple[int, ...]
     chunks: Tuple[Chunk, ...]
+    #: the Merkle root a version-4 manifest recorded ("" for older versions)
+    root: str = ""
 
     @property
     def nbytes(self) -> int:
         return dtypes.nbytes(self.dtype, self.shape)
 
-    def to_json(self) -> Dict[str, Any]:
-        return {"dtype": self.dtype, "shape": list(self.shape),
-                "chunks": [c.to_json() for c in self.chunks]}
+    def merkle_root(self, digests: Optional[Sequence[bytes]] = None) -> bytes:
+        """The array's Merkle root from its chunks' hashes, or from ``digests`` (one per
+        chunk, in order: hashes recomputed from the bytes)."""
+        if digests is None:
+            digests = [hashing.parse_hash(c.hash) for c in self.chunks]
+        return hashing.array_root(self.dtype, self.shape,
+                                  [(c.start, c.shape, d) for c, d in zip(self.chunks, digests)])
+
+    def to_json(self, hashed: bool = True) -> Dict[str, Any]:
+        """``hashed=False``: without the fields of version 4 (read from an older one)."""
+        out = {"dtype": self.dtype, "shape": list(self.shape),
+               "chunks": [c.to_json(hashed) for c in self.chunks]}
+        if hashed:
+            out["root"] = hashing.format_hash(self.merkle_root())
+        return out
 
 
 @dataclass(frozen=True)
@@ -105,16 +133,29 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     #: the checksum a version-2 manifest recorded (and matched); None for version 1
     checksum: Optional[str] = None
+    #: earlier checkpoints whose data files chunks refer to: name -> file -> size (version 4)
+    bases: Dict[str, Dict[str, int]] = field(default_factory=dict)
+    #: the checkpoint's Merkle root a version-4 manifest recorded ("" for older versions)
+    merkle_root: str = ""
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays.values())
 
+    def unhashed(self) -> Optional[str]:
+        """The path of an array with a chunk without a content hash (one read from a
+        manifest older than version 4), or None."""
+        return next((a.path for a in self.arrays.values() for c in a.chunks if not c.hash), None)
+
     def to_json(self) -> Dict[str, Any]:
-        """The fields of the current format version, less the checksum (``to_bytes`` adds it)."""
-        return {
+        """The fields of the current format version, less the checksum (``to_bytes`` adds
+        it); of the version it was read as when its chunks have no content hashes (read
+        from an older version: only ``to_bytes`` needs them)."""
+        old = self.unhashed() is not None
+        arrays = {p: a.to_json(hashed=not old) for p, a in self.arrays.items()}
+        out = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version if old else FORMAT_VERSION,
             "generator": self.generator,
             "created": self.created,
             "world_size": self.world_size,
@@ -122,11 +163,23 @@ class Manifest:
             "metadata": self.metadata,
             "files": {f.name: {"rank": f.rank, "size": f.size} for f in self.files.values()},
             "tree": self.tree,
-            "arrays": {p: a.to_json() for p, a in self.arrays.items()},
+            "arrays": arrays,
         }
+        if not old:
+            out["bases"] = self.bases
+            out["merkle_root"] = hashing.format_hash(hashing.checkpoint_root(
+                {p: hashing.parse_hash(a["root"]) for p, a in arrays.items()}))
+        return out
 
     def to_bytes(self) -> bytes:
         """The manifest file: compact UTF-8 JSON ending in its checksum member and a newline."""
+        unhashed = self.unhashed()
+        if unhashed is not None:
+            raise ManifestError(
+                f"leaf {unhashed!r} has a chunk without a content hash: a manifest read from "
+                f"format version {self.format_version} cannot be written as version "
+                f"{FORMAT_VERSION} without reading its data", leaf=unhashed,
+                hint="load the checkpoint and save it again, or use uckpt.consolidate")
         try:
             # compact, so json's C encoder runs (indent selects the slow pure-Python one)
             text = json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False,
@@ -149,6 +202,7 @@ class Manifest:
 
 
 _CHUNK_KEYS = frozenset(_CHUNK_FIELDS)
+_CHUNK_KEYS_V4 = frozenset(_CHUNK_FIELDS_V4)
 
 
 class _Loc:
@@ -165,27 +219,36 @@ class _Loc:
 
 
 _ARRAY_KEYS = frozenset(("dtype", "shape", "chunks"))
+_ARRAY_KEYS_V4 = _ARRAY_KEYS | {"root"}
 
 
-def _fast_array_head(entry) -> Optional[Tuple[str, Tuple[int, ...]]]:
-    """``(dtype, shape)`` of an array entry, if its fields, dtype and shape are all valid;
-    None sends it to the field-by-field checks (which name the problem)."""
-    if type(entry) is not dict or entry.keys() != _ARRAY_KEYS:
+def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], str]]:
+    """``(dtype, shape, root)`` of an array entry (root "" before version 4), if its fields,
+    dtype, shape and root are all valid; None sends it to the field-by-field checks (which
+    name the problem)."""
+    if type(entry) is not dict or entry.keys() != (_ARRAY_KEYS_V4 if v4 else _ARRAY_KEYS):
         return None
     dtype, shape = entry["dtype"], entry["shape"]
+    root = entry["root"] if v4 else ""
     if type(dtype) is not str or dtype not in dtypes.NAMES or type(shape) is not list \
             or len(shape) > MAX_DIMS or type(entry["chunks"]) is not list:
+        return None
+    if v4 and (type(root) is not str or not _HASH.fullmatch(root)):
         return None
     for n in shape:
         if type(n) is not int or n < 0 or n > MAX_INT:
             return None
-    return dtype, tuple(shape)
+    return dtype, tuple(shape), root
 
 
-def _fast_chunk(obj, itemsize: int, shape, files, codecs) -> Optional[Chunk]:
-    """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
-    number is then within int64: the file's size and the array's shape were checked."""
-    if type(obj) is not dict or obj.keys() != _CHUNK_KEYS:
+def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[Chunk]:
+    """The chunk, if every rule holds; None sends it to the field-by-field checks (as does
+    a reference to a base). Every number is then within int64: the file's size and the
+    array's shape were checked."""
+    if type(obj) is not dict or obj.keys() != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
+        return None
+    content = obj["hash"] if v4 else ""
+    if v4 and (type(content) is not str or not _HASH.fullmatch(content)):
         return None
     name, offset, length = obj["file"], obj["offset"], obj["length"]
     start, cshape, checksum = obj["start"], obj["shape"], obj["checksum"]
@@ -206,7 +269,8 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs) -> Optional[Chunk]:
             return None
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
-    return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum)
+    return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
+                 content)
 
 
 class _Parser:
@@ -214,6 +278,7 @@ class _Parser:
 
     def __init__(self, where: str) -> None:
         self.where = where
+        self.version = FORMAT_VERSION
         self.codecs = CODECS  # those of the manifest's version, once known
 
     def fail(self, loc: str, msg: str, cls=ManifestError):
@@ -264,7 +329,9 @@ class _Parser:
             if last != integrity.FIELD or doc[last] != checksum:
                 self.fail(integrity.FIELD, "must be the last member of the top-level object "
                                            "and hold the checksum that ends the file")
-        self.fields(doc, "<top>", _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS)
+        self.version = version
+        self.fields(doc, "<top>", _TOP_FIELDS_V4 if version >= 4 else
+                    _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS)
         self.codecs = CODECS_OF[version]
         self.need(doc["generator"], "generator", str, "a string")
         if not isinstance(doc["created"], str) or not _CREATED.fullmatch(doc["created"]):
@@ -278,7 +345,10 @@ class _Parser:
             self.nat(step, "step")
         self.need(doc["metadata"], "metadata", dict, "a JSON object")
         files = self.files(doc["files"], world)
-        arrays = self.arrays(doc["arrays"], files)
+        bases = self.bases(doc["bases"]) if version >= 4 else {}
+        merkle = self.hash_text(doc["merkle_root"], "merkle_root") if version >= 4 else ""
+        arrays = self.arrays(doc["arrays"], files, bases)
+        self.bases_used(bases, arrays)
         tree = doc["tree"]
         self.need(tree, "tree", dict, "a node object")
         if tree.get("type") != "dict":
@@ -287,7 +357,8 @@ class _Parser:
         return Manifest(world_size=world, tree=tree, arrays=arrays, files=files, step=step,
                         metadata=doc["metadata"], generator=doc["generator"],
                         created=doc["created"], format_version=version,
-                        checksum=checksum if version >= 2 else None)
+                        checksum=checksum if version >= 2 else None, bases=bases,
+                        merkle_root=merkle)
 
     def files(self, obj, world: int) -> Dict[str, FileEntry]:
         self.need(obj, "files", dict, "an object of file name -> {rank, size}")
@@ -307,17 +378,61 @@ class _Parser:
             out[name] = FileEntry(name, rank, self.nat(entry["size"], loc + ".size"))
         return out
 
-    def arrays(self, obj, files: Dict[str, FileEntry]) -> Dict[str, ArrayEntry]:
+    def hash_text(self, obj, loc: str) -> str:
+        if not isinstance(obj, str) or not _HASH.fullmatch(obj):
+            self.fail(loc, f"expected {hashing.PREFIX!r} + 32 lowercase hex digits, got "
+                           f"{_show(obj)}")
+        return obj
+
+    def plain_name(self, name: str, loc: str, what: str) -> None:
+        if not _SAFE_NAME.fullmatch(name) or ".." in name:
+            self.fail(loc, f"{what} {_key(name)} is not a plain name inside the parent "
+                           "directory" if what == "base" else
+                      f"{what} {_key(name)} is not a plain file name inside the checkpoint "
+                      "directory", UnsafePathError)
+
+    def bases(self, obj) -> Dict[str, Dict[str, int]]:
+        """Version 4: earlier checkpoints referred to, name -> file -> size."""
+        self.need(obj, "bases", dict, "an object of checkpoint name -> {file name: size}")
+        out: Dict[str, Dict[str, int]] = {}
+        for base, sizes in obj.items():
+            loc = f"bases[{_key(base)}]"
+            self.plain_name(base, loc, "base")
+            self.need(sizes, loc, dict, "an object of file name -> size")
+            if not sizes:
+                self.fail(loc, "a base must list the files chunks refer to")
+            for name, size in sizes.items():
+                self.plain_name(name, f"{loc}[{_key(name)}]", "file name")
+                self.nat(size, f"{loc}[{_key(name)}]")
+            out[base] = dict(sizes)
+        return out
+
+    def bases_used(self, bases: Dict[str, Dict[str, int]], arrays) -> None:
+        """Every base, and every file of one, is referred to by some chunk (rule 23)."""
+        if not bases:
+            return
+        used = {(c.base, c.file) for a in arrays.values() for c in a.chunks if c.base}
+        for base, sizes in bases.items():
+            for name in sizes:
+                if (base, name) not in used:
+                    self.fail(f"bases[{_key(base)}][{_key(name)}]",
+                              "no chunk refers to this file of the base")
+
+    def arrays(self, obj, files: Dict[str, FileEntry],
+               bases: Dict[str, Dict[str, int]]) -> Dict[str, ArrayEntry]:
         self.need(obj, "arrays", dict, "an object of path -> array entry")
         out = {}
+        v4 = self.version >= 4
         for path, entry in obj.items():
             loc = f"arrays[{_key(path)}]"
-            head = _fast_array_head(entry)
+            head = _fast_array_head(entry, v4)
             if head is not None:
-                dtype, shape = head
+                dtype, shape, root = head
             else:
                 self.need(entry, loc, dict, "an object")
-                self.fields(entry, loc, ("dtype", "shape", "chunks"))
+                self.fields(entry, loc, ("dtype", "shape", "chunks", "root") if v4 else
+                            ("dtype", "shape", "chunks"))
+                root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
                 dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
                 if dtype not in dtypes.NAMES:
                     self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
@@ -330,13 +445,13 @@ class _Parser:
                 self.fail(loc + ".shape", f"{dtype} array of shape {_dims(shape)} is too large: "
                                           f"its byte size (each 0 counted as 1) is "
                                           f"{_show(size)}, more than 2**63-1")
-            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs) or
-                           self.checked_chunk(c, _Loc(loc, i), dtype, shape, files)
+            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4) or
+                           self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
             if not (len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)):
                 self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
-            out[path] = ArrayEntry(path, dtype, shape, chunks)
+            out[path] = ArrayEntry(path, dtype, shape, chunks, root)
         return out
 
     def shape(self, obj, loc: str) -> Tuple[int, ...]:
@@ -346,21 +461,30 @@ class _Parser:
                            "(NumPy's limit)")
         return tuple(self.nat(s, f"{loc}[{i}]") for i, s in enumerate(obj))
 
-    def checked_chunk(self, obj, loc, dtype, shape, files) -> Chunk:
+    def checked_chunk(self, obj, loc, dtype, shape, files, bases) -> Chunk:
         """Field-by-field validation: names the first problem (the slow path)."""
+        v4 = self.version >= 4
         self.need(obj, loc, dict, "an object")
-        self.fields(obj, loc, _CHUNK_FIELDS)
+        self.fields(obj, loc, _CHUNK_FIELDS_V4 if v4 else _CHUNK_FIELDS, ("base",) if v4 else ())
+        base = None
+        sizes = {n: f.size for n, f in files.items()}
+        listed = "'files'"
+        if "base" in obj:
+            base = self.need(obj["base"], loc + ".base", str, "a base checkpoint name")
+            if base not in bases:
+                self.fail(loc + ".base", f"base {_key(base)} is not listed in 'bases'")
+            sizes, listed = bases[base], f"'bases'[{_key(base)}]"
         name = self.need(obj["file"], loc + ".file", str, "a file name")
-        if name not in files:
+        if name not in sizes:
             if not _SAFE_NAME.fullmatch(name) or ".." in name:
                 self.fail(loc + ".file", f"file name {_key(name)} leaves the checkpoint "
                                          "directory", UnsafePathError)
-            self.fail(loc + ".file", f"file {_key(name)} is not listed in 'files'")
+            self.fail(loc + ".file", f"file {_key(name)} is not listed in {listed}")
         offset = self.nat(obj["offset"], loc + ".offset")
         length = self.nat(obj["length"], loc + ".length")
-        if offset + length > files[name].size:
+        if offset + length > sizes[name]:
             self.fail(loc, f"bytes {offset}..{offset + length} lie outside {name!r} "
-                           f"({files[name].size} bytes)")
+                           f"({sizes[name]} bytes)")
         start = self.shape(obj["start"], loc + ".start")
         cshape = self.shape(obj["shape"], loc + ".shape")
         if len(start) != len(shape) or len(cshape) != len(shape):
@@ -390,7 +514,8 @@ class _Parser:
             parse_checksum(checksum)
         except ValueError as e:
             self.fail(loc + ".checksum", str(e))
-        return Chunk(name, offset, length, start, cshape, codec, checksum)
+        content = self.hash_text(obj["hash"], loc + ".hash") if v4 else ""
+        return Chunk(name, offset, length, start, cshape, codec, checksum, content, base)
 
     def coverage(self, chunks, shape, loc) -> None:
         """Chunks must tile the array exactly: equal element counts, and no overlap (checked

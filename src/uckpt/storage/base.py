@@ -82,6 +82,13 @@ class CheckpointSource:
         """The path or URL of data file ``name``, for messages."""
         raise NotImplementedError
 
+    def sibling(self, name: str) -> "CheckpointSource":
+        """The checkpoint ``name`` beside this one (same parent directory or prefix): a
+        base of an incremental checkpoint (docs/format.md section 14). Only its data
+        files are read. Raises CheckpointNotFoundError if it does not exist,
+        NotACheckpointError if it is not a directory (a symlink included)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 

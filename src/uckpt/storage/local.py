@@ -69,14 +69,27 @@ class LocalSource(CheckpointSource):
     the path); its files are opened relative to it, never through a symlink, and must be
     regular files."""
 
-    def __init__(self, directory) -> None:
+    def __init__(self, directory, dir_fd: Optional[int] = None) -> None:
+        """``dir_fd``: the directory, already open (a sibling opened without following a
+        symlink); the source owns it."""
         self.directory = Path(directory)
         self.where = str(self.directory)
         self.block_bytes = knobs.read_block_bytes
         self.read_threads = knobs.io_threads
         self.verify_threads = 1  # one chunk after another: sequential reads of each file
         self._fds: Dict[str, int] = {}
-        self.dir_fd = fsutil.open_dir(self.directory)
+        self.dir_fd = fsutil.open_dir(self.directory) if dir_fd is None else dir_fd
+
+    def sibling(self, name: str) -> "LocalSource":
+        """The checkpoint directory ``name`` beside this one (a base of an incremental
+        checkpoint): opened relative to the parent directory, never through a symlink."""
+        parent = fsutil.open_dir(self.directory.parent, what="parent")
+        try:
+            fd = fsutil.open_dir(name, what="base checkpoint", dir_fd=parent,
+                                 follow_symlinks=False)
+        finally:
+            os.close(parent)
+        return LocalSource(self.directory.parent / name, dir_fd=fd)
 
     def manifest_bytes(self) -> bytes:
         return manifest_bytes_at(self.dir_fd, self.directory)

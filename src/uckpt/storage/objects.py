@@ -110,6 +110,12 @@ class ObjectSource(CheckpointSource):
     def file_where(self, name: str) -> str:
         return self.client.url(join_key(self.prefix, name))
 
+    def sibling(self, name: str) -> "ObjectSource":
+        """The checkpoint under prefix ``name`` beside this one (a base of an incremental
+        checkpoint)."""
+        parent = self.prefix.rsplit("/", 1)[0] if "/" in self.prefix else ""
+        return ObjectSource(self.client, join_key(parent, name))
+
     def open_file(self, name: str) -> int:
         try:
             info = self.client.head(join_key(self.prefix, name))

@@ -1,0 +1,100 @@
+"""Incremental saves: write only the chunks whose content hash changed (docs/format.md 14).
+
+A :class:`Baseline` is what an incremental save compares with: every chunk of the
+previous checkpoint by its box, each pointing at the checkpoint whose own data file holds
+its bytes (references are one hop). A ``CheckpointManager`` keeps the baseline of its
+own last save in memory; ``uckpt.save(..., base=dir)`` builds one from ``dir``'s
+manifest. :func:`write_changed` hashes this rank's pieces, refers to the unchanged ones
+and writes the others, packed, into this rank's data file.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Dict, List, Mapping, Optional, Set, Tuple
+
+import numpy as np
+
+from . import hashing
+from .format import Chunk, Manifest
+from .plan import WriteItem, layout
+from .writer import encode_piece, piece_data, write_checksummed, write_encoded
+
+log = logging.getLogger("uckpt.incremental")
+
+Key = Tuple[str, Tuple[int, ...], Tuple[int, ...]]  # (array path, start, shape)
+
+
+@dataclass
+class Baseline:
+    """The chunks of committed checkpoint ``name``, by box, with ``base`` set to the
+    checkpoint holding each one's bytes; ``sizes``: checkpoint name -> file -> size, for
+    every checkpoint holding some of them."""
+
+    name: str
+    chunks: Dict[Key, Chunk] = field(default_factory=dict)
+    sizes: Dict[str, Dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, manifest: Manifest, name: str) -> "Baseline":
+        """The baseline of ``manifest``, the manifest of committed checkpoint ``name``
+        (chunks without a content hash, from an older format version, are left out: they
+        are written again)."""
+        sizes: Dict[str, Dict[str, int]] = {b: dict(f) for b, f in manifest.bases.items()}
+        sizes[name] = {f.name: f.size for f in manifest.files.values()}
+        chunks = {(e.path, c.start, c.shape): (c if c.base else replace(c, base=name))
+                  for e in manifest.arrays.values() for c in e.chunks if c.hash}
+        return cls(name, chunks, sizes)
+
+    def holders(self) -> Set[str]:
+        """The checkpoints holding the bytes of this baseline's chunks."""
+        return {c.base for c in self.chunks.values() if c.base is not None}
+
+
+def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, np.ndarray],
+                  image: "np.ndarray | None", origins: "Mapping[str, tuple] | None",
+                  baseline: Baseline, compression=None) -> List[Chunk]:
+    """Write data file ``file`` holding only those of ``items`` whose content differs from
+    ``baseline``'s chunk of the same box (compressed with ``compression``, if given);
+    return a chunk per item, in the order of ``items``: the unchanged ones refer to where
+    their bytes already are."""
+    data = piece_data(items, arrays, image, origins)
+    digests = hashing.digests(data)
+    chunks: List[Optional[Chunk]] = [None] * len(items)
+    changed = []
+    for i, (it, d) in enumerate(zip(items, digests)):
+        old = baseline.chunks.get((it.path, it.start, it.shape))
+        if old is not None and old.hash == hashing.format_hash(d):
+            chunks[i] = replace(old, start=it.start, shape=it.shape)
+        else:
+            changed.append(i)
+    if compression is not None:
+        def encode(k: int) -> tuple:
+            i = changed[k]
+            return encode_piece(compression, data[i], items[i], hashing.format_hash(digests[i]))
+
+        by_item = write_encoded(sink, file, [(items[i].path, items[i]) for i in changed], encode)
+        written = [by_item[items[i]] for i in changed]
+    else:
+        packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
+                         for i in changed], 1)
+        placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
+        # everything changed: the staging arena (if any) is the file, written in one piece
+        whole = image is not None and all(p[0].offset == p[1] for p in placed) and \
+            len(changed) == len(items)
+        written = write_checksummed(sink, file, packed.file_sizes[0][1], placed,
+                                    image if whole else None, [digests[i] for i in changed])
+    for i, c in zip(changed, written):
+        chunks[i] = c
+    log.debug("%s: %d of %d chunks changed", file, len(changed), len(items))
+    return chunks  # type: ignore[return-value]
+
+
+def bases_of(chunks, baseline: Optional[Baseline]) -> Dict[str, Dict[str, int]]:
+    """The manifest's ``bases``: every checkpoint and file the chunks refer to, with sizes."""
+    out: Dict[str, Dict[str, int]] = {}
+    for c in chunks:
+        if c.base is not None:
+            assert baseline is not None
+            out.setdefault(c.base, {})[c.file] = baseline.sizes[c.base][c.file]
+    return {b: dict(sorted(f.items())) for b, f in sorted(out.items())}

@@ -1,0 +1,79 @@
+"""Content hashes and Merkle trees (uckpt.hashing; docs/format.md section 14.2 and 14.3)."""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+import xxhash
+
+from uckpt import hashing
+
+
+def H(data: bytes) -> bytes:
+    return xxhash.xxh3_128_digest(data)
+
+
+def test_hash_of_no_bytes_is_the_documented_one():
+    assert hashing.of(b"") == "xxh3-128:99aa06d3014798d86001c324468d497f"
+    assert hashing.parse_hash(hashing.of(b"abc")) == H(b"abc")
+
+
+@pytest.mark.parametrize("bad", ["xxh3-128:" + "A" * 32, "xxh3-128:" + "0" * 31, "crc32c:00000000",
+                                 "xxh3-128:" + "0" * 32 + "\n", 7])
+def test_parse_hash_refuses_other_forms(bad):
+    with pytest.raises(ValueError):
+        hashing.parse_hash(bad)
+
+
+def test_threaded_digests_equal_serial_ones():
+    rng = np.random.default_rng(1)
+    buffers = [rng.integers(0, 255, size=n, dtype=np.uint8) for n in (0, 1, 3 << 20, 5 << 20, 17)]
+    assert hashing.digests(buffers, threads=4) == [H(b.tobytes()) for b in buffers]
+
+
+def test_chunk_leaf_bytes():
+    digest = H(b"chunk")
+    expected = H(b"\x00" + struct.pack("<I", 2) + struct.pack("<4Q", 3, 0, 2, 5) + digest)
+    assert hashing.chunk_leaf((3, 0), (2, 5), digest) == expected
+
+
+def test_tree_pairs_left_to_right_and_promotes_an_odd_last_node():
+    d = [H(bytes([i])) for i in range(3)]
+    leaves = [hashing.chunk_leaf((i,), (1,), d[i]) for i in range(3)]
+    inner = H(b"\x01" + H(b"\x01" + leaves[0] + leaves[1]) + leaves[2])
+    head = b"\x02" + b"int8\x00" + struct.pack("<I", 1) + struct.pack("<Q", 3) + struct.pack("<Q", 3)
+    root = hashing.array_root("int8", (3,), [((i,), (1,), d[i]) for i in range(3)])
+    assert root == H(head + inner)
+
+
+def test_array_root_ignores_chunk_order_but_not_content_or_place():
+    chunks = [((0, 0), (2, 4), H(b"a")), ((2, 0), (2, 4), H(b"b")), ((4, 0), (1, 4), H(b"c"))]
+    root = hashing.array_root("float32", (5, 4), chunks)
+    assert hashing.array_root("float32", (5, 4), chunks[::-1]) == root
+    changed = [chunks[0], (chunks[1][0], chunks[1][1], H(b"B")), chunks[2]]
+    assert hashing.array_root("float32", (5, 4), changed) != root
+    swapped = [(chunks[1][0], chunks[1][1], chunks[0][2]), (chunks[0][0], chunks[0][1], chunks[1][2]),
+               chunks[2]]
+    assert hashing.array_root("float32", (5, 4), swapped) != root  # same hashes, other places
+    assert hashing.array_root("int32", (5, 4), chunks) != root  # dtype is bound
+
+
+def test_empty_arrays_have_distinct_roots():
+    roots = {hashing.array_root(dt, shape, []) for dt, shape in
+             [("float32", (0,)), ("float32", (0, 3)), ("int8", (0,)), ("float32", (3, 0))]}
+    assert len(roots) == 4
+    expected = H(b"\x02float32\x00" + struct.pack("<I", 1) + struct.pack("<Q", 0) +
+                 struct.pack("<Q", 0))
+    assert hashing.array_root("float32", (0,), []) == expected
+
+
+def test_checkpoint_root_orders_paths_by_their_bytes_and_binds_them():
+    a, b = H(b"A"), H(b"B")
+    root = hashing.checkpoint_root({"z": a, "a": b})
+    assert root == hashing.checkpoint_root({"a": b, "z": a})
+    assert root != hashing.checkpoint_root({"z": b, "a": a})
+    leaves = [H(b"\x03" + struct.pack("<Q", 1) + b"a" + b), H(b"\x03" + struct.pack("<Q", 1) + b"z" + a)]
+    assert root == H(b"\x04" + struct.pack("<Q", 2) + H(b"\x01" + leaves[0] + leaves[1]))
+    assert hashing.checkpoint_root({}) == H(b"\x04" + struct.pack("<Q", 0))
+
