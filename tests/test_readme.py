@@ -43,7 +43,8 @@ def stand_ins(tmp):
 
 def localized(code, root, bucket):
     """The block with its absolute paths under ``root`` and its bucket the test's."""
-    for path in ("/dev/shm/job", "/shared/job", "/local/nvme/run1"):
+    for path in ("/dev/shm/job", "/shared/job", "/local/nvme/run1", "/shared/run1",
+                 "/ckpt/run1", "/export/final"):
         code = code.replace(f'"{path}"', repr(str(root / path.strip("/"))))
     code = code.replace("s3://bucket/", f"s3://{bucket}/")
     code = re.sub(r'storage_options=\{"endpoint_url": "http://minio:9000", [^}]*\}',
@@ -51,9 +52,13 @@ def localized(code, root, bucket):
     return code.replace("storage_options={...}", "storage_options=S3_OPTIONS")
 
 
+#: blocks (by index) that are jobs of their own, and the directory each runs under
+OWN_ROOTS = {1: "two-tier", 4: "compressed", 5: "incremental"}
+
+
 def test_readme_has_the_blocks_this_test_knows():
     found = blocks()
-    assert len(found) == 5, "a block was added or removed: check the stand-ins here"
+    assert len(found) == 7, "a block was added or removed: check the stand-ins here"
     assert "def state(step)" in found[0]
     assert all("manager.restore(state)" not in b for b in found[:2]), \
         "the first blocks define state(step): call it"
@@ -70,13 +75,13 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
     managers = []
     try:
         for i, code in enumerate(blocks()):
-            if i == 4:  # the evaluator restores into a model of its own
+            if i == 6:  # the evaluator restores into a model of its own
                 import torch
 
                 ns["eval_model"] = torch.nn.Linear(4, 2)
-            # the two-tier example is a job of its own; the evaluator watches the
-            # distributed job's root (both say "/shared/job")
-            root = tmp_path / "two-tier" if i == 1 else tmp_path
+            # the two-tier, compression and incremental examples are jobs of their own; the
+            # evaluator watches the distributed job's root (both say "/shared/job")
+            root = tmp_path / OWN_ROOTS[i] if i in OWN_ROOTS else tmp_path
             exec(compile(localized(code, root, s3_bucket), f"README.md block {i + 1}",
                          "exec"), ns)
             if isinstance(ns.get("manager"), uckpt.CheckpointManager) and \
@@ -94,5 +99,8 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
     assert uckpt.CheckpointManager(str(tmp_path / "shared/job"),
                                    role="reader").latest_step() == ns["step"]
     assert ns["_calls"]["evaluated"], "the evaluator's loop never restored a step"
+    assert set(uckpt.load("ckpt")["model"]) == {"weight", "bias"}  # tiny arrays: stored raw
+    assert not uckpt.manifest(tmp_path / "incremental/export/final").bases  # self-contained
+    assert set(uckpt.load(tmp_path / "incremental/export/final")["model"]) == {"weight", "bias"}
     loaded = uckpt.load(f"s3://{s3_bucket}/final", storage_options=s3_options)
     assert set(loaded["model"]) == {"weight", "bias"}
