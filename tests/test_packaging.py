@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
-def tested_python():
+def python_set_up():
     """The Python version scripts/setup.sh builds the environment with (and CI tests)."""
     found = re.search(r'"\$version" != "(\d+\.\d+)"', (REPO / "scripts/setup.sh").read_text())
     assert found, "scripts/setup.sh no longer names the Python version it sets up"
@@ -26,11 +26,11 @@ def test_license_file_is_the_declared_license():
 
 
 def test_the_tests_run_on_the_python_that_setup_provides():
-    assert "%d.%d" % sys.version_info[:2] == tested_python()
-    assert SpecifierSet(PROJECT["requires-python"]).contains(tested_python())
+    assert "%d.%d" % sys.version_info[:2] == python_set_up()
+    assert SpecifierSet(PROJECT["requires-python"]).contains(python_set_up())
 
 
 def test_requires_python_admits_no_untested_older_python():
-    major, minor = map(int, tested_python().split("."))
+    major, minor = map(int, python_set_up().split("."))
     older = f"{major}.{minor - 1}"
     assert not SpecifierSet(PROJECT["requires-python"]).contains(older)
