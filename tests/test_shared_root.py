@@ -273,7 +273,7 @@ def test_restore_racing_with_retention_falls_back(tmp_path):
 
 
 def test_two_savers_of_one_step(tmp_path):
-    from uckpt.commit import publish
+    from uckpt.storage.local import publish
 
     target = tmp_path / "ck"
     results = []

@@ -64,7 +64,7 @@ from typing import Any
 import keras
 
 from . import keras2
-from .callback_logic import RESERVED, CheckpointLogic  # noqa: F401 - RESERVED is public here
+from .callback_logic import CheckpointLogic
 
 
 class Checkpoint(CheckpointLogic, keras.callbacks.Callback):

@@ -16,11 +16,9 @@ from typing import Any, Dict, Optional
 from ._version import __version__ as _version
 from .errors import ManifestError
 from .format import ArrayEntry, FileEntry, Manifest
-from .leases import DEL_MARK, OLD_MARK, TMP_MARK  # noqa: F401 (re-exported)
 from .plan import SavePlan, metas, plan_save
-from .save_errors import raise_save_failure, save_failure  # noqa: F401 (re-exported)
+from .save_errors import raise_save_failure
 from .storage import locate
-from .storage.local import check_target, publish  # noqa: F401 (re-exported)
 from .tree import Flat
 from .codecs import Compression
 from .writer import file_end, write_data_file

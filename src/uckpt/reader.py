@@ -29,8 +29,7 @@ from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
 from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .storage import open_source
-from .storage.base import MAX_MANIFEST_BYTES  # noqa: F401 (re-exported)
-from .storage.local import manifest_bytes_at  # noqa: F401 (re-exported)
+from .storage.local import manifest_bytes_at
 
 
 
@@ -197,9 +196,7 @@ class CheckpointReader:
         buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
         raw = buf.reshape(-1).view(np.uint8)  # a view: reading fills dest (or buf) directly
         if chunk.compressed:
-            codecs.decode_into(chunk.codec, self.read_stored(entry, chunk), raw, itemsize,
-                               where=self._source(chunk.base).file_where(chunk.file),
-                               leaf=entry.path, offset=chunk.offset)
+            self._decode_into(entry, chunk, self.read_stored(entry, chunk), raw)
         else:
             self._stream(entry, chunk, lambda done, want: raw[done:done + want])
         if not direct:
@@ -325,12 +322,16 @@ class CheckpointReader:
 
     def decoded(self, entry: ArrayEntry, chunk: Chunk, stored) -> np.ndarray:
         """The raw bytes (flat uint8) of compressed ``chunk``, from its ``stored`` bytes."""
-        itemsize = dtypes.itemsize(entry.dtype)
-        raw = np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
-        codecs.decode_into(chunk.codec, stored, raw, itemsize,
+        raw = np.empty(dtypes.itemsize(entry.dtype) * math.prod(chunk.shape), dtype=np.uint8)
+        self._decode_into(entry, chunk, stored, raw)
+        return raw
+
+    def _decode_into(self, entry: ArrayEntry, chunk: Chunk, stored, raw: np.ndarray) -> None:
+        """Decode compressed ``chunk``'s ``stored`` bytes into ``raw`` (flat uint8 of its
+        size); a damaged frame raises naming the file, leaf and offset."""
+        codecs.decode_into(chunk.codec, stored, raw, dtypes.itemsize(entry.dtype),
                            where=self._source(chunk.base).file_where(chunk.file),
                            leaf=entry.path, offset=chunk.offset)
-        return raw
 
     def _check_roots(self, digests: Dict[tuple, bytes]) -> None:
         """Recompute every array's Merkle root from the hashes of its bytes, and the

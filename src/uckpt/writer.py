@@ -20,6 +20,7 @@ computed on the same threads as its checksum or its encoding.
 from __future__ import annotations
 
 import errno
+import math
 import os
 import queue
 import threading
@@ -251,7 +252,7 @@ def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, b
         content = hashing.of(raw)
     if compression is None:
         return codecs.RAW, raw, format_checksum(crc32c(raw)), content
-    itemsize = raw.nbytes // max(1, _elements(box.shape))
+    itemsize = raw.nbytes // max(1, math.prod(box.shape))
     threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
     codec, stored = codecs.encode(compression, raw, itemsize, threads)
     return codec, stored, format_checksum(crc32c(stored)), content
@@ -295,13 +296,6 @@ def write_encoded(sink, file: str, pieces, encode) -> Dict:
 
 def _as_uint8(data) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8) if isinstance(data, bytes) else data
-
-
-def _elements(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _box(key):

@@ -25,7 +25,7 @@ import stat
 from pathlib import Path
 from typing import List, Optional
 
-from ..commit import DEL_MARK, OLD_MARK, TMP_MARK
+from ..leases import DEL_MARK, OLD_MARK, TMP_MARK
 from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
 from ..format import MANIFEST_NAME
 from ..fsutil import kind_of, link_kind, open_dir, stat_regular

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import fsutil
-from ..commit import TMP_MARK, check_target, publish
+from ..leases import TMP_MARK
+from ..storage.local import check_target, publish
 from ..errors import CheckpointExistsError
 from ..format import MANIFEST_NAME
 
