@@ -200,6 +200,68 @@ def test_live_save_directory_survives_a_new_writer(tmp_path):
     assert remove_debris(tmp_path, "manifest.json") == [lease.path.name]
 
 
+def test_a_costs_file_being_replaced_by_a_killed_writer_is_debris(tmp_path):
+    """CI found a killed saver's ``.uckpt-costs.json.<pid>.tmp`` left for good: the
+    costs file is now replaced through a locked temporary file the writer cleans."""
+    from uckpt.costs import COSTS_NAME
+    from uckpt.leases import TMP_MARK, remove_debris, replace_file
+
+    replace_file(tmp_path, COSTS_NAME, b'{"x": 1}\n')
+    assert (tmp_path / COSTS_NAME).read_bytes() == b'{"x": 1}\n' and entries(tmp_path) == []
+    dead = tmp_path / f"{COSTS_NAME}{TMP_MARK}0badf00d"  # a writer killed mid-replacement
+    dead.write_bytes(b'{"sav')
+    # a live process replacing it right now: holds the lock until told to go on
+    code = ("import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\nsys.stdin.readline()\n")
+    live = tmp_path / f"{COSTS_NAME}{TMP_MARK}0000cafe"
+    holder = subprocess.Popen([PYTHON, "-c", code, str(live)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        assert remove_debris(tmp_path, "manifest.json") == [dead.name]
+        assert live.exists() and (tmp_path / COSTS_NAME).exists()  # live, and not debris
+    finally:
+        holder.communicate("go\n", timeout=60)
+    assert remove_debris(tmp_path, "manifest.json") == [live.name]
+    assert entries(tmp_path) == []
+
+
+def test_a_save_directory_being_created_is_never_taken_for_debris(tmp_path):
+    """Between creating its temporary directory and locking it a save holds the root's
+    birth guard; the writer judges debris only under that guard (the race that once
+    flaked test_concurrent_writers_opt_in). Here another process is stopped inside
+    that window: the directory exists and is not locked yet."""
+    from uckpt.leases import remove_debris
+
+    born = tmp_path / ".step_00000009.uckpt-tmp-00c0ffee"
+    code = ("import fcntl, os, sys\n"
+            "root = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fcntl.flock(root, fcntl.LOCK_SH)\nos.mkdir(sys.argv[2])\n"
+            "print('born', flush=True)\nsys.stdin.readline()\n"
+            "d = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fcntl.flock(d, fcntl.LOCK_EX)\nos.close(root)\n"
+            "print('leased', flush=True)\nsys.stdin.readline()\n")
+    saver = subprocess.Popen([PYTHON, "-c", code, str(tmp_path), str(born)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert saver.stdout.readline() == "born\n"
+        result = []
+        judge = threading.Thread(target=lambda: result.append(
+            remove_debris(tmp_path, "manifest.json")))
+        judge.start()
+        judge.join(0.5)
+        assert judge.is_alive() and born.is_dir()  # waits for the save to lock it
+        saver.stdin.write("go\n")
+        saver.stdin.flush()
+        assert saver.stdout.readline() == "leased\n"
+        judge.join(60)
+        assert result == [[]] and born.is_dir()  # locked by a live save: kept
+    finally:
+        saver.communicate("go\n", timeout=60)
+    assert remove_debris(tmp_path, "manifest.json") == [born.name]  # its saver died
+
+
 def test_debris_symlinks_are_unlinked_not_followed(tmp_path):
     from uckpt.leases import remove_debris
 

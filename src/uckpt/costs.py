@@ -31,6 +31,7 @@ from typing import Any, Dict, List, Optional
 
 from . import fsutil
 from .errors import CheckpointNotFoundError, ManifestError, UckptError
+from .leases import replace_file
 
 log = logging.getLogger("uckpt.costs")
 
@@ -165,13 +166,8 @@ class CostRecorder:
         with self._write_lock:  # the newest records, whichever thread writes last
             with self._lock:
                 doc = {"kind": KIND, "version": VERSION, "saves": list(self.records)}
-            tmp = self.root / f"{COSTS_NAME}.{os.getpid()}.tmp"
             try:
-                tmp.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
-                os.replace(tmp, self.root / COSTS_NAME)
+                replace_file(self.root, COSTS_NAME,
+                             (json.dumps(doc, separators=(",", ":")) + "\n").encode())
             except OSError as e:  # measurements only: never fail a save for them
                 log.warning("uckpt: could not record save costs in %s: %s", self.root, e)
-                try:
-                    tmp.unlink()
-                except OSError:
-                    pass

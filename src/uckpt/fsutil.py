@@ -28,13 +28,18 @@ def write_file_durably(path, data: bytes) -> None:
     """Write ``data`` to ``path`` (new file) and fsync it."""
     fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` at ``fd``'s position (os.write may write less)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
 
 
 def pread_into(fd: int, buf, offset: int) -> int:

@@ -36,8 +36,9 @@ import socket
 import stat
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from . import fsutil, knobs
 from .errors import RootLockedError
@@ -83,11 +84,67 @@ def tmp_name(directory: Path) -> Path:
     return directory.parent / f".{directory.name}{TMP_MARK}{secrets.token_hex(4)}"
 
 
+@contextmanager
+def _birth_guard(root: Path, exclusive: bool) -> Iterator[None]:
+    """``flock`` on the root directory itself: shared while a save creates and locks
+    its temporary entry, exclusive while the writer judges what is debris. So an
+    entry is never seen between its creation and its lock (it would pass for a dead
+    save's). Where directories cannot be locked (NFS), nothing is held: age decides."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                raise
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
 def make_tmp_dir(directory: Path) -> TmpLease:
     """Create the hidden temporary directory of a save of ``directory``, locked."""
     path = tmp_name(directory)
-    path.mkdir()
-    return lease_dir(path)
+    return new_leased_dir(path)
+
+
+def new_leased_dir(path: Path) -> TmpLease:
+    """Create ``path`` (raises FileExistsError if it exists) and lock it, as one step
+    for the writer's debris removal (see :func:`_birth_guard`)."""
+    with _birth_guard(path.parent, exclusive=False):
+        path.mkdir()
+        return lease_dir(path)
+
+
+def replace_file(root: Path, name: str, data: bytes) -> None:
+    """Replace ``root/name`` (a root-level file such as the save-costs file) by ``data``
+    atomically, through a locked hidden temporary file: one left by a killed process
+    is unlocked, and the writer's :func:`remove_debris` removes it. Not fsynced."""
+    tmp = root / f"{name}{TMP_MARK}{secrets.token_hex(4)}"
+    with _birth_guard(root, exclusive=False):
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in _UNSUPPORTED:
+                os.close(fd)
+                raise
+    try:
+        fsutil.write_all(fd, data)
+        os.replace(tmp, root / name)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    finally:
+        os.close(fd)
 
 
 def lease_dir(path: Path) -> TmpLease:
@@ -106,18 +163,19 @@ def lease_dir(path: Path) -> TmpLease:
 
 
 def _is_live(path: str, st: os.stat_result) -> Tuple[bool, str]:
-    """Whether a hidden temporary directory belongs to a live save, and why."""
+    """Whether a hidden temporary entry (a save's directory, or a root-level file being
+    replaced) belongs to a live process, and why."""
     with _live_guard:
         if path in _live:
             return True, "a save of this process is writing it"
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return True, "gone"  # removed or committed meanwhile: nothing to do
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True, "locked by a live save"
+        return True, "locked by a live process"
     except OSError as e:
         if e.errno not in _UNSUPPORTED:
             raise
@@ -127,7 +185,12 @@ def _is_live(path: str, st: os.stat_result) -> Tuple[bool, str]:
         return False, f"cannot be locked here and is {age:.0f} s old"
     finally:
         os.close(fd)
-    return False, "no live save holds it"
+    return False, "no live process holds it"
+
+
+def _is_debris_name(name: str) -> bool:
+    return (name.startswith(".step_") and ".uckpt-" in name) or \
+        (name.startswith(".uckpt-") and TMP_MARK in name)
 
 
 def remove_debris(root: Path, manifest_name: str) -> List[str]:
@@ -136,30 +199,53 @@ def remove_debris(root: Path, manifest_name: str) -> List[str]:
 
     An overwrite without atomic exchange renames the old checkpoint aside
     before moving the new one in; if the process died in between, the old one
-    is renamed back. Symlinks are unlinked, never followed.
+    is renamed back. Symlinks are unlinked, never followed. Which temporary
+    entries are dead is judged under the root's exclusive birth guard, so a save
+    creating its directory at that moment is never taken for debris.
     """
     removed: List[str] = []
+    dead: Dict[str, str] = {}  # path of a dead temporary entry -> why
     try:
-        with os.scandir(root) as it:
-            entries = [e for e in it if e.name.startswith(".step_") and ".uckpt-" in e.name]
+        with _birth_guard(root, exclusive=True):
+            with os.scandir(root) as it:
+                entries = [e for e in it if _is_debris_name(e.name)]
+            for e in entries:
+                if TMP_MARK not in e.name:
+                    continue
+                try:
+                    st = os.lstat(e.path)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode):
+                    live, why = _is_live(e.path, st)
+                    if live:
+                        log.debug("kept %s: %s", e.path, why)
+                    else:
+                        dead[e.path] = why
     except FileNotFoundError:
         return removed
     for e in entries:
         try:
             st = os.lstat(e.path)
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            is_dir = stat.S_ISDIR(st.st_mode)
+            ours = is_dir or (stat.S_ISREG(st.st_mode) and e.name.startswith(".uckpt-"))
+            if stat.S_ISLNK(st.st_mode) or not ours:
                 os.unlink(e.path)
                 log.info("removed %s: not a directory uckpt made (%s)", e.path, _kind(st))
                 removed.append(e.name)
                 continue
             name = e.name[1:].split(".uckpt-")[0]
             if TMP_MARK in e.name:
-                live, why = _is_live(e.path, st)
-                if live:
-                    log.debug("kept %s: %s", e.path, why)
+                if e.path not in dead:
                     continue
-                fsutil.remove_tree(e.path)
-                log.info("removed %s: an interrupted save (%s)", e.path, why)
+                if is_dir:
+                    fsutil.remove_tree(e.path)
+                    log.info("removed %s: an interrupted save (%s)", e.path, dead[e.path])
+                else:
+                    os.unlink(e.path)
+                    log.info("removed %s: an interrupted replacement (%s)", e.path, dead[e.path])
+            elif not is_dir:
+                continue  # a root-level file of uckpt's that is not temporary
             elif OLD_MARK in e.name and not (root / name).exists() and \
                     os.path.exists(os.path.join(e.path, manifest_name)):
                 os.rename(e.path, root / name)

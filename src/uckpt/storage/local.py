@@ -23,7 +23,7 @@ from .. import fsutil, knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
                       NotACheckpointError, SaveError, TruncatedDataError)
 from ..format import MANIFEST_NAME
-from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, lease_dir, make_tmp_dir, \
+from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
     remove_debris
 from . import base
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
@@ -219,9 +219,8 @@ class LocalSink(CheckpointSink):
         if not sees_coordinator:  # node-local storage: this node's copy of the directory
             self.directory.parent.mkdir(parents=True, exist_ok=True)
             try:
-                self.tmp.mkdir()
+                self.lease = new_leased_dir(self.tmp)
                 self.created_tmp = True
-                self.lease = lease_dir(self.tmp)
             except FileExistsError:
                 pass
         st = os.stat(self.tmp)
