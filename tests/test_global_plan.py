@@ -93,6 +93,40 @@ def test_boxes_leaving_a_gap_are_refused():
         global_plan(gathered, 1)
 
 
+def test_a_box_outside_the_global_shape_is_refused():
+    """What a rank sends is checked, not trusted: a box past the array's end (here forged in
+    the gathered metadata, as a faulty rank could send it) is named."""
+    a = uckpt.Shard(np.ones((2, 3), np.float32), (4, 3), (0, 0))
+    b = uckpt.Shard(np.ones((2, 3), np.float32), (4, 3), (2, 0))
+    gathered, _ = gather([{"z": a}, {"z": b}])
+    path, dtype, gshape, start, shape, small = gathered[1]["own"][0]
+    gathered[1]["own"][0] = (path, dtype, gshape, [3, 0], shape, small)
+    with pytest.raises(StateMismatchError, match=r"'z'.*box at \[3, 0\] \(shape \[2, 3\]\) "
+                                                 r"is not inside its global shape \[4, 3\]"):
+        global_plan(gathered, 0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_many_boxes_are_checked_without_comparing_every_pair(overlap):
+    """20,000 one-row boxes over 2 ranks (a row-sharded table): the old pairwise check
+    needed 20,000 x 20,000 comparisons (3.2 GB of booleans); the tiling check is
+    O(n log n). One duplicated row is found and named."""
+    n = 20_000
+    state = {"t": uckpt.Shard(np.ones((1, 2), np.float32), (n, 2), (0, 0))}
+    gathered, _ = gather([state, state])
+    path, dtype, gshape, start, shape, small = gathered[0]["own"][0]
+    for g, first in zip(gathered, (0, 1)):
+        g["own"] = [(path, dtype, gshape, [r, 0], shape, small) for r in range(first, n, 2)]
+    if overlap:  # rank 0 holds rows 7-8 instead of row 8; rank 1 holds row 7 too
+        gathered[0]["own"][4] = (path, dtype, gshape, [7, 0], [2, 2], small)
+    if not overlap:
+        plan = global_plan(gathered, 0).plan
+        assert len([it for it in plan.items if it.path == "t"]) == n
+        return
+    with pytest.raises(StateMismatchError, match=r"'t'.*overlap \(both hold element \[7, 0\]\)"):
+        global_plan(gathered, 0)
+
+
 def test_a_single_rank_shard_must_cover_its_array():
     gathered, _ = gather([{"z": uckpt.Shard(np.ones(2), (5,), (1,))}], compare=False)
     with pytest.raises(StateMismatchError, match="cover 2 of its 5"):

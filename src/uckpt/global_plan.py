@@ -24,6 +24,7 @@ from . import dtypes, knobs
 from .adapter import DeviceArray
 from .checksum import crc32c
 from .errors import StateMismatchError
+from .format.tiling import find_defect
 from .plan import ArrayMeta, SavePlan, plan_holdings
 from .tree import Flat, unescape
 
@@ -177,29 +178,42 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0)
 
 
 def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tuple]]) -> None:
-    """Distinct boxes must not overlap and must cover the array."""
+    """Distinct boxes must lie inside the array, not overlap, and cover it (O(n log n) for
+    the layouts ranks declare: format/tiling.py, as for a manifest's chunks)."""
     covered = sum(math.prod(s) for _, s in held)
     total = math.prod(shape)
-    if len(held) > 1:
-        starts = np.array([b[0] for b in held], dtype=np.int64).reshape(len(held), -1)
-        ends = starts + np.array([b[1] for b in held], dtype=np.int64).reshape(len(held), -1)
-        sizes = (ends - starts).prod(axis=1) if starts.shape[1] else np.ones(len(held), np.int64)
-        nonempty = sizes > 0
-        over = np.all((starts[:, None, :] < ends[None, :, :]) & (starts[None, :, :] < ends[:, None, :]),
-                      axis=2) & nonempty[:, None] & nonempty[None, :]
-        np.fill_diagonal(over, False)
-        if over.any():
-            i, j = map(int, np.argwhere(over)[0])
-            raise StateMismatchError(
-                f"sharded leaf {path!r}: the boxes at {list(held[i][0])} (shape "
-                f"{list(held[i][1])}) and at {list(held[j][0])} (shape {list(held[j][1])}) "
-                "overlap", leaf=path, hint="ranks holding the same data must declare the "
-                "same box; different boxes must be disjoint")
+    full = np.asarray(shape, dtype=np.int64).reshape(1, -1)
+    starts = np.array([b[0] for b in held], dtype=np.int64).reshape(len(held), -1)
+    ends = starts + np.array([b[1] for b in held], dtype=np.int64).reshape(len(held), -1)
+    outside = np.flatnonzero(np.any((starts < 0) | (ends > full) | (ends < starts), axis=1))
+    if outside.size:
+        start, extent = held[int(outside[0])]
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the box at {list(start)} (shape {list(extent)}) is not "
+            f"inside its global shape {list(shape)}", leaf=path,
+            hint="a rank's box must lie inside the global array it is a slice of")
+    nonempty = np.flatnonzero(np.all(ends > starts, axis=1))
+    defect = find_defect(starts[nonempty], ends[nonempty], shape) if nonempty.size > 1 else None
+    if defect is not None and defect.boxes:
+        (si, ei), (sj, ej) = (held[int(nonempty[b])] for b in defect.boxes)
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the boxes at {list(si)} (shape {list(ei)}) and at "
+            f"{list(sj)} (shape {list(ej)}) overlap (both hold element "
+            f"{list(defect.index)})", leaf=path, hint=_OVERLAP_HINT)
     if covered != total:
         raise StateMismatchError(
             f"sharded leaf {path!r}: the ranks' boxes cover {covered} of its {total} elements "
             f"(global shape {list(shape)})", leaf=path,
             hint="every element of a sharded array must be held by some rank")
+    if defect is not None:  # sizes add up, yet an element is missing: another is held twice
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the ranks' boxes overlap (element {list(defect.index)} "
+            "is held by none of them although their sizes add up to the array's)", leaf=path,
+            hint=_OVERLAP_HINT)
+
+
+_OVERLAP_HINT = ("ranks holding the same data must declare the same box; different boxes "
+                 "must be disjoint")
 
 
 def merged_tree(flat_skeleton: Dict[str, Any], gathered: List[Dict[str, Any]]) -> Dict[str, Any]:
