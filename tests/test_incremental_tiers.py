@@ -97,3 +97,24 @@ def test_copy_of_an_older_version_gets_content_hashes(tmp_path):
     assert m.format_version == FORMAT_VERSION
     assert m.merkle_root == uckpt.manifest(GOLDEN / "golden_v4" / "codecs").merkle_root
     uckpt.verify(dst)
+
+
+def test_plain_copy_points_references_at_the_bases_as_the_target_stores_them(tmp_path):
+    """A base copied to the target compressed, then a checkpoint referring to it copied
+    there without compression: the copy's references must name the target's
+    (compressed) chunks, not the source's raw offsets, or it would not load there."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    one = uckpt.save(src / "one", state(1), incremental=True)
+    copy_checkpoint(one, dst / "one", compression="zstd")
+    two = uckpt.save(src / "two", state(2), base=one)
+    copy_checkpoint(two, dst / "two")  # plain
+    m_src, m_dst = uckpt.manifest(two), uckpt.manifest(dst / "two")
+    assert m_src.bases and set(m_dst.bases) == set(m_src.bases)
+    assert m_dst.merkle_root == m_src.merkle_root
+    refs = [c for e in m_dst.arrays.values() for c in e.chunks if c.base]
+    assert refs and "zstd+bytegroup" in {c.codec for c in refs}
+    assert {c.codec for c in own(m_dst)} == {"raw"}  # its own chunks copied as they are
+    proc = cli_verify(dst / "two")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shutil.rmtree(src)
+    check(uckpt.load(dst / "two"), 2)

@@ -297,9 +297,9 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
     process, every file) and checks every chunk of them read back from ``dst``; then the
     lowest rank of each replica of ``dst`` commits, with the source's manifest bytes. With
     ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
-    manifest committed is the source's with the new chunks; its references to bases
-    (an incremental checkpoint) then point at the bases' chunks on ``dst``, where the
-    bases must be committed already.
+    manifest committed is the source's with the new chunks. References to bases (an
+    incremental checkpoint) always point at the bases' chunks as ``dst`` holds them
+    (same content hash, checked), where the bases must be committed already.
     """
     what = f"copy of {str(src.location(name))!r} to {str(dst.location(name))!r}"
     where = dst.location(name)
@@ -338,12 +338,17 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                 mine = [f.name for f in manifest.files.values()
                         if comm.size == 1 or f.rank == comm.rank]
                 recoded = None
-                if compression is not None:
+                if compression is not None or manifest.bases:
                     found["bases"] = target_bases(dst, manifest)  # copied before (manager)
+                if compression is not None:
                     recoded = recode_files(source, manifest, mine, sink, compression)
                 else:
                     for n in mine:
                         sink.copy_file(source, n, manifest.files[n].size)
+                    if manifest.bases:  # files as they are; references re-pointed at the
+                        # bases as the target holds them (a tier that once compressed them
+                        # stores them differently from the source)
+                        recoded = {"chunks": [], "sizes": []}
             found["nbytes"] = sum(manifest.files[n].size for n in mine)
         except BaseException as e:
             raise_save_failure(e, what, where)
@@ -361,7 +366,7 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
     try:
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         replicas = [c["replica"] for c in copied]
-        if compression is not None:  # every rank's new chunks, in one manifest
+        if copied[0]["recoded"] is not None:  # every rank's new chunks, in one manifest
             found["data"] = recoded_manifest(Manifest.parse(found["data"]),
                                              [c["recoded"] for c in copied],
                                              found["bases"]).to_bytes()
