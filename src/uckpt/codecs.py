@@ -104,25 +104,57 @@ def _decompressor():
     return d
 
 
-def group_bytes(raw: np.ndarray, itemsize: int) -> np.ndarray:
-    """Planes of ``raw`` (flat uint8): byte j of every item, for j = 0 .. itemsize-1."""
+def group_bytes(raw: np.ndarray, itemsize: int, out: Optional[np.ndarray] = None) -> np.ndarray:
+    """Planes of ``raw`` (flat uint8): byte j of every item, for j = 0 .. itemsize-1; in
+    the first ``raw.nbytes`` of ``out`` (a flat uint8 array) when given."""
     if itemsize == 1:
         return raw
-    return np.ascontiguousarray(raw.reshape(-1, itemsize).T)
+    if out is None:
+        return np.ascontiguousarray(raw.reshape(-1, itemsize).T)
+    planes = out[:raw.nbytes]
+    np.copyto(planes.reshape(itemsize, -1), raw.reshape(-1, itemsize).T)
+    return planes
 
 
-def encode(compression: Compression, raw: np.ndarray, itemsize: int, threads: int = 0):
+def encode(compression: Compression, raw: np.ndarray, itemsize: int, threads: int = 0,
+           memory=None):
     """``(codec, stored bytes)`` for a chunk's raw bytes (flat uint8): compressed (on
     ``threads`` more threads of Zstandard's own when > 1), or ``(RAW, raw)`` when the
-    frame would not be smaller or there are no bytes."""
+    frame would not be smaller or there are no bytes.
+
+    With ``memory`` (a :class:`~uckpt.encode_memory.EncodeMemory`), byte planes go to
+    the calling thread's scratch buffer, and the frame into a buffer it lends when it
+    pools them (the stored bytes are then a view of it, which the caller gives back
+    once written); otherwise to new memory. Either way the frame is the same."""
     if raw.nbytes == 0:
         return RAW, raw
     codec = compression.codec_for(itemsize)
-    content = group_bytes(raw, itemsize) if codec == BYTEGROUP else raw
-    frame = _compressor(compression.level, threads if threads > 1 else 0).compress(content)
-    if len(frame) >= raw.nbytes:
+    content = raw
+    if codec == BYTEGROUP:
+        content = group_bytes(raw, itemsize, memory.scratch(raw.nbytes) if memory else None)
+    cctx = _compressor(compression.level, threads if threads > 1 else 0)
+    out = memory.take(raw.nbytes) if memory is not None else None
+    if out is None:
+        frame = cctx.compress(content)
+        return (RAW, raw) if len(frame) >= raw.nbytes else (codec, frame)
+    size = _compress_into(cctx, content, out)  # a frame that does not fit is no smaller
+    if size is None:
+        memory.give(out)
         return RAW, raw
-    return codec, frame
+    return codec, out[:size]
+
+
+def _compress_into(cctx, content: np.ndarray, out: np.ndarray) -> Optional[int]:
+    """Compress ``content`` as one frame (declaring its size) into ``out``; its length,
+    or None if it does not fit in fewer than ``len(out)`` bytes."""
+    reader = cctx.stream_reader(content, size=content.nbytes)
+    view, done = memoryview(out), 0
+    while done < len(view):
+        n = reader.readinto(view[done:])
+        if not n:
+            return done
+        done += n
+    return None
 
 
 def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: str, leaf: str,
