@@ -201,23 +201,20 @@ def write_stream(path: Path, pieces) -> None:
     with the last piece), as a new file: each piece is copied as it comes into a
     page-aligned buffer of ``knobs.stream_buffer_bytes``, written with O_DIRECT when
     full (:class:`_DirectFile`), so the caller may reuse a piece's memory once it hands
-    over the next one. Pieces of any size and offset go this way: a partial last page
-    stays in the buffer for the next write."""
+    over the next one. Pieces of any size and offset go this way (the buffer is
+    written whenever it is full, so every write but the last is whole pages)."""
     page = mmap.PAGESIZE
     size = max(page, knobs.stream_buffer_bytes // page * page)
-    keep = mmap.mmap(-1, size)  # anonymous: page-aligned
-    buf = np.frombuffer(keep, dtype=np.uint8)
+    buf = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)  # anonymous: page-aligned
     out = _DirectFile(path)
-    base = fill = 0  # the file offset of buf[0] (page-aligned); bytes of buf in use
+    base = fill = 0  # the file offset of buf[0]; bytes of buf in use
 
-    def flush(final: bool = False) -> None:
+    def flush() -> None:  # the whole buffer, or at the end what it holds, padded
         nonlocal base, fill
-        whole = -(-fill // page) * page if final else fill // page * page
-        buf[fill:whole] = 0  # the padding of the last page (cut off by finish)
+        whole = -(-fill // page) * page
+        buf[fill:whole] = 0  # the last page's padding (cut off by finish)
         out.pwrite(memoryview(buf)[:whole], base)
-        rest = fill - whole if not final else 0
-        buf[:rest] = buf[whole:whole + rest]  # a partial page: written with the next
-        base, fill = base + whole, rest
+        base, fill = base + whole, 0
 
     try:
         end = 0
@@ -234,12 +231,10 @@ def write_stream(path: Path, pieces) -> None:
                     if fill == size:
                         flush()
             end = offset + len(data)
-        flush(final=True)
+        flush()
         out.finish(end)
     finally:
         out.close()
-        del buf
-        keep.close()
 
 
 def file_end(chunks) -> int:
