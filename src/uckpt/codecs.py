@@ -166,7 +166,8 @@ def encode(compression: Compression, raw: np.ndarray, itemsize: int, threads: in
     With ``memory`` (a :class:`~uckpt.encode_memory.EncodeMemory`), byte planes go to
     the calling thread's scratch buffer, and the frame into a buffer it lends when it
     pools them (the stored bytes are then a view of it, which the caller gives back
-    once written); otherwise to new memory. Either way the frame is the same."""
+    once written; the frame is streamed there, so content of a multiple of 128 KiB
+    gets an empty last block, 3 bytes more); otherwise to new memory."""
     if raw.nbytes == 0:
         return RAW, raw
     codec = compression.codec_for(itemsize)
