@@ -69,11 +69,13 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
         else:
             changed.append(i)
     if compression is not None:
-        def encode(k: int) -> tuple:
+        def encode(k: int, memory) -> tuple:
             i = changed[k]
-            return encode_piece(compression, data[i], items[i], hashing.format_hash(digests[i]))
+            return encode_piece(compression, data[i], items[i], hashing.format_hash(digests[i]),
+                                memory)
 
-        by_item = write_encoded(sink, file, [(items[i].path, items[i]) for i in changed], encode)
+        by_item = write_encoded(sink, file, [(items[i].path, items[i], items[i].length)
+                                             for i in changed], encode)
         written = [by_item[items[i]] for i in changed]
     else:
         packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)

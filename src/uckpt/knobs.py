@@ -23,10 +23,15 @@ alignment: int = _env_int("alignment", 64)
 #: threads that read chunks and check their checksums in parallel when loading (an
 #: object store also verifies on this many; saves do not use it, see uckpt.writer)
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
-#: threads that compress chunks in parallel; chunks of at least ``compress_split_bytes``
-#: are each compressed on this many threads of Zstandard's own
+#: threads that compress chunks in parallel; a chunk of at least ``compress_split_bytes``
+#: that is a large share of its file is compressed on this many threads of Zstandard's own
 compress_threads: int = _env_int("compress_threads", max(2, min(8, (os.cpu_count() or 2))))
 compress_split_bytes: int = _env_int("compress_split_bytes", 4 << 20)
+#: chunks are compressed ahead of the writing: a few, or more while they total at most this
+compress_ahead_bytes: int = _env_int("compress_ahead_bytes", 32 << 20)
+#: streamed data files (compressed chunks) go to storage through a page-aligned buffer of
+#: this size, with O_DIRECT where the file system takes it
+stream_buffer_bytes: int = _env_int("stream_buffer_bytes", 8 << 20)
 #: reads go in blocks of this size, each checksummed while it is still in the CPU cache
 read_block_bytes: int = _env_int("read_block_bytes", 1 << 20)
 #: threads that copy arrays into staging memory during a snapshot

@@ -6,8 +6,9 @@ starts shutting down, and uckpt must be able to finish a background save then
 """
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Callable, Iterator, List, Sequence, TypeVar
+from typing import Callable, Iterator, List, Optional, Sequence, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -48,26 +49,34 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: s
 
 
 def ordered_map(fn: Callable[[T], R], items: Sequence[T], threads: int, window: int,
-                name: str = "uckpt") -> Iterator[R]:
+                name: str = "uckpt", sizes: Optional[Sequence[int]] = None,
+                ahead_bytes: int = 0) -> Iterator[R]:
     """``fn(x) for x in items``, lazily and in order, computed on up to ``threads``
     threads at most ``window`` items ahead of the consumer (so at most ``window``
-    results are held at once); re-raises the first error. Stopping early (an error in
-    the consumer) lets running calls finish and starts no new one."""
+    results are held at once), or further while the items started ahead of the
+    consumer total at most ``ahead_bytes`` of ``sizes`` (one per item: small items
+    go far ahead, large ones ``window`` at most); re-raises the first error. Stopping
+    early (an error in the consumer) lets running calls finish and starts no new one."""
     n = min(threads, len(items))
     if n <= 1:
         for x in items:
             yield fn(x)
         return
+    ends = list(itertools.accumulate(sizes, initial=0)) if sizes is not None else None
     cond = threading.Condition()
     state = {"next": 0, "consumed": 0, "stop": False}
     results: dict = {}
     errors: List[BaseException] = []
 
+    def may_start(i: int) -> bool:
+        first = state["consumed"]
+        return i < first + window or (ends is not None and ends[i + 1] - ends[first] <= ahead_bytes)
+
     def worker() -> None:
         while True:
             with cond:
                 while (state["next"] < len(items) and not state["stop"] and not errors
-                       and state["next"] >= state["consumed"] + window):
+                       and not may_start(state["next"])):
                     cond.wait()
                 if state["next"] >= len(items) or state["stop"] or errors:
                     return

@@ -47,16 +47,17 @@ def recode_files(source, manifest: Manifest, files: Sequence[str], sink,
                        for i, c in enumerate(e.chunks) if c.file == name and c.base is None),
                       key=lambda key: key[2].offset)
 
-        def encode(k: int, keys=keys) -> tuple:
+        def encode(k: int, memory, keys=keys) -> tuple:
             path, _, chunk = keys[k]
             entry = manifest.arrays[path]
             stored = reader.read_stored(entry, chunk)  # checksum checked
             if chunk.compressed:  # kept as it is
                 content = chunk.hash or hashing.of(reader.decoded(entry, chunk, stored))
                 return chunk.codec, stored, chunk.checksum, content
-            return encode_piece(compression, stored, chunk, chunk.hash or None)
+            return encode_piece(compression, stored, chunk, chunk.hash or None, memory)
 
-        written = write_encoded(sink, name, [(key[0], key) for key in keys], encode)
+        written = write_encoded(sink, name, [(key[0], key, key[2].length) for key in keys],
+                                encode)
         out["chunks"].extend((path, i, c.offset, c.length, c.codec, c.checksum, c.hash)
                              for (path, i, _), c in written.items())
         out["sizes"].append((name, file_end(written.values())))

@@ -1,9 +1,10 @@
 """Write one rank's data file from a plan, into a :class:`~uckpt.storage.base.CheckpointSink`.
 
 The pieces of the file and their checksums are computed here; the sink stores them
-(local directories with :func:`write_buffered` / :func:`write_image` below; object stores
-as a multipart upload). From a snapshot, the staging arena already is the file's image and goes to
-storage with O_DIRECT. Otherwise one thread writes the chunks in file order with vectored writes (a file's
+(local directories with :func:`write_buffered`, :func:`write_image` and
+:func:`write_stream` below; object stores as a multipart upload). From a snapshot, the
+staging arena already is the file's image and goes to storage with O_DIRECT. Otherwise
+one thread writes the chunks in file order with vectored writes (a file's
 writes serialise on its inode lock anyway), while another computes their
 checksums over the same memory: the two overlap, so a save costs about what
 writing the bytes costs.
@@ -12,7 +13,10 @@ With a :class:`~uckpt.codecs.Compression`, chunks are first encoded on
 ``knobs.compress_threads`` threads (Zstandard releases the GIL; on the background
 threads of an asynchronous save), each checksummed as stored, and laid out anew:
 the plan's offsets are those of the raw bytes, the file's those of the stored ones.
-Encoded chunks are made a few ahead of the writing and streamed to the sink.
+Encoded chunks are made ahead of the writing and streamed to the sink, which (locally)
+copies each into a page-aligned buffer written with O_DIRECT: encoding and writing
+overlap, the page cache costs no CPU, and the encoders reuse their memory
+(:mod:`uckpt.encode_memory`) instead of faulting in new pages for every chunk.
 
 Every chunk also gets its content hash (XXH3-128 of its raw bytes, :mod:`uckpt.hashing`),
 computed on the same threads as its checksum or its encoding.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import math
+import mmap
 import os
 import queue
 import threading
@@ -31,6 +36,7 @@ import numpy as np
 
 from . import codecs, dtypes, hashing, knobs
 from .checksum import crc32c, format_checksum
+from .encode_memory import EncodeMemory
 from .format import Chunk
 from .fsutil import preallocate, start_writeback
 from .parallel import ordered_map, parallel_map
@@ -117,46 +123,118 @@ def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
         _pwritev_all(fd, batch, start)
 
 
-def write_buffered(path: Path, size: Optional[int], pieces) -> None:
-    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes
-    (None: a stream of pieces of unknown total; the file ends with the last one)."""
+def write_buffered(path: Path, size: int, pieces) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        if size is not None:
-            preallocate(fd, size)
+        preallocate(fd, size)
         _write_in_order(fd, pieces)
-        if size is not None and os.fstat(fd).st_size != size:
+        if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def write_image(path: Path, image: np.ndarray, size: int) -> None:
-    """Write a page-aligned file image with O_DIRECT (storage DMA, no page-cache copy:
-    almost no CPU), falling back to buffered writes where O_DIRECT is refused (tmpfs)."""
-    padded = memoryview(image)[:-(-size // 4096) * 4096] if size else memoryview(image)[:0]
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0), 0o644)
-    except OSError as e:
-        if e.errno != errno.EINVAL:
-            raise
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        preallocate(fd, size)
+class _DirectFile:
+    """A new file written with O_DIRECT (storage DMA, no page-cache copy: almost no
+    CPU) from page-aligned buffers at page-aligned offsets, falling back to buffered
+    writes (their writeback started per write) where O_DIRECT is refused (tmpfs)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.writeback: Optional[_Writeback] = None
+        try:
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
+                              getattr(os, "O_DIRECT", 0), 0o644)
+            self.direct = hasattr(os, "O_DIRECT")
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            self.direct = False
+
+    def pwrite(self, data: memoryview, offset: int) -> None:
+        """Write all of ``data`` at ``offset`` (both page-aligned, unless at the end)."""
         done = 0
-        while done < len(padded):
+        while done < len(data):
             try:
-                done += os.pwrite(fd, padded[done:done + _BATCH_BYTES * 4], done)
+                n = os.pwrite(self.fd, data[done:], offset + done)
             except OSError as e:
-                if e.errno != errno.EINVAL or not hasattr(os, "O_DIRECT"):
+                if e.errno != errno.EINVAL or not self.direct:
                     raise
-                os.close(fd)  # O_DIRECT refused for this buffer or file system: buffered
-                fd = os.open(path, os.O_WRONLY)
-        os.ftruncate(fd, size)
-        os.fsync(fd)
+                os.close(self.fd)  # O_DIRECT refused for this buffer or file system
+                self.fd, self.direct = os.open(self.path, os.O_WRONLY), False
+                continue
+            if not self.direct:
+                if self.writeback is None:
+                    self.writeback = _Writeback(self.fd)
+                self.writeback.add(offset + done, n)
+            done += n
+
+    def finish(self, size: int) -> None:
+        """Cut the file to ``size`` bytes (the last write may be padded) and fsync it."""
+        os.ftruncate(self.fd, size)
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        if self.writeback is not None:
+            self.writeback.close()
+        os.close(self.fd)
+
+
+def write_image(path: Path, image: np.ndarray, size: int) -> None:
+    """Write a page-aligned file image with O_DIRECT where the file system takes it."""
+    padded = memoryview(image)[:-(-size // 4096) * 4096] if size else memoryview(image)[:0]
+    out = _DirectFile(path)
+    try:
+        preallocate(out.fd, size)
+        for at in range(0, len(padded), _BATCH_BYTES * 4):
+            out.pwrite(padded[at:at + _BATCH_BYTES * 4], at)
+        out.finish(size)
     finally:
-        os.close(fd)
+        out.close()
+
+
+def write_stream(path: Path, pieces) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset (gaps are zero; the file ends
+    with the last piece), as a new file: each piece is copied as it comes into a
+    page-aligned buffer of ``knobs.stream_buffer_bytes``, written with O_DIRECT when
+    full (:class:`_DirectFile`), so the caller may reuse a piece's memory once it hands
+    over the next one. Pieces of any size and offset go this way (the buffer is
+    written whenever it is full, so every write but the last is whole pages)."""
+    page = mmap.PAGESIZE
+    size = max(page, knobs.stream_buffer_bytes // page * page)
+    buf = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)  # anonymous: page-aligned
+    out = _DirectFile(path)
+    base = fill = 0  # the file offset of buf[0]; bytes of buf in use
+
+    def flush() -> None:  # the whole buffer, or at the end what it holds, padded
+        nonlocal base, fill
+        whole = -(-fill // page) * page
+        buf[fill:whole] = 0  # the last page's padding (cut off by finish)
+        out.pwrite(memoryview(buf)[:whole], base)
+        base, fill = base + whole, 0
+
+    try:
+        end = 0
+        for offset, data in pieces:
+            data = memoryview(data).cast("B")
+            gap = offset - end
+            assert gap >= 0, (offset, end)
+            for zeros, part in ((True, gap), (False, len(data))):
+                done = 0
+                while done < part:
+                    n = min(part - done, size - fill)
+                    buf[fill:fill + n] = 0 if zeros else data[done:done + n]
+                    fill, done = fill + n, done + n
+                    if fill == size:
+                        flush()
+            end = offset + len(data)
+        flush()
+        out.finish(end)
+    finally:
+        out.close()
 
 
 def file_end(chunks) -> int:
@@ -235,26 +313,30 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     items = sorted(items, key=lambda it: it.offset)
     data = piece_data(items, arrays, image, origins)
     if compression is not None:
-        return write_encoded(sink, file, [(it.path, it) for it in items],
-                             lambda k: encode_piece(compression, data[k], items[k]))
+        return write_encoded(sink, file, [(it.path, it, it.length) for it in items],
+                             lambda k, memory: encode_piece(compression, data[k], items[k],
+                                                            memory=memory))
     chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
                                image)
     return dict(zip(items, chunks))
 
 
 def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, box,
-                 content: Optional[str] = None) -> tuple:
+                 content: Optional[str] = None, memory: Optional[EncodeMemory] = None) -> tuple:
     """``(codec, stored bytes, checksum, content hash)`` of one chunk's raw bytes (flat
     uint8; ``box`` has its ``shape``): compressed with ``compression`` (None: stored raw),
-    the content hash of the raw bytes computed here unless given (``content``). A large
-    chunk is itself compressed on Zstandard's own threads."""
+    the content hash of the raw bytes computed here unless given (``content``), in
+    ``memory`` when given (:func:`write_encoded`'s). A large chunk is itself compressed
+    on Zstandard's own threads (without ``memory``: from ``knobs.compress_split_bytes``;
+    with it, from its ``split_bytes``)."""
     if content is None:
         content = hashing.of(raw)
     if compression is None:
         return codecs.RAW, raw, format_checksum(crc32c(raw)), content
     itemsize = raw.nbytes // max(1, math.prod(box.shape))
-    threads = knobs.compress_threads if raw.nbytes >= knobs.compress_split_bytes else 0
-    codec, stored = codecs.encode(compression, raw, itemsize, threads)
+    split = knobs.compress_split_bytes if memory is None else memory.split_bytes
+    threads = knobs.compress_threads if split is not None and raw.nbytes >= split else 0
+    codec, stored = codecs.encode(compression, raw, itemsize, threads, memory)
     return codec, stored, format_checksum(crc32c(stored)), content
 
 
@@ -266,22 +348,32 @@ def encode_chunks(pieces, compression: "Optional[codecs.Compression]") -> List[t
 
 
 def write_encoded(sink, file: str, pieces, encode) -> Dict:
-    """Write data file ``file`` of ``pieces`` (``(path, key)`` in file order; ``key`` has
-    the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the stored bytes of
-    piece ``k`` being ``encode(k) -> (codec, stored, checksum, content hash)`` (see
-    :func:`encode_piece`); returns ``{key: Chunk}``.
+    """Write data file ``file`` of ``pieces`` (``(path, key, raw size)`` in file order;
+    ``key`` has the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the
+    stored bytes of piece ``k`` being ``encode(k, memory) -> (codec, stored, checksum,
+    content hash)`` (see :func:`encode_piece`; ``memory`` an
+    :class:`~uckpt.encode_memory.EncodeMemory` to encode in); returns ``{key: Chunk}``.
 
-    Pieces are encoded on ``knobs.compress_threads`` threads, a few ahead of the writing
-    (:func:`~uckpt.parallel.ordered_map`), and handed to the sink as a stream: each array
+    Pieces are encoded on ``knobs.compress_threads`` threads ahead of the writing
+    (:func:`~uckpt.parallel.ordered_map`: a few pieces, or more while they total at most
+    ``knobs.compress_ahead_bytes``) and handed to the sink as a stream: each array
     starts at a multiple of ``knobs.alignment``, its chunks follow without gaps. A sink
-    that writes streams (local directories) holds only those few chunks at once."""
+    that writes streams (local directories) holds only those few chunks at once; one
+    that copies each piece before taking the next lets their buffers be reused. A piece
+    is compressed on Zstandard's threads too only where it is so large a share of the
+    file (more than 1 / ``knobs.compress_threads``) that the threads would wait for it:
+    splitting a frame costs CPU time."""
     chunks: Dict = {}
     threads = knobs.compress_threads
+    sizes = [nbytes for _, _, nbytes in pieces]
+    split = max(knobs.compress_split_bytes, sum(sizes) // threads + 1)
+    memory = EncodeMemory(pool=sink.copies_stream_pieces, split_bytes=split)
 
     def stream():
         end, last = 0, None
-        encoded = ordered_map(encode, range(len(pieces)), threads, 2 * threads, "uckpt-compress")
-        for (path, key), (codec, stored, checksum, content) in zip(pieces, encoded):
+        encoded = ordered_map(lambda k: encode(k, memory), range(len(pieces)), threads,
+                              2 * threads, "uckpt-compress", sizes, knobs.compress_ahead_bytes)
+        for (path, key, _), (codec, stored, checksum, content) in zip(pieces, encoded):
             if path != last:
                 end, last = -(-end // knobs.alignment) * knobs.alignment, path
             box, data = _box(key), _as_uint8(stored)
@@ -289,6 +381,7 @@ def write_encoded(sink, file: str, pieces, encode) -> Dict:
                                 codec, checksum, content)
             yield end, data
             end += data.nbytes
+            memory.give(stored)  # the sink copied it (or does not pool: ignored)
 
     sink.write_stream(file, stream())
     return chunks

@@ -107,6 +107,9 @@ class CheckpointSink:
 
     token: str = ""
     where: str = ""
+    #: :meth:`write_stream` is done with a piece's buffer once it takes the next piece
+    #: (it copies them), so the caller may reuse the buffer then
+    copies_stream_pieces: bool = False
 
     def view(self) -> str:
         """Which copy of the storage this rank writes to: ranks that share a view share

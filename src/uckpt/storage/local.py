@@ -236,10 +236,12 @@ class LocalSink(CheckpointSink):
 
         write_buffered(self._new(name), size, pieces)
 
-    def write_stream(self, name, pieces) -> None:
-        from ..writer import write_buffered
+    copies_stream_pieces = True  # writer.write_stream copies each piece into its buffer
 
-        write_buffered(self._new(name), None, pieces)  # each piece written as it comes
+    def write_stream(self, name, pieces) -> None:
+        from ..writer import write_stream
+
+        write_stream(self._new(name), pieces)  # each piece written as it comes
 
     def write_image(self, name, image, size) -> None:
         from ..writer import write_image
