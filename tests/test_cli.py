@@ -316,7 +316,7 @@ def test_inspect_json(root, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     man = uckpt.manifest(ckpt)
-    assert doc["format"] == "uckpt" and doc["format_version"] == 4
+    assert doc["format"] == "uckpt" and doc["format_version"] == 5
     assert doc["step"] == 99 and doc["world_size"] == 1 and doc["metadata"] == {"k": [1, 2]}
     assert doc["created"] == man.created and doc["generator"] == man.generator
     assert doc["nbytes"] == 4000

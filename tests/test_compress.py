@@ -104,7 +104,7 @@ def test_every_dtype_round_trips(tmp_path, compression):
     codecs = {p: c[0].codec for p, c in chunks_of(path).items()}
     assert codecs["float32"] == codecs["bfloat16"] == codecs["int64"] == "zstd+bytegroup"
     assert codecs["uint8"] == ("zstd" if compression == "zstd" else "zstd+bytegroup")
-    assert uckpt.manifest(path).format_version == 4
+    assert uckpt.manifest(path).format_version == 5
     uckpt.verify(path)
 
 
