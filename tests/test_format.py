@@ -34,6 +34,7 @@ import uckpt.knobs as knobs
 from uckpt import dtypes, errors
 from uckpt.format import Manifest, integrity, manifest as manifest_module
 from uckpt.reader import CheckpointReader
+from grid_listing import listed
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
@@ -140,18 +141,6 @@ def encode_text(text: str, version) -> bytes:
     text = text.rstrip()
     assert text.endswith("}")
     return integrity.seal(text[:-1].rstrip().encode("utf-8"))
-
-
-def listed(doc):
-    """``doc`` with every version-5 ``grid`` written out as the chunk objects it lists
-    (valid in version 5 too), so that the chunk mutations below apply to every version."""
-    doc = copy.deepcopy(doc)
-    for entry in doc["arrays"].values():
-        if "grid" in entry:
-            entry["chunks"] = golden.chunk_list(entry)
-            del entry["grid"]
-            entry["root"] = entry.pop("root")  # the order the writer uses
-    return doc
 
 
 def mutable_doc(version, name="all_types"):

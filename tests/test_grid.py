@@ -9,7 +9,6 @@
 """
 import base64
 import copy
-import importlib.util
 import json
 import math
 import tracemalloc
@@ -25,6 +24,7 @@ from uckpt import errors
 from uckpt.format import Chunk, Manifest, integrity
 from uckpt.format.grid import grid_cut
 from uckpt.format.strict_json import loads as strict_json
+from grid_listing import golden, listed
 
 DATA = Path(__file__).resolve().parent / "data"
 V4, V5 = DATA / "golden_v4", DATA / "golden_v5"
@@ -32,28 +32,8 @@ NAMES = ["all_types", "example", "sharded", "codecs", "chain/step_00000001",
          "chain/step_00000002"]
 
 
-def _import(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-golden = _import("make_golden_grid", DATA / "make_golden.py")
-
-
 def doc_of(directory) -> dict:
     return strict_json((Path(directory) / "manifest.json").read_bytes())
-
-
-def listed(doc) -> dict:
-    """``doc`` with its grids written out as chunk lists (the spec's decoder)."""
-    doc = copy.deepcopy(doc)
-    for entry in doc["arrays"].values():
-        if "grid" in entry:
-            entry["chunks"] = golden.chunk_list(entry)
-            del entry["grid"]
-    return doc
 
 
 def sealed(doc) -> bytes:
