@@ -285,7 +285,7 @@ def test_inspect_text(root):
     proc = run_cli("inspect", ckpt)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "format       uckpt v4" in out
+    assert "format       uckpt v5" in out
     assert "step         20" in out
     assert "world size   1" in out
     assert "generator    uckpt " in out
