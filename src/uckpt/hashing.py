@@ -28,6 +28,7 @@ chunks are hashed on ``knobs.io_threads`` threads.
 """
 from __future__ import annotations
 
+import re
 import struct
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -43,6 +44,7 @@ PREFIX = ALGORITHM + ":"
 _PARALLEL_BYTES = 1 << 20
 
 _digest = xxhash.xxh3_128_digest
+_HASH_TEXT = re.compile(re.escape(PREFIX) + "[0-9a-f]{%d}" % (2 * DIGEST_BYTES))
 
 
 def digest(data) -> bytes:
@@ -61,14 +63,9 @@ def format_hash(value: bytes) -> str:
 
 def parse_hash(text: str) -> bytes:
     """The digest of ``xxh3-128:`` + 32 lowercase hex digits; ValueError otherwise."""
-    if not (isinstance(text, str) and len(text) == len(PREFIX) + 2 * DIGEST_BYTES
-            and text.startswith(PREFIX)) or not _is_lower_hex(text[len(PREFIX):]):
+    if not (isinstance(text, str) and _HASH_TEXT.fullmatch(text)):
         raise ValueError(f"hash {text!r} is not of the form {PREFIX!r} + 32 lowercase hex digits")
     return bytes.fromhex(text[len(PREFIX):])
-
-
-def _is_lower_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
 
 
 def of(data) -> str:

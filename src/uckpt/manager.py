@@ -349,12 +349,17 @@ class CheckpointManager:
         # several ranks: the same on every rank (should_save agreed on it)
         exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
-        options: Dict[str, Any] = dict(compression=self.tiers[0].codec(self.compression))
+        options: Dict[str, Any] = dict(compression=self.tiers[0].codec(self.compression),
+                                       on_commit=lambda m: self._remember(0, step, m))
         if self.incremental:
             if overwrite:
                 self._refuse_overwriting_a_base(step)
-            options.update(baseline=lambda: self._next_baseline(overwrite),
-                         on_commit=lambda m: self._committed_baseline(m, name))
+
+            def on_commit(m: Manifest) -> None:
+                self._remember(0, step, m)
+                self._committed_baseline(m, name)
+
+            options.update(baseline=lambda: self._next_baseline(overwrite), on_commit=on_commit)
         try:
             if self._saver is not None and not exiting:
                 prepared = prepare_collective(store, name, flat, self.comm, step=step,
@@ -418,10 +423,9 @@ class CheckpointManager:
         key = (tier, step)
         if key not in self._bases:
             try:
-                m = self.manifest(step, tier)
+                self._remember(tier, step, self.manifest(step, tier))
             except UckptError:
                 return None  # not cached: it may read back later
-            self._bases[key] = sorted(s for s in map(step_of, m.bases) if s is not None)
         return self._bases[key]
 
     def _exit_after_final_save(self, step: int) -> None:
@@ -554,19 +558,24 @@ class CheckpointManager:
     def _info(self, tier: int, step: int) -> CheckpointInfo:
         key = (tier, step)
         if key not in self._info_cache:
-            metrics: Dict[str, Any] = {}
-            created = 0.0
             try:
-                m = self.manifest(step, tier)
-                self._nbytes[key] = sum(f.size for f in m.files.values())
-                if isinstance(m.metadata.get("metrics"), dict):
-                    metrics = m.metadata["metrics"]
-                created = _dt.datetime.strptime(m.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
-                    tzinfo=_dt.timezone.utc).timestamp()
-            except UckptError:
-                pass  # a damaged checkpoint has no metrics; retention may still drop it
-            self._info_cache[key] = CheckpointInfo(step=step, metrics=metrics, created=created)
+                self._remember(tier, step, self.manifest(step, tier))
+            except UckptError:  # a damaged checkpoint has no metrics; retention may still drop it
+                self._info_cache[key] = CheckpointInfo(step=step, metrics={}, created=0.0)
         return self._info_cache[key]
+
+    def _remember(self, tier: int, step: int, m: Manifest) -> None:
+        """Cache what retention needs of checkpoint ``step``'s manifest ``m`` (its size,
+        metrics, creation time and bases), so that it is read at most once; a save's own
+        manifest is remembered when it commits, and not read back at all."""
+        key = (tier, step)
+        self._nbytes[key] = sum(f.size for f in m.files.values())
+        metrics = m.metadata.get("metrics")
+        created = _dt.datetime.strptime(m.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
+            tzinfo=_dt.timezone.utc).timestamp()
+        self._info_cache[key] = CheckpointInfo(
+            step=step, metrics=metrics if isinstance(metrics, dict) else {}, created=created)
+        self._bases[key] = sorted(s for s in map(step_of, m.bases) if s is not None)
 
     def _retain(self, tier: int) -> None:
         store = self.tiers[tier].store

@@ -210,6 +210,7 @@ class Manifest:
 
 _CHUNK_KEYS = frozenset(_CHUNK_FIELDS)
 _CHUNK_KEYS_V4 = frozenset(_CHUNK_FIELDS_V4)
+_CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 
 
 class _Loc:
@@ -249,20 +250,32 @@ def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], st
     return dtype, tuple(shape), root
 
 
-def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[Chunk]:
-    """The chunk, if every rule holds; None sends it to the field-by-field checks (as does
-    a reference to a base). Every number is then within int64: the file's size and the
-    array's shape were checked."""
-    if type(obj) is not dict or obj.keys() != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
+def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
+                bases: Dict[str, Dict[str, int]]) -> Optional[Chunk]:
+    """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
+    number is then within int64: the file's size and the array's shape were checked."""
+    if type(obj) is not dict:
         return None
+    keys = obj.keys()
+    base = None
+    if keys != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
+        if not v4 or keys != _CHUNK_KEYS_BASE:
+            return None
+        base = obj["base"]  # a reference to a base's file (version 4)
+        sizes = bases.get(base) if type(base) is str else None
+        if sizes is None:
+            return None
     content = obj["hash"] if v4 else ""
     if v4 and (type(content) is not str or not _HASH.fullmatch(content)):
         return None
     name, offset, length = obj["file"], obj["offset"], obj["length"]
     start, cshape, checksum = obj["start"], obj["shape"], obj["checksum"]
-    entry = files.get(name) if type(name) is str else None
-    if (entry is None or type(offset) is not int or type(length) is not int or offset < 0
-            or length < 0 or offset + length > entry.size or obj["codec"] not in codecs
+    if type(name) is not str:
+        return None
+    size = files[name].size if base is None and name in files else \
+        sizes.get(name) if base is not None else None
+    if (size is None or type(offset) is not int or type(length) is not int or offset < 0
+            or length < 0 or offset + length > size or obj["codec"] not in codecs
             or type(start) is not list or type(cshape) is not list
             or len(start) != len(shape) or len(cshape) != len(shape)
             or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)):
@@ -278,7 +291,7 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
     return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
-                 content)
+                 content, base)
 
 
 class _Parser:
@@ -449,7 +462,7 @@ class _Parser:
                 root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
                 dtype, shape = self.dtype_shape(entry, loc)
             itemsize = self.array_size(dtype, shape, loc)
-            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4) or
+            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4, bases) or
                            self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
