@@ -232,17 +232,18 @@ def test_golden_all_types_manifest_fields(version):
         assert raw.endswith(f'\n "manifest_checksum":"{m.checksum}"}}\n'.encode())
 
 
-@pytest.mark.parametrize("older", [1, 2])
-@pytest.mark.parametrize("name", GOLDEN_DIRS)
+@pytest.mark.parametrize("name, older", [(n, v) for v in (1, 2) for n in GOLDEN_DIRS] + [
+    (n, 4) for n in GOLDEN_DIRS + ["codecs", "chain/step_00000001", "chain/step_00000002"]])
 def test_golden_versions_hold_the_same_checkpoints(name, older):
-    """Versions 1, 2 and 3 hold the same checkpoints: equal data files, and manifests
-    equal but for the version, the checksum and what changes with every save (version 1
-    is version 2 without its checksum, version 2 is version 3 without codecs)."""
+    """Versions 1, 2 and 3, and versions 4 and 5, hold the same checkpoints: equal data
+    files, and manifests equal but for the version, the checksum and what changes with
+    every save (version 1 is version 2 without its checksum, version 2 is version 3
+    without codecs, version 4 is version 5 with its grids listed as chunks)."""
     old, new = GOLDENS[older] / name, GOLDENS[older + 1] / name
     assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
     for data_file in old.glob("*.bin"):
         assert (new / data_file.name).read_bytes() == data_file.read_bytes()
-    docs = [manifest_doc(old), manifest_doc(new)]
+    docs = [manifest_doc(old), listed(manifest_doc(new))]
     assert docs[0]["format_version"] == older and docs[1]["format_version"] == older + 1
     assert (integrity.FIELD not in docs[0]) == (older == 1)
     assert list(docs[1])[-1] == integrity.FIELD

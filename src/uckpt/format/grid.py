@@ -40,11 +40,11 @@ def grid_cut(shape: Sequence[int], chunks) -> Optional[Tuple[int, int, list]]:
     if -(-extent // rows) != len(chunks):
         return None
     ordered = sorted(chunks, key=lambda c: c.start[axis])
-    full, last = tuple(shape), _slab_shape(shape, axis, rows, len(chunks) - 1)
+    slab, last = _slab_shape(shape, axis, rows, 0), _slab_shape(shape, axis, rows, len(chunks) - 1)
     before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
     for k, c in enumerate(ordered):
         if c.start != before + (k * rows,) + after or \
-                c.shape != (last if k == len(chunks) - 1 else full[:axis] + (rows,) + full[axis + 1:]):
+                c.shape != (last if k == len(chunks) - 1 else slab):
             return None
     return axis, rows, ordered
 
@@ -227,7 +227,7 @@ def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs) 
         if bad.size:
             k = int(bad[0])
             p.fail(at + ".layout", f"slab {k}: {name} {int(values[k])} "
-                   + (f"exceeds 2**63-1" if limit == _MAX_INT else
+                   + ("exceeds 2**63-1" if limit == _MAX_INT else
                       f"is not an index of the {nsources} sources"))
     allowed = [i for i, c in enumerate(CODEC_NUMBERS) if c in codecs]
     bad = np.flatnonzero(~np.isin(codec, np.array(allowed, dtype=np.uint64)))

@@ -35,7 +35,7 @@ FORMAT_VERSION = 5
 READ_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw", "zstd", "zstd+bytegroup")
-CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS}  # the codecs each version knows
+CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS}  # each version's codecs
 #: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
 MAX_RATIO = 32768
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
