@@ -101,7 +101,7 @@ class ArrayEntry:
         """The array's Merkle root from its chunks' hashes, or from ``digests`` (one per
         chunk, in order: hashes recomputed from the bytes)."""
         if digests is None:
-            digests = [hashing.parse_hash(c.hash) for c in self.chunks]
+            digests = hashing.parse_hashes([c.hash for c in self.chunks])
         return hashing.array_root(self.dtype, self.shape,
                                   [(c.start, c.shape, d) for c, d in zip(self.chunks, digests)])
 
