@@ -50,6 +50,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import crc32c
 import numpy as np
+from grid_listing import listed
 
 HERE = Path(__file__).resolve().parent
 
@@ -180,7 +181,7 @@ _SEAL_TAIL = re.compile(rb'"manifest_checksum":"crc32c:[0-9a-f]{8}"\}\n')
 
 def manifest_doc(data: bytes) -> Dict[str, Any]:
     """The JSON document of a manifest file, less its checksum member."""
-    doc = json.loads(data)
+    doc = listed(json.loads(data))  # grids as chunk lists, so that chunks can be edited
     doc.pop("manifest_checksum", None)
     return doc
 

@@ -11,6 +11,7 @@ import uckpt
 from uckpt import errors
 from uckpt.format import integrity
 from conftest import flip_byte, mount_tmpfs
+from grid_listing import listed
 
 STATE = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(8), "epoch": 2}
 
@@ -41,7 +42,7 @@ def assert_intact(good):
 def edit_manifest(path, fn):
     """Edit a manifest as JSON and write it back as the writer would, its checksum (format
     version 2) computed anew, so that the edit reaches the parser behind the check."""
-    m = json.loads((path / "manifest.json").read_bytes())
+    m = listed(json.loads((path / "manifest.json").read_bytes()))  # grids as chunk lists
     sealed = m.pop(integrity.FIELD, None) is not None
     fn(m)
     text = json.dumps(m, separators=(",", ":"), ensure_ascii=False)

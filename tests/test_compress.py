@@ -17,6 +17,7 @@ import uckpt
 import uckpt.knobs as knobs
 from uckpt import errors
 from uckpt.format import integrity
+from grid_listing import listed
 
 RNG = np.random.default_rng(12)
 
@@ -59,7 +60,7 @@ def chunks_of(path):
 
 def reseal(path, fn):
     """Edit the manifest as JSON and seal it anew (docs/format.md section 4.4)."""
-    m = json.loads((path / "manifest.json").read_bytes())
+    m = listed(json.loads((path / "manifest.json").read_bytes()))  # grids as chunk lists
     m.pop(integrity.FIELD)
     fn(m)
     text = json.dumps(m, separators=(",", ":"), ensure_ascii=False)
@@ -104,7 +105,7 @@ def test_every_dtype_round_trips(tmp_path, compression):
     codecs = {p: c[0].codec for p, c in chunks_of(path).items()}
     assert codecs["float32"] == codecs["bfloat16"] == codecs["int64"] == "zstd+bytegroup"
     assert codecs["uint8"] == ("zstd" if compression == "zstd" else "zstd+bytegroup")
-    assert uckpt.manifest(path).format_version == 4
+    assert uckpt.manifest(path).format_version == 5
     uckpt.verify(path)
 
 

@@ -1,12 +1,13 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1 to 4 (tests/data/golden_v1 to
-  golden_v4, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 4,
+* golden checkpoints of format versions 1 to 5 (tests/data/golden_v1 to
+  golden_v5, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 5,
   the version uckpt writes); version 1 is version 2 without its checksum, version
   2 is version 3 without compressed chunks (golden_v3/codecs has every codec),
   version 3 is version 4 without content hashes, Merkle roots and references
-  (golden_v4/chain is an incremental pair);
+  (golden_v4/chain is an incremental pair), version 4 is version 5 without grid
+  listings (tests/test_grid.py has the grid's own cases);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
@@ -33,11 +34,13 @@ import uckpt.knobs as knobs
 from uckpt import dtypes, errors
 from uckpt.format import Manifest, integrity, manifest as manifest_module
 from uckpt.reader import CheckpointReader
+from grid_listing import listed
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v4"  # the version uckpt writes
-GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: GOLDEN}
+GOLDEN = DATA / "golden_v5"  # the version uckpt writes
+GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: DATA / "golden_v4",
+           5: GOLDEN}
 VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
@@ -133,16 +136,24 @@ def encode(doc) -> bytes:
 
 def encode_text(text: str, version) -> bytes:
     """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
-    if version not in (2, 3, 4):
+    if version not in (2, 3, 4, 5):
         return text.encode("utf-8")
     text = text.rstrip()
     assert text.endswith("}")
     return integrity.seal(text[:-1].rstrip().encode("utf-8"))
 
 
+def mutable_doc(version, name="all_types"):
+    """A golden manifest document of ``version``, less its checksum, grids listed."""
+    return body(listed(manifest_doc(GOLDENS[version] / name)))
+
+
 def unsealed_text(version, name="all_types") -> str:
-    """A golden manifest's text without its checksum member (a JSON object still)."""
+    """A golden manifest's text without its checksum member (a JSON object still); a
+    version-5 one with its grids listed (``listed``), indented as the golden files are."""
     text = (GOLDENS[version] / name / "manifest.json").read_text("utf-8")
+    if version >= 5:
+        return json.dumps(mutable_doc(version, name), indent=1, ensure_ascii=False) + "\n"
     if version >= 2:
         text = text[:text.rindex(',\n "manifest_checksum":')] + "\n}\n"
     return text
@@ -151,7 +162,7 @@ def unsealed_text(version, name="all_types") -> str:
 def schema_doc(doc):
     """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2 or 3."""
     doc = body(doc)
-    if doc.get("format_version") in (2, 3, 4):
+    if doc.get("format_version") in (2, 3, 4, 5):
         doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
     return doc
 
@@ -221,17 +232,18 @@ def test_golden_all_types_manifest_fields(version):
         assert raw.endswith(f'\n "manifest_checksum":"{m.checksum}"}}\n'.encode())
 
 
-@pytest.mark.parametrize("older", [1, 2])
-@pytest.mark.parametrize("name", GOLDEN_DIRS)
+@pytest.mark.parametrize("name, older", [(n, v) for v in (1, 2) for n in GOLDEN_DIRS] + [
+    (n, 4) for n in GOLDEN_DIRS + ["codecs", "chain/step_00000001", "chain/step_00000002"]])
 def test_golden_versions_hold_the_same_checkpoints(name, older):
-    """Versions 1, 2 and 3 hold the same checkpoints: equal data files, and manifests
-    equal but for the version, the checksum and what changes with every save (version 1
-    is version 2 without its checksum, version 2 is version 3 without codecs)."""
+    """Versions 1, 2 and 3, and versions 4 and 5, hold the same checkpoints: equal data
+    files, and manifests equal but for the version, the checksum and what changes with
+    every save (version 1 is version 2 without its checksum, version 2 is version 3
+    without codecs, version 4 is version 5 with its grids listed as chunks)."""
     old, new = GOLDENS[older] / name, GOLDENS[older + 1] / name
     assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
     for data_file in old.glob("*.bin"):
         assert (new / data_file.name).read_bytes() == data_file.read_bytes()
-    docs = [manifest_doc(old), manifest_doc(new)]
+    docs = [manifest_doc(old), listed(manifest_doc(new))]
     assert docs[0]["format_version"] == older and docs[1]["format_version"] == older + 1
     assert (integrity.FIELD not in docs[0]) == (older == 1)
     assert list(docs[1])[-1] == integrity.FIELD
@@ -248,8 +260,10 @@ def test_golden_all_types_covers_the_format():
     assert node_types(doc["tree"]) == NODE_TYPES
     arrays = doc["arrays"]
     assert {a["dtype"] for a in arrays.values()} == set(dtypes.NAMES)
-    assert len(arrays["big"]["chunks"]) == 3  # split along axis 0 (chunk_bytes=256)
-    assert [c["shape"][0] for c in arrays["big"]["chunks"]] == [14, 14, 12]
+    big = golden.chunk_list(arrays["big"])
+    assert "grid" in arrays["big"]  # version 5: listed compactly (docs/format.md section 15)
+    assert len(big) == 3  # split along axis 0 (chunk_bytes=256)
+    assert [c["shape"][0] for c in big] == [14, 14, 12]
     assert arrays["zero_d"]["shape"] == [] and arrays["empty"]["chunks"] == []
     tree = doc["tree"]["items"]
     assert tree["tied"]["items"]["again"]["path"] == "shared"  # aliased, stored once
@@ -270,7 +284,7 @@ def test_golden_all_types_layout_and_padding():
     covered = bytearray(len(data))
     end = 0
     for a in doc["arrays"].values():
-        for i, c in enumerate(a["chunks"]):
+        for i, c in enumerate(golden.chunk_list(a)):
             assert (c["offset"] % 64 == 0 and c["offset"] >= end) if i == 0 else c["offset"] == end
             end = c["offset"] + c["length"]
             covered[c["offset"]:end] = b"\x01" * c["length"]
@@ -369,7 +383,7 @@ def test_uckpt_writes_what_the_spec_says(tmp_path):
     the CRC-32C of every byte before the value, then '"}' and a line feed."""
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
     raw = (path / "manifest.json").read_bytes()
-    assert raw.startswith(b'{"format":"uckpt","format_version":4,') and raw.count(b"\n") == 1
+    assert raw.startswith(b'{"format":"uckpt","format_version":5,') and raw.count(b"\n") == 1
     covered = raw[:-19]
     assert re.search(rb'"merkle_root":"xxh3-128:[0-9a-f]{32}","manifest_checksum":$', covered)
     assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
@@ -495,7 +509,7 @@ REJECTED = {
     **{f"missing {f}": (_pop(TOP, f), True) for f in manifest_module._TOP_FIELDS},
     "unknown top-level field": (_set(TOP, "extra", 1), True),
     "format other": (_set(TOP, "format", "safetensors"), True),
-    "format_version 5": (_set(TOP, "format_version", 5), True),
+    "format_version 6": (_set(TOP, "format_version", 6), True),
     "format_version 0": (_set(TOP, "format_version", 0), True),
     "format_version string": (_set(TOP, "format_version", "1"), True),
     "generator not a string": (_set(TOP, "generator", 5), True),
@@ -588,7 +602,7 @@ REJECTED = {
 @pytest.mark.parametrize("case", sorted(REJECTED))
 def test_parser_and_schema_reject(validator, case, version):
     mutate, expressible = REJECTED[case]
-    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
+    doc = mutable_doc(version)
     mutate(doc)
     with pytest.raises(errors.ManifestError) as info:
         Manifest.parse(encode(doc))
@@ -599,8 +613,8 @@ def test_parser_and_schema_reject(validator, case, version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_specific_error_types(version):
-    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
-    for mutate, error in [(_set(TOP, "format_version", 5), errors.FormatVersionError),
+    doc = mutable_doc(version)
+    for mutate, error in [(_set(TOP, "format_version", 6), errors.FormatVersionError),
                           (lambda d: _rename_file(d, "../x"), errors.UnsafePathError)]:
         d = copy.deepcopy(doc)
         mutate(d)
@@ -680,7 +694,7 @@ ACCEPTED = {
 @pytest.mark.parametrize("case", sorted(ACCEPTED))
 def test_parser_and_schema_accept(validator, case, version):
     """The schema is not stricter than the parser on valid variations."""
-    doc = body(manifest_doc(GOLDENS[version] / "all_types"))
+    doc = mutable_doc(version)
     ACCEPTED[case](doc)
     Manifest.parse(encode(doc))
     validator.validate(schema_doc(doc))
@@ -848,7 +862,7 @@ def test_doc_reader_reads_golden(version, name):
 def test_doc_reader_reads_what_uckpt_writes(tmp_path):
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
     m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert m["format_version"] == 4 and m["step"] == 7
+    assert m["format_version"] == 5 and m["step"] == 7
     assert sorted(arrays) == ["model/b", "model/w", "tag"]
 
 
@@ -921,9 +935,9 @@ def test_doc_reader_detects_damage(tmp_path):
 def test_doc_reader_refuses_other_versions(tmp_path):
     directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
     doc = manifest_doc(directory)
-    doc["format_version"] = 5
+    doc["format_version"] = 6
     (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1, 2, 3 or 4"):
+    with pytest.raises(ValueError, match="version 1, 2, 3, 4 or 5"):
         doc_reader()["read_checkpoint"](str(directory))
 
 

@@ -77,3 +77,35 @@ def test_checkpoint_root_orders_paths_by_their_bytes_and_binds_them():
     assert root == H(b"\x04" + struct.pack("<Q", 2) + H(b"\x01" + leaves[0] + leaves[1]))
     assert hashing.checkpoint_root({}) == H(b"\x04" + struct.pack("<Q", 0))
 
+
+
+@pytest.mark.parametrize("shape, rows", [((1000, 3), 7), ((40,), 1), ((2, 50, 3), 1)])
+def test_many_chunk_leaves_are_the_documented_bytes(shape, rows):
+    """Many chunks' leaves are packed with NumPy (hashing._chunk_leaves): the same bytes as
+    chunk_leaf's, which test_chunk_leaf_bytes pins."""
+    axis = 0 if shape[0] > 2 else 1
+    chunks = []
+    for k, r in enumerate(range(0, shape[axis], rows)):
+        start = [0] * len(shape)
+        start[axis] = r
+        box = list(shape)
+        box[axis] = min(rows, shape[axis] - r)
+        chunks.append((tuple(start), tuple(box), H(bytes([k % 256, k // 256]))))
+    assert len(chunks) >= 16
+    leaves = [hashing.chunk_leaf(s, sh, d) for s, sh, d in chunks]
+    while len(leaves) > 1:
+        leaves = [H(b"\x01" + leaves[i] + leaves[i + 1]) for i in range(0, len(leaves) - 1, 2)] + \
+            ([leaves[-1]] if len(leaves) % 2 else [])
+    head = (b"\x02float32\x00" + struct.pack("<I", len(shape)) +
+            struct.pack(f"<{len(shape)}Q", *shape) + struct.pack("<Q", len(chunks)))
+    assert hashing.array_root("float32", shape, chunks[::-1]) == H(head + leaves[0])
+
+
+def test_parse_hashes_checks_every_one():
+    texts = [hashing.of(bytes([i])) for i in range(40)]
+    assert hashing.parse_hashes(texts) == [hashing.parse_hash(t) for t in texts]
+    for bad in (texts[:5] + [texts[5].upper()] + texts[6:],
+                texts[:5] + [texts[5][:-1], texts[6] + "0"] + texts[7:],
+                texts[:5] + [None] + texts[6:]):
+        with pytest.raises(ValueError, match="is not of the form"):
+            hashing.parse_hashes(bad)

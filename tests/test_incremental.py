@@ -15,6 +15,7 @@ import uckpt
 from uckpt import errors, knobs
 from uckpt.format import integrity
 from conftest import PYTHON, flip_byte
+from grid_listing import listed
 from incremental_common import CHUNK_BYTES, check, empty_state, state, table
 
 
@@ -219,7 +220,7 @@ def test_incremental_needs_an_exclusive_writer(tmp_path):
 
 
 def _resealed(path, change):
-    doc = json.loads((path / "manifest.json").read_bytes())
+    doc = listed(json.loads((path / "manifest.json").read_bytes()))  # grids as chunk lists
     doc.pop(integrity.FIELD)
     change(doc)
     text = json.dumps(doc, separators=(",", ":"))

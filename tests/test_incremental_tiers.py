@@ -87,7 +87,7 @@ def test_copy_with_compression_needs_the_bases_on_the_target(tmp_path):
 
 def test_copy_of_an_older_version_gets_content_hashes(tmp_path):
     """A version-3 checkpoint (no content hashes; raw and compressed chunks) copied with
-    compression is written as version 4, with the hashes and roots golden_v4 records for
+    compression is written in the current version, with the hashes and roots golden_v4 records for
     the same arrays."""
     src = tmp_path / "src" / "codecs"
     shutil.copytree(GOLDEN / "golden_v3" / "codecs", src)

@@ -21,6 +21,7 @@ import uckpt
 from uckpt import errors
 from uckpt.cli.main import main as cli_main
 from uckpt.format import Manifest, integrity
+from grid_listing import listed
 
 GOLDEN_V1 = Path(__file__).resolve().parent / "data" / "golden_v1"
 TRIALS = 1000
@@ -85,7 +86,7 @@ def run_verify(capsys, path):
 def test_the_real_manifest_is_sealed(checkpoint):
     path, raw = checkpoint
     m = Manifest.parse(raw)
-    assert m.format_version == 4 and m.checksum == integrity.check(raw, "x")
+    assert m.format_version == 5 and m.checksum == integrity.check(raw, "x")
     assert m.step == 3 and len(m.arrays) >= 6 and m.metadata["note"] == "h\u00e9llo"
     assert raw.endswith(b'"manifest_checksum":"' + m.checksum.encode() + b'"}\n')
 
@@ -211,7 +212,7 @@ def test_the_issue_case_a_changed_digit_of_a_learning_rate(checkpoint, tmp_path)
 def _body_text(raw: bytes, version=None) -> str:
     """The manifest without its checksum member, as a JSON object text; with ``version``
     (1 to 3), also without the fields of version 4 (content hashes, Merkle roots, bases)."""
-    doc = json.loads(raw)
+    doc = listed(json.loads(raw))  # grids as chunk lists (versions before 5 have no grid)
     del doc[integrity.FIELD]
     if version is not None:
         doc["format_version"] = version
@@ -293,7 +294,7 @@ def test_version_1_note_through_the_real_command(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("OK: ") and lines[2].startswith("OK: ")
     assert "note: format version 1" in lines[1] and str(v2) in lines[2]
-    assert uckpt.manifest(v2).format_version == 4  # saving again gives a checked manifest
+    assert uckpt.manifest(v2).format_version == 5  # saving again gives a checked manifest
 
 
 def test_a_version_1_manifest_changed_into_version_2_is_refused(tmp_path):

@@ -28,9 +28,11 @@ chunks are hashed on ``knobs.io_threads`` threads.
 """
 from __future__ import annotations
 
+import re
 import struct
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
 import xxhash
 
 from . import knobs
@@ -43,6 +45,8 @@ PREFIX = ALGORITHM + ":"
 _PARALLEL_BYTES = 1 << 20
 
 _digest = xxhash.xxh3_128_digest
+_HASH_TEXT = re.compile(re.escape(PREFIX) + "[0-9a-f]{%d}" % (2 * DIGEST_BYTES))
+_HASHES_TEXT = re.compile("(?:%s)*" % _HASH_TEXT.pattern)
 
 
 def digest(data) -> bytes:
@@ -59,16 +63,21 @@ def format_hash(value: bytes) -> str:
     return PREFIX + value.hex()
 
 
+def parse_hashes(texts: Sequence[str]) -> List[bytes]:
+    """:func:`parse_hash` of each of ``texts``, checked together (one regex over them)."""
+    if len(texts) < 16 or not all(type(t) is str for t in texts) or \
+            set(map(len, texts)) != {len(PREFIX) + 2 * DIGEST_BYTES} or \
+            not _HASHES_TEXT.fullmatch("".join(texts)):
+        return [parse_hash(t) for t in texts]  # (names the first bad one)
+    raw = bytes.fromhex("".join(texts).replace(PREFIX, ""))
+    return [raw[k:k + DIGEST_BYTES] for k in range(0, len(raw), DIGEST_BYTES)]
+
+
 def parse_hash(text: str) -> bytes:
     """The digest of ``xxh3-128:`` + 32 lowercase hex digits; ValueError otherwise."""
-    if not (isinstance(text, str) and len(text) == len(PREFIX) + 2 * DIGEST_BYTES
-            and text.startswith(PREFIX)) or not _is_lower_hex(text[len(PREFIX):]):
+    if not (isinstance(text, str) and _HASH_TEXT.fullmatch(text)):
         raise ValueError(f"hash {text!r} is not of the form {PREFIX!r} + 32 lowercase hex digits")
     return bytes.fromhex(text[len(PREFIX):])
-
-
-def _is_lower_hex(text: str) -> bool:
-    return all(c in "0123456789abcdef" for c in text)
 
 
 def of(data) -> str:
@@ -105,10 +114,30 @@ def chunk_leaf(start: Sequence[int], shape: Sequence[int], content: bytes) -> by
     return _digest(b"\x00" + struct.pack("<I", len(start)) + _u64s(start) + _u64s(shape) + content)
 
 
+def _chunk_leaves(ndim: int, ordered: Sequence[Tuple[Sequence[int], Sequence[int], bytes]]
+                  ) -> List[bytes]:
+    """:func:`chunk_leaf` of each of ``ordered``, their ``ndim``-dimensional boxes packed
+    into one table with NumPy first (a hundred thousand chunks in a fraction of a second)."""
+    n = len(ordered)
+    if n < 16 or any(len(s) != ndim or len(sh) != ndim for s, sh, _ in ordered):
+        return [chunk_leaf(s, sh, d) for s, sh, d in ordered]
+    width = 5 + 16 * ndim + DIGEST_BYTES
+    table = np.zeros((n, width), dtype=np.uint8)
+    table[:, 1:5] = np.frombuffer(struct.pack("<I", ndim), dtype=np.uint8)
+    for column, values in ((5, [s for s, _, _ in ordered]),
+                           (5 + 8 * ndim, [sh for _, sh, _ in ordered])):
+        table[:, column:column + 8 * ndim] = np.array(values, dtype="<u8").reshape(
+            n, ndim).view(np.uint8).reshape(n, 8 * ndim)
+    table[:, width - DIGEST_BYTES:] = np.frombuffer(
+        b"".join(d for _, _, d in ordered), dtype=np.uint8).reshape(n, DIGEST_BYTES)
+    rows = memoryview(table.tobytes())
+    return [_digest(rows[k:k + width]) for k in range(0, n * width, width)]
+
+
 def array_root(dtype: str, shape: Sequence[int],
                chunks: Iterable[Tuple[Sequence[int], Sequence[int], bytes]]) -> bytes:
     """The root of an array from its chunks ``(start, shape, content digest)``, any order."""
-    leaves = [chunk_leaf(s, sh, d) for s, sh, d in sorted(chunks, key=lambda c: tuple(c[0]))]
+    leaves = _chunk_leaves(len(shape), sorted(chunks, key=lambda c: tuple(c[0])))
     head = (b"\x02" + dtype.encode("utf-8") + b"\x00" + struct.pack("<I", len(shape)) +
             _u64s(shape) + struct.pack("<Q", len(leaves)))
     return _digest(head + (_combine(leaves) if leaves else b""))

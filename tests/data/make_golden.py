@@ -1,4 +1,4 @@
-"""Make the golden checkpoints of format version 4 in tests/data/golden_v4/.
+"""Make the golden checkpoints of format version 5 in tests/data/golden_v5/.
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
@@ -9,6 +9,12 @@ make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
 (docs/format.md quotes golden_v3/example/manifest.json verbatim, ``created``
 included; the tests hold the two equal.)
+
+tests/data/golden_v4/ holds the same five checkpoints in format version 4, made by this
+script when uckpt wrote version 4, and never made again: version 5 only lists evenly cut
+arrays as a ``grid`` (docs/format.md section 15), so their data files are identical to
+golden_v5's, and so are the manifests of ``sharded`` and ``codecs`` (written by hand with
+chunk lists) but for ``format_version``, the metadata's ``purpose`` and the checksum.
 
 tests/data/golden_v3/ holds ``all_types``, ``example``, ``sharded`` and ``codecs`` in
 format version 3, made by this script when uckpt wrote version 3, and never made again:
@@ -42,7 +48,7 @@ Five checkpoints are made:
                knobs in :data:`KNOBS`: every node type, every dtype, and an
                array split into several chunks.
 ``example``    the worked example of docs/format.md (:func:`example_state`).
-``chain``      (version 4) two checkpoints side by side: ``step_00000001`` saved
+``chain``      (versions 4 and 5) two checkpoints side by side: ``step_00000001`` saved
                with ``incremental=True``, and ``step_00000002`` saved with
                ``base=step_00000001``: one chunk changed, the others refer to the
                base's data file.
@@ -70,11 +76,12 @@ import ml_dtypes
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VERSION = 4
+VERSION = 5
 GOLDEN = HERE / f"golden_v{VERSION}"
 GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
 GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
 GOLDEN_V3 = HERE / "golden_v3"  # never regenerated
+GOLDEN_V4 = HERE / "golden_v4"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
 KNOBS = {"chunk_bytes": 256, "alignment": 64}
@@ -348,7 +355,7 @@ def merkle_roots(entries):
 
     roots = {}
     for path, entry in entries.items():
-        chunks = sorted(entry["chunks"], key=lambda c: c["start"])
+        chunks = sorted(chunk_list(entry), key=lambda c: c["start"])
         leaves = [h(b"\x00" + struct.pack("<I", len(c["start"])) + u64(c["start"]) +
                     u64(c["shape"]) + bytes.fromhex(c["hash"][9:])) for c in chunks]
         roots[path] = h(b"\x02" + entry["dtype"].encode() + b"\x00" +
@@ -358,6 +365,45 @@ def merkle_roots(entries):
               for p in sorted(roots, key=lambda p: p.encode())]
     top = h(b"\x04" + u64([len(leaves)]) + tree(leaves))
     return {p: "xxh3-128:" + r.hex() for p, r in roots.items()}, "xxh3-128:" + top.hex()
+
+
+def chunk_list(entry):
+    """The chunk objects of an array entry: its ``chunks``, or those its version-5 ``grid``
+    lists (decoded from docs/format.md section 15 with base64, zlib and NumPy only, not
+    taken from uckpt; a ``base`` member only where the source names one)."""
+    import base64
+    import zlib
+
+    if "grid" not in entry:
+        return entry["chunks"]
+    g, shape = entry["grid"], entry["shape"]
+    n, axis, rows = g["count"], g["axis"], g["rows"]
+    digests = base64.b64decode(g["digests"], validate=True)
+    inflated = zlib.decompress(base64.b64decode(g["layout"], validate=True))
+    assert len(inflated) == 21 * n and len(digests) == 20 * n
+
+    def column(start, width):
+        planes = np.frombuffer(inflated, np.uint8, width * n, start).reshape(width, n)
+        return [sum(int(planes[j][k]) << (8 * j) for j in range(width)) for k in range(n)]
+
+    offset, length = column(0, 8), column(8 * n, 8)
+    source, codec = column(16 * n, 4), column(20 * n, 1)
+    crcs = np.frombuffer(digests, "<u4", n)
+    out = []
+    for k in range(n):
+        start = [0] * len(shape)
+        start[axis] = k * rows
+        box = list(shape)
+        box[axis] = min(rows, shape[axis] - k * rows)
+        base, file = g["sources"][source[k]]
+        chunk = {"file": file, "offset": offset[k], "length": length[k], "start": start,
+                 "shape": box, "codec": ["raw", "zstd", "zstd+bytegroup"][codec[k]],
+                 "checksum": f"crc32c:{int(crcs[k]):08x}",
+                 "hash": "xxh3-128:" + digests[4 * n + 16 * k:4 * n + 16 * k + 16].hex()}
+        if base is not None:
+            chunk["base"] = base
+        out.append(chunk)
+    return out
 
 
 def add_merkle_roots(manifest) -> None:

@@ -1,4 +1,4 @@
-"""The on-disk format, version 2; versions 1 and 2 are read (specified in docs/format.md)."""
+"""The on-disk format, version 5; versions 1 to 5 are read (specified in docs/format.md)."""
 from .manifest import (CODECS, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READ_VERSIONS,
                        ArrayEntry, Chunk, FileEntry, Manifest)
 

@@ -1,8 +1,9 @@
 """The manifest: the JSON document that describes one checkpoint (docs/format.md).
 
-``Manifest.to_bytes`` writes it (format version 4: ending in its own
+``Manifest.to_bytes`` writes it (format version 5: ending in its own
 checksum, ``integrity.py``; chunks raw or compressed, each with its content hash, Merkle
-roots, references to earlier checkpoints); ``Manifest.parse`` reads versions 1 to 4 back,
+roots, references to earlier checkpoints; evenly cut arrays listed compactly, ``grid.py``);
+``Manifest.parse`` reads versions 1 to 5 back,
 checks the manifest checksum (version 2 on) before anything else, and validates every
 field strictly: unknown fields, wrong types, numbers beyond the format's limits,
 chunks outside their file or outside their array or overlapping each other, and
@@ -22,18 +23,19 @@ from .. import dtypes, hashing
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, UnsafePathError
-from . import integrity
+from . import grid, integrity
 from .strict_json import loads as strict_json_loads
 from .tiling import find_defect
 
 FORMAT_NAME = "uckpt"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 # 1: version 2 without its checksum; 2: version 3 with raw chunks only; 3: version 4
-# without content hashes, Merkle roots and references (docs/format.md sections 11, 14)
-READ_VERSIONS = (1, 2, 3, 4)
+# without content hashes, Merkle roots and references; 4: version 5 without grid listings
+# (docs/format.md sections 11, 14, 15)
+READ_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw", "zstd", "zstd+bytegroup")
-CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS}  # the codecs each version knows
+CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS}  # each version's codecs
 #: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
 MAX_RATIO = 32768
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
@@ -99,14 +101,19 @@ class ArrayEntry:
         """The array's Merkle root from its chunks' hashes, or from ``digests`` (one per
         chunk, in order: hashes recomputed from the bytes)."""
         if digests is None:
-            digests = [hashing.parse_hash(c.hash) for c in self.chunks]
+            digests = hashing.parse_hashes([c.hash for c in self.chunks])
         return hashing.array_root(self.dtype, self.shape,
                                   [(c.start, c.shape, d) for c, d in zip(self.chunks, digests)])
 
     def to_json(self, hashed: bool = True) -> Dict[str, Any]:
-        """``hashed=False``: without the fields of version 4 (read from an older one)."""
-        out = {"dtype": self.dtype, "shape": list(self.shape),
-               "chunks": [c.to_json(hashed) for c in self.chunks]}
+        """``hashed=False``: without the fields of versions 4 and 5 (read from an older
+        one); else chunks on a grid of slabs are listed as one ``grid`` (version 5)."""
+        cut = grid.grid_cut(self.shape, self.chunks) if hashed else None
+        out: Dict[str, Any] = {"dtype": self.dtype, "shape": list(self.shape)}
+        if cut is not None:
+            out["grid"] = grid.encode(*cut)
+        else:
+            out["chunks"] = [c.to_json(hashed) for c in self.chunks]
         if hashed:
             out["root"] = hashing.format_hash(self.merkle_root())
         return out
@@ -203,6 +210,7 @@ class Manifest:
 
 _CHUNK_KEYS = frozenset(_CHUNK_FIELDS)
 _CHUNK_KEYS_V4 = frozenset(_CHUNK_FIELDS_V4)
+_CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 
 
 class _Loc:
@@ -220,6 +228,7 @@ class _Loc:
 
 _ARRAY_KEYS = frozenset(("dtype", "shape", "chunks"))
 _ARRAY_KEYS_V4 = _ARRAY_KEYS | {"root"}
+_GRID_ARRAY_FIELDS = ("dtype", "shape", "grid", "root")
 
 
 def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], str]]:
@@ -241,20 +250,32 @@ def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], st
     return dtype, tuple(shape), root
 
 
-def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[Chunk]:
-    """The chunk, if every rule holds; None sends it to the field-by-field checks (as does
-    a reference to a base). Every number is then within int64: the file's size and the
-    array's shape were checked."""
-    if type(obj) is not dict or obj.keys() != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
+def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
+                bases: Dict[str, Dict[str, int]]) -> Optional[Chunk]:
+    """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
+    number is then within int64: the file's size and the array's shape were checked."""
+    if type(obj) is not dict:
         return None
+    keys = obj.keys()
+    base = None
+    if keys != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
+        if not v4 or keys != _CHUNK_KEYS_BASE:
+            return None
+        base = obj["base"]  # a reference to a base's file (version 4)
+        sizes = bases.get(base) if type(base) is str else None
+        if sizes is None:
+            return None
     content = obj["hash"] if v4 else ""
     if v4 and (type(content) is not str or not _HASH.fullmatch(content)):
         return None
     name, offset, length = obj["file"], obj["offset"], obj["length"]
     start, cshape, checksum = obj["start"], obj["shape"], obj["checksum"]
-    entry = files.get(name) if type(name) is str else None
-    if (entry is None or type(offset) is not int or type(length) is not int or offset < 0
-            or length < 0 or offset + length > entry.size or obj["codec"] not in codecs
+    if type(name) is not str:
+        return None
+    size = files[name].size if base is None and name in files else \
+        sizes.get(name) if base is not None else None
+    if (size is None or type(offset) is not int or type(length) is not int or offset < 0
+            or length < 0 or offset + length > size or obj["codec"] not in codecs
             or type(start) is not list or type(cshape) is not list
             or len(start) != len(shape) or len(cshape) != len(shape)
             or type(checksum) is not str or not _CHECKSUM.fullmatch(checksum)):
@@ -270,7 +291,7 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool) -> Optional[
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
     return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
-                 content)
+                 content, base)
 
 
 class _Parser:
@@ -425,27 +446,23 @@ class _Parser:
         v4 = self.version >= 4
         for path, entry in obj.items():
             loc = f"arrays[{_key(path)}]"
+            if self.version >= 5 and type(entry) is dict and "grid" in entry:
+                out[path] = self.grid_array(path, entry, loc, files, bases)
+                continue
             head = _fast_array_head(entry, v4)
             if head is not None:
                 dtype, shape, root = head
             else:
                 self.need(entry, loc, dict, "an object")
+                if "grid" in entry:  # (version 5 went to grid_array)
+                    self.fail(loc + ".grid", f"a grid listing is a field of format version 5; "
+                                             f"this manifest is version {self.version}")
                 self.fields(entry, loc, ("dtype", "shape", "chunks", "root") if v4 else
                             ("dtype", "shape", "chunks"))
                 root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
-                dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
-                if dtype not in dtypes.NAMES:
-                    self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
-                                              f"{', '.join(dtypes.NAMES)})")
-                shape = self.shape(entry["shape"], loc + ".shape")
-            itemsize = size = dtypes.itemsize(dtype)
-            for n in shape:
-                size *= max(n, 1)
-            if size > MAX_INT:  # NumPy counts a 0 as 1 here, and refuses such a shape
-                self.fail(loc + ".shape", f"{dtype} array of shape {_dims(shape)} is too large: "
-                                          f"its byte size (each 0 counted as 1) is "
-                                          f"{_show(size)}, more than 2**63-1")
-            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4) or
+                dtype, shape = self.dtype_shape(entry, loc)
+            itemsize = self.array_size(dtype, shape, loc)
+            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4, bases) or
                            self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                            for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                            "a list of chunks")))
@@ -453,6 +470,37 @@ class _Parser:
                 self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
             out[path] = ArrayEntry(path, dtype, shape, chunks, root)
         return out
+
+    def dtype_shape(self, entry: dict, loc: str) -> Tuple[str, Tuple[int, ...]]:
+        dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
+        if dtype not in dtypes.NAMES:
+            self.fail(loc + ".dtype", f"unknown dtype {_key(dtype)} (known: "
+                                      f"{', '.join(dtypes.NAMES)})")
+        return dtype, self.shape(entry["shape"], loc + ".shape")
+
+    def array_size(self, dtype: str, shape: Tuple[int, ...], loc: str) -> int:
+        """The dtype's itemsize, once the array's byte size is known to fit the format."""
+        itemsize = size = dtypes.itemsize(dtype)
+        for n in shape:
+            size *= max(n, 1)
+        if size > MAX_INT:  # NumPy counts a 0 as 1 here, and refuses such a shape
+            self.fail(loc + ".shape", f"{dtype} array of shape {_dims(shape)} is too large: "
+                                      f"its byte size (each 0 counted as 1) is "
+                                      f"{_show(size)}, more than 2**63-1")
+        return itemsize
+
+    def grid_array(self, path: str, entry: dict, loc: str, files: Dict[str, FileEntry],
+                   bases: Dict[str, Dict[str, int]]) -> ArrayEntry:
+        """Version 5: an array listed by its ``grid`` (docs/format.md section 15)."""
+        if "chunks" in entry:
+            self.fail(loc, "an array entry has 'chunks' or 'grid', not both")
+        self.fields(entry, loc, _GRID_ARRAY_FIELDS)
+        root = self.hash_text(entry["root"], loc + ".root")
+        dtype, shape = self.dtype_shape(entry, loc)
+        itemsize = self.array_size(dtype, shape, loc)
+        chunks = grid.decode(self, entry["grid"], loc, itemsize, shape, files, bases, Chunk,
+                             MAX_RATIO)
+        return ArrayEntry(path, dtype, shape, chunks, root)
 
     def shape(self, obj, loc: str) -> Tuple[int, ...]:
         self.need(obj, loc, list, "a list of non-negative integers")

@@ -1,0 +1,260 @@
+"""The compact listing of an evenly cut array (format version 5, docs/format.md section 15).
+
+An array cut into slabs of ``rows`` along one ``axis`` is listed as one ``grid`` object:
+the slabs' boxes follow from the array's shape, and their per-chunk fields are two
+binary columns in Base64: ``digests`` (CRC-32C ``u32`` each, then the 16-byte content
+hashes) and ``layout`` (a zlib stream of the offset, length, source and codec columns,
+each stored as byte planes). :func:`grid_cut` tells whether chunks form such a grid,
+:func:`encode` writes the object, :func:`decode` checks and reads one back (every size
+and count checked before anything is decoded or allocated).
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import zlib
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+FIELDS = ("axis", "rows", "count", "sources", "layout", "digests")
+CODEC_NUMBERS = ("raw", "zstd", "zstd+bytegroup")  # the codec column's values, in order
+DIGEST_BYTES = 20  # per slab: u32 CRC-32C + 16-byte XXH3-128 digest
+LAYOUT_BYTES = 21  # per slab: u64 offset + u64 length + u32 source + u8 codec
+_COLUMNS = (("offset", 8), ("length", 8), ("source", 4), ("codec", 1))
+_MAX_INT = 2 ** 63 - 1
+_CODEC_NUMBER = {c: i for i, c in enumerate(CODEC_NUMBERS)}
+
+
+def grid_cut(shape: Sequence[int], chunks) -> Optional[Tuple[int, int, list]]:
+    """``(axis, rows, chunks in slab order)`` if ``chunks`` (at least two) are the slabs of
+    ``shape`` cut every ``rows`` along ``axis`` (docs/format.md 15.1); else None."""
+    if len(chunks) < 2 or not shape:
+        return None
+    first = min(chunks, key=lambda c: c.start)
+    axis = next((d for d, (n, full) in enumerate(zip(first.shape, shape)) if n != full), None)
+    if axis is None or any(first.start) or first.shape[axis] < 1:
+        return None
+    rows, extent = first.shape[axis], shape[axis]
+    if -(-extent // rows) != len(chunks):
+        return None
+    ordered = sorted(chunks, key=lambda c: c.start[axis])
+    slab, last = _slab_shape(shape, axis, rows, 0), _slab_shape(shape, axis, rows, len(chunks) - 1)
+    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
+    for k, c in enumerate(ordered):
+        if c.start != before + (k * rows,) + after or \
+                c.shape != (last if k == len(chunks) - 1 else slab):
+            return None
+    return axis, rows, ordered
+
+
+def _slab_shape(shape, axis: int, rows: int, k: int) -> Tuple[int, ...]:
+    shape = tuple(shape)
+    return shape[:axis] + (min(rows, shape[axis] - k * rows),) + shape[axis + 1:]
+
+
+def _planes(values: np.ndarray, width: int) -> bytes:
+    """The values' little-endian bytes as ``width`` byte planes (all bytes 0, then 1, ...)."""
+    raw = values.astype(f"<u{width}").view(np.uint8).reshape(len(values), width)
+    return np.ascontiguousarray(raw.T).tobytes()
+
+
+def encode(axis: int, rows: int, ordered) -> Dict:
+    """The ``grid`` object of chunks ``ordered`` (slab order) cut every ``rows`` along
+    ``axis``; ``layout`` deflated at level 1."""
+    n = len(ordered)
+    sources: Dict[Tuple[Optional[str], str], int] = {}
+    index = [sources.setdefault((c.base, c.file), len(sources)) for c in ordered]
+    layout = b"".join((
+        _planes(np.fromiter((c.offset for c in ordered), np.uint64, n), 8),
+        _planes(np.fromiter((c.length for c in ordered), np.uint64, n), 8),
+        _planes(np.array(index, dtype=np.uint32), 4),
+        bytes(_CODEC_NUMBER[c.codec] for c in ordered)))
+    crcs = np.fromiter((int(c.checksum[7:], 16) for c in ordered), np.uint32, n)
+    digests = crcs.astype("<u4").tobytes() + bytes.fromhex("".join(c.hash[9:] for c in ordered))
+    return {"axis": axis, "rows": rows, "count": n,
+            "sources": [[b, f] for b, f in sources],
+            "layout": base64.b64encode(zlib.compress(layout, 1)).decode("ascii"),
+            "digests": base64.b64encode(digests).decode("ascii")}
+
+
+def b64_length(nbytes: int) -> int:
+    """Characters of the padded Base64 text of ``nbytes`` bytes."""
+    return 4 * -(-nbytes // 3)
+
+
+def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases,
+           chunk_cls, max_ratio: int) -> tuple:
+    """Check grid object ``g`` of array entry ``loc`` (an array of ``shape``, elements of
+    ``dtype_size`` bytes) and return its chunks (``chunk_cls``) in slab order. ``p`` is
+    the manifest parser (its ``fail``, ``need``, ``nat``, ``fields``, ``plain_name``,
+    ``codecs``); ``max_ratio``: raw bytes per stored byte a compressed chunk may hold;
+    ``files``: name -> FileEntry; ``bases``: base -> file -> size."""
+    at = loc + ".grid"
+    p.need(g, at, dict, "a grid object")
+    p.fields(g, at, FIELDS)
+    if not shape:
+        p.fail(at, "a 0-d array cannot be cut into slabs; list its chunk in 'chunks'")
+    axis = p.nat(g["axis"], at + ".axis")
+    if axis >= len(shape):
+        p.fail(at + ".axis", f"axis {axis} is not below the array's {len(shape)} dimensions")
+    rows = p.nat(g["rows"], at + ".rows")
+    if rows < 1:
+        p.fail(at + ".rows", "must be at least 1")
+    n = p.nat(g["count"], at + ".count")
+    extent = shape[axis]
+    if n < 1 or n != -(-extent // rows) or 0 in shape:
+        p.fail(at + ".count", f"{n} slabs, but an array of shape {list(shape)} cut every {rows} "
+                              f"along axis {axis} has {-(-extent // rows)}"
+               + (" (an empty array is listed with 'chunks')" if 0 in shape else ""))
+    digests_text = p.need(g["digests"], at + ".digests", str, "Base64 text")
+    if len(digests_text) != b64_length(DIGEST_BYTES * n):  # before decoding anything
+        p.fail(at + ".digests", f"{len(digests_text)} characters of Base64, but {n} slabs need "
+                                f"{b64_length(DIGEST_BYTES * n)} ({DIGEST_BYTES} bytes a slab)")
+    sizes, names, base_of = _sources(p, g["sources"], at + ".sources", n, files, bases)
+    layout = _inflate(p, p.need(g["layout"], at + ".layout", str, "Base64 text"),
+                      at + ".layout", LAYOUT_BYTES * n)
+    digests = _b64(p, digests_text, at + ".digests")
+    if len(digests) != DIGEST_BYTES * n:
+        p.fail(at + ".digests", f"decodes to {len(digests)} bytes, not {DIGEST_BYTES * n} "
+                                f"(padding inside the text?)")
+    cols, pos = {}, 0
+    for name, width in _COLUMNS:
+        planes = np.frombuffer(layout, np.uint8, width * n, pos).reshape(width, n)
+        cols[name] = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(n).astype(
+            np.uint64)
+        pos += width * n
+    offset, length, source, codec = (cols[c] for c, _ in _COLUMNS)
+    _check_columns(p, at, offset, length, source, codec, len(names), p.codecs)
+    # every slab within its file (both terms below 2**63: their sum fits uint64)
+    ends = offset + length
+    outside = np.flatnonzero(ends > np.array(sizes, dtype=np.uint64)[source])
+    if outside.size:
+        k = int(outside[0])
+        p.fail(at, f"slab {k}: bytes {int(offset[k])}..{int(ends[k])} lie outside "
+                   f"{names[int(source[k])]!r} ({sizes[int(source[k])]} bytes)")
+    row_bytes = dtype_size * math.prod(shape) // extent
+    last = extent - (n - 1) * rows
+    _check_lengths(p, at, length, codec, rows * row_bytes if n > 1 else 0, last * row_bytes,
+                   max_ratio)
+    unused = np.flatnonzero(np.bincount(source.astype(np.intp), minlength=len(names)) == 0)
+    if unused.size:
+        p.fail(at + f".sources[{int(unused[0])}]", "no slab is stored there (a writer lists "
+                                                   "exactly the sources it uses)")
+    hexes = digests[4 * n:].hex()
+    crcs = np.frombuffer(digests, "<u4", n).tolist()
+    full = shape[:axis] + (rows,) + shape[axis + 1:]
+    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
+    src = source.tolist()
+    codec_names = [CODEC_NUMBERS[c] for c in codec.tolist()]
+    return tuple(map(
+        chunk_cls,
+        [names[s] for s in src], offset.tolist(), length.tolist(),
+        [before + (k * rows,) + after for k in range(n)],
+        [full] * (n - 1) + [shape[:axis] + (last,) + shape[axis + 1:]],
+        codec_names, ["crc32c:%08x" % v for v in crcs],
+        ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)],
+        [base_of[s] for s in src]))
+
+
+def _sources(p, obj, at: str, n: int, files, bases):
+    """Sizes, file names and bases of the grid's ``sources``, each checked."""
+    p.need(obj, at, list, "a list of [base or null, file name] pairs")
+    if not 1 <= len(obj) <= n:
+        p.fail(at, f"{len(obj)} sources; a grid of {n} slabs has 1 to {n}")
+    sizes: List[int] = []
+    names: List[str] = []
+    base_of: List[Optional[str]] = []
+    seen = set()
+    for i, pair in enumerate(obj):
+        here = f"{at}[{i}]"
+        if type(pair) is not list or len(pair) != 2:
+            p.fail(here, "expected a pair [base or null, file name]")
+        base, name = pair
+        p.need(name, here + "[1]", str, "a file name")
+        if base is None:
+            if name not in files:
+                p.plain_name(name, here + "[1]", "file name")
+                p.fail(here + "[1]", f"file {name!r} is not listed in 'files'")
+            size = files[name].size
+        else:
+            p.need(base, here + "[0]", str, "a base checkpoint name or null")
+            if base not in bases:
+                p.fail(here + "[0]", f"base {base!r} is not listed in 'bases'")
+            if name not in bases[base]:
+                p.plain_name(name, here + "[1]", "file name")
+                p.fail(here + "[1]", f"file {name!r} is not listed in 'bases'[{base!r}]")
+            size = bases[base][name]
+        if (base, name) in seen:
+            p.fail(here, "this source is listed twice")
+        seen.add((base, name))
+        sizes.append(size)
+        names.append(name)
+        base_of.append(base)
+    return sizes, names, base_of
+
+
+def _b64(p, text: str, at: str) -> bytes:
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError, ValueError) as e:
+        p.fail(at, f"not Base64 text (RFC 4648 alphabet with '=' padding): {e}")
+    raise AssertionError  # unreachable: fail raises
+
+
+def _inflate(p, text: str, at: str, expected: int) -> bytes:
+    """The zlib stream of Base64 ``text`` inflated to exactly ``expected`` bytes (never more)."""
+    stream = _b64(p, text, at)
+    z = zlib.decompressobj()
+    try:
+        out = z.decompress(stream, expected + 1)
+    except zlib.error as e:
+        p.fail(at, f"not a zlib stream: {e}")
+    if len(out) != expected or not z.eof:
+        p.fail(at, f"inflates to {'more than' if len(out) > expected else 'only'} "
+                   f"{min(len(out), expected)} bytes{'' if z.eof else ' (the stream is cut short)'}"
+                   f"; the grid needs exactly {expected} ({LAYOUT_BYTES} a slab)")
+    if z.unused_data:
+        p.fail(at, f"{len(z.unused_data)} bytes follow the end of the zlib stream")
+    return out
+
+
+def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs) -> None:
+    for name, values, limit in (("offset", offset, _MAX_INT), ("length", length, _MAX_INT),
+                                ("source", source, nsources - 1)):
+        bad = np.flatnonzero(values > np.uint64(limit))
+        if bad.size:
+            k = int(bad[0])
+            p.fail(at + ".layout", f"slab {k}: {name} {int(values[k])} "
+                   + ("exceeds 2**63-1" if limit == _MAX_INT else
+                      f"is not an index of the {nsources} sources"))
+    allowed = [i for i, c in enumerate(CODEC_NUMBERS) if c in codecs]
+    bad = np.flatnonzero(~np.isin(codec, np.array(allowed, dtype=np.uint64)))
+    if bad.size:
+        k = int(bad[0])
+        p.fail(at + ".layout", f"slab {k}: codec number {int(codec[k])} is not one of "
+                               f"{', '.join(f'{i} ({CODEC_NUMBERS[i]})' for i in allowed)}")
+
+
+def _check_lengths(p, at, length, codec, full_bytes: int, last_bytes: int,
+                   max_ratio: int) -> None:
+    """Raw slabs hold exactly their box's bytes; compressed ones at most 32768 raw bytes
+    per stored byte (and at least one stored byte)."""
+    n = len(length)
+    expected = np.full(n, full_bytes, dtype=np.uint64)
+    expected[-1] = last_bytes
+    raw = codec == 0
+    bad = np.flatnonzero(raw & (length != expected))
+    if bad.size:
+        k = int(bad[0])
+        p.fail(at + ".layout", f"slab {k}: a raw slab of {int(length[k])} bytes, but its box "
+                               f"holds {int(expected[k])}")
+    # ceil(expected / ratio): no overflow (expected < 2**63), unlike length * ratio
+    least = (expected + np.uint64(max_ratio - 1)) // np.uint64(max_ratio)
+    bad = np.flatnonzero(~raw & ((length == 0) | (length < least)))
+    if bad.size:
+        k = int(bad[0])
+        p.fail(at + ".layout", f"slab {k}: a {CODEC_NUMBERS[int(codec[k])]} slab of "
+                               f"{int(length[k])} bytes cannot hold the {int(expected[k])} bytes "
+                               f"of its box (at most {max_ratio} raw bytes per stored byte)")
