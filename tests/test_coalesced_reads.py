@@ -81,9 +81,10 @@ def test_flipped_byte_in_the_middle_of_a_run_names_its_leaf(tmp_path):
 def test_file_cut_after_its_size_was_checked_names_the_leaf(tmp_path):
     """A file that shrinks between the size check and the read: the vectored read comes
     back short, and the chunks are read again one by one to tell which leaf is cut."""
-    path = uckpt.save(tmp_path / "ck", small_state())
+    state = {k: v for k, v in small_state().items() if k.startswith("t")}  # one run
+    path = uckpt.save(tmp_path / "ck", state)
     m = uckpt.manifest(path)
-    offset, leaf = by_offset(m)[7]
+    offset, leaf = by_offset(m)[-1]  # the last array: the only one cut
     data = path / "data-00000.bin"
     with CheckpointReader(path) as reader:
         reader.open_files(["data-00000.bin"])  # sizes checked now

@@ -178,7 +178,9 @@ class CheckpointReader:
                 pieces.extend(whole)
             zero = origin or (0,) * len(entry.shape)
             jobs.extend((entry, chunk, dest, zero) for chunk in cs)
-        tasks = [(self._read_run, run) for run in plan_runs(pieces, self.source.block_bytes)]
+        runs = plan_runs(pieces, self.source.block_bytes)
+        runs.sort(key=lambda run: -run[-1].offset - run[-1].chunk.length + run[0].offset)
+        tasks = [(self._read_run, run) for run in runs]  # largest first: threads end together
         tasks.extend((self._read_job, job) for job in jobs)
         parallel_map(lambda task: task[0](task[1]), tasks, self.source.read_threads,
                      "uckpt-read")
