@@ -8,6 +8,7 @@ import pytest
 
 import uckpt
 from uckpt import errors, fsutil, knobs
+from uckpt import reader as reader_mod
 from uckpt.reader import CheckpointReader
 from uckpt.readruns import MAX_PIECES, plan_runs, split_whole
 from conftest import flip_byte
@@ -130,3 +131,25 @@ def test_preadv_into_fills_many_buffers_and_stops_at_eof(tmp_path):
         np.testing.assert_array_equal(np.concatenate(tail)[:50], data[4950:])
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("arena", [256, reader_mod.ARENA_BYTES])
+def test_allocating_load_carves_arrays_from_few_regions(tmp_path, monkeypatch, arena):
+    """An allocating load's arrays share a few allocations (each array 64-byte aligned,
+    none overlapping another); values, dtypes and shapes are the saved ones."""
+    monkeypatch.setattr(reader_mod, "ARENA_BYTES", arena)
+    state = small_state(20)
+    state["flag"] = np.array([True, False, True])
+    path = uckpt.save(tmp_path / "ck", state)
+    out = uckpt.load(path)
+    arrays = [v for v in out.values() if isinstance(v, np.ndarray)]
+    for k, v in state.items():
+        np.testing.assert_array_equal(out[k], v)
+        assert np.asarray(out[k]).dtype == np.asarray(v).dtype
+    spans = sorted((a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays if a.nbytes)
+    assert all(lo % 64 == 0 for lo, _ in spans)
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))  # no overlap
+    regions = {id(a.base) for a in arrays if a.base is not None}
+    assert 1 <= len(regions) <= (len(arrays) if arena == 256 else 2)
+    out["t000"][...] = 0  # writable, and writing one array leaves the others alone
+    np.testing.assert_array_equal(out["t001"], state["t001"])

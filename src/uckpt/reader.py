@@ -170,8 +170,9 @@ class CheckpointReader:
         pieces: List[Piece] = []
         jobs: List[tuple] = []  # (entry, chunk, dest, origin): chunks read on their own
         coalesce = self.source.coalesce
+        fresh = iter(_new_arrays([p[0] for p in plan if p[1] is None]))
         for entry, target, origin, cs in plan:
-            dest = target if target is not None else _new_array(entry)
+            dest = target if target is not None else next(fresh)
             out[entry.path] = dest
             if origin is None and coalesce:
                 whole, cs = split_whole(entry, dest, cs)
@@ -404,9 +405,36 @@ class CheckpointReader:
                 hint="the manifest is inconsistent; restore an earlier checkpoint")
 
 
-def _new_array(entry: ArrayEntry) -> np.ndarray:
+#: new arrays of one read are carved from allocations of up to this many bytes
+ARENA_BYTES = 256 << 20
+
+
+def _new_arrays(entries: List[ArrayEntry]) -> List[np.ndarray]:
+    """New arrays for ``entries``, in order, carved from as few allocations as
+    ``ARENA_BYTES`` allows (each array at a multiple of 64 bytes). Fresh memory is paid
+    for page by page when first written; one large region is faulted in far faster than
+    hundreds of small ones (huge pages). An array keeps its whole region alive."""
+    out: List[np.ndarray] = []
+    group: List[ArrayEntry] = []
+    size = 0
+    for entry in entries + [None]:
+        step = -(-entry.nbytes // 64) * 64 if entry is not None else 0
+        if entry is None or (group and size + step > ARENA_BYTES):
+            buf = np.empty(size + 64, dtype=np.uint8)
+            at = -buf.ctypes.data % 64  # (the region itself 64-byte aligned)
+            for e in group:
+                out.append(_array_at(e, buf[at:at + e.nbytes]))
+                at += -(-e.nbytes // 64) * 64
+            group, size = [], 0
+        if entry is not None:
+            group.append(entry)
+            size += step
+    return out
+
+
+def _array_at(entry: ArrayEntry, raw: np.ndarray) -> np.ndarray:
     try:
-        return np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
+        return raw.view(dtypes.to_numpy(entry.dtype)).reshape(entry.shape)
     except ValueError as e:  # e.g. more dimensions than NumPy supports
         raise ManifestError(f"leaf {entry.path!r}: cannot make an array of shape "
                             f"{list(entry.shape)} ({entry.dtype}): {e}", leaf=entry.path) from None
