@@ -419,7 +419,7 @@ def _new_arrays(entries: List[ArrayEntry]) -> List[np.ndarray]:
     size = 0
     for entry in entries + [None]:
         step = -(-entry.nbytes // 64) * 64 if entry is not None else 0
-        if entry is None or (group and size + step > ARENA_BYTES):
+        if group and (entry is None or size + step > ARENA_BYTES):
             buf = np.empty(size + 64, dtype=np.uint8)
             at = -buf.ctypes.data % 64  # (the region itself 64-byte aligned)
             for e in group:
