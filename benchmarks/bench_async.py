@@ -10,6 +10,9 @@ and checkpoints every k steps with each method, all in one run:
   uckpt-late   the same with late_snapshot=uckpt.torch.LateSnapshot(opt): parameters and
                momentum are copied while the next step's forward/backward run, finished
                in the optimizer's step pre-hook (Checkflow's snapshot-then-offload)
+  uckpt-late2  uckpt-late with max_inflight=2: a second staging slot (one more copy of
+               the state in host memory), so a save need not wait for the previous
+               save's write (not run by default)
 
 Saves happen at steps k, 2k, ... except in the last k steps, so that every save has
 k steps of training after it, as in the middle of a long run; the wait for the last
@@ -85,15 +88,17 @@ class Method:
         self.dir = workdir / name
         self.dir.mkdir(parents=True)
         self.manager = None
-        self.late = uckpt.torch.LateSnapshot(opt) if name == "uckpt-late" else None
+        self.late = uckpt.torch.LateSnapshot(opt) if name.startswith("uckpt-late") else None
         if name.startswith("uckpt"):
             self.manager = self.make_manager(uckpt, name)
         self.torch = torch
 
     def make_manager(self, uckpt, name: str):
         return uckpt.CheckpointManager(self.dir, keep_last=2,
-                                       async_save=name in ("uckpt-async", "uckpt-late"),
-                                       late_snapshot=self.late)
+                                       async_save=name in ("uckpt-async", "uckpt-late",
+                                                           "uckpt-late2"),
+                                       late_snapshot=self.late,
+                                       max_inflight=2 if name == "uckpt-late2" else 1)
 
     def save(self, step: int) -> None:
         state = {"model": self.model, "optimizer": self.opt, "step": step}

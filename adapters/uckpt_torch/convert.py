@@ -84,7 +84,10 @@ def writable_view(t: torch.Tensor) -> Optional[np.ndarray]:
     if (is_dtensor(t) or t.device.type != "cpu" or t.layout != torch.strided
             or not t.is_contiguous() or t.is_conj() or t.is_neg() or t.dtype not in _NAMES):
         return None
-    return to_numpy(t)
+    carrier = _CARRIER.get(t.dtype)  # (as to_numpy, whose other checks were just made)
+    if carrier is None:
+        return t.detach().numpy()
+    return t.detach().view(carrier).numpy().view(numpy_dtype(t.dtype))
 
 
 def is_dtensor(t: Any) -> bool:
@@ -99,11 +102,13 @@ def is_dtensor(t: Any) -> bool:
 def same_memory(arr: np.ndarray, t: torch.Tensor) -> bool:
     """True when ``arr`` is exactly the tensor's memory (same address, shape, strides, dtype)."""
     if is_dtensor(t) or t.device.type != "cpu" or t.layout != torch.strided or \
-            t.dtype not in _NAMES:
+            t.dtype not in _NAMES or arr.shape != t.shape:
         return False
     dt = numpy_dtype(t.dtype)
-    return (arr.dtype == dt and arr.shape == tuple(t.shape)
-            and arr.strides == tuple(s * dt.itemsize for s in t.stride())
+    if arr.dtype != dt:
+        return False
+    size = dt.itemsize
+    return (arr.strides == tuple([s * size for s in t.stride()])
             and arr.__array_interface__["data"][0] == t.data_ptr())
 
 

@@ -31,14 +31,15 @@ from .dtensor import fill, is_dtensor, read_target
 from .layout import align_compiled
 
 _EXTRA = "_extra_state"
+_DOT_EXTRA = "." + _EXTRA
+_UNINITIALIZED = nn.parameter.UninitializedTensorMixin
 
 
 def _is_array(key: str, value) -> bool:
     """An entry whose memory the adapter may read into: a tensor that is neither a
     module's extra state nor a lazy module's uninitialized parameter."""
-    return (isinstance(value, torch.Tensor)
-            and not isinstance(value, nn.parameter.UninitializedTensorMixin)
-            and key != _EXTRA and not key.endswith("." + _EXTRA))
+    return (isinstance(value, torch.Tensor) and not isinstance(value, _UNINITIALIZED)
+            and key != _EXTRA and not key.endswith(_DOT_EXTRA))
 
 
 def _target(key: str, t, spec):
@@ -96,14 +97,14 @@ class ModuleAdapter(Adapter):
         self._check(obj, live, tree)
         sd = {}
         for key, value in tree.items():
-            if isinstance(value, np.ndarray) and _is_array(key, live[key]) and \
-                    is_dtensor(live[key]):
-                fill(live[key], value)  # load_state_dict then copies the DTensor onto itself
-                sd[key] = live[key]
-            elif isinstance(value, np.ndarray) and _is_array(key, live[key]):
-                sd[key] = live[key] if same_memory(value, live[key]) else from_numpy(value)
-            else:
+            t = live[key]
+            if not isinstance(value, np.ndarray) or not _is_array(key, t):
                 sd[key] = tree_from_numpy(value)
+            elif is_dtensor(t):
+                fill(t, value)  # load_state_dict then copies the DTensor onto itself
+                sd[key] = t
+            else:
+                sd[key] = t if same_memory(value, t) else from_numpy(value)
         obj.load_state_dict(sd, strict=True)
 
     @staticmethod

@@ -111,7 +111,8 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     """Load a checkpoint (a local path, or an ``s3://`` URL with ``storage_options``).
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
-    (no framework needed). With a ``state`` mapping, restore its framework
+    (no framework needed; the arrays are carved from a few large allocations, see
+    :data:`uckpt.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a ``state`` mapping, restore its framework
     objects and arrays in place and return the loaded tree for its keys. With
     ``strict`` (default), the keys of ``state`` must be exactly the
     checkpoint's top-level keys; otherwise only the given keys are restored.

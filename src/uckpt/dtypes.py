@@ -29,8 +29,18 @@ def _ml_dtypes():
     return ml_dtypes
 
 
+_TO_NUMPY: dict = {}
+
+
 def to_numpy(name: str) -> np.dtype:
     """The NumPy dtype (little-endian) for a neutral dtype name."""
+    dt = _TO_NUMPY.get(name)
+    if dt is None:
+        dt = _TO_NUMPY[name] = _to_numpy(name)
+    return dt
+
+
+def _to_numpy(name: str) -> np.dtype:
     if name in _NUMPY:
         return np.dtype(_NUMPY[name])
     if name in _ML:
@@ -39,9 +49,20 @@ def to_numpy(name: str) -> np.dtype:
         f"unknown dtype {name!r}", hint=f"the uckpt format knows: {', '.join(NAMES)}")
 
 
+_NAME_OF: dict = {}  # np.dtype -> its name (loads ask once per array: make it a lookup)
+
+
 def name_of(dtype) -> str:
     """The neutral name of a NumPy dtype; raises for dtypes the format cannot hold."""
-    dt = np.dtype(dtype)
+    if isinstance(dtype, np.dtype):
+        name = _NAME_OF.get(dtype)
+        if name is None:
+            name = _NAME_OF[dtype] = _name_of(dtype)
+        return name
+    return _name_of(np.dtype(dtype))
+
+
+def _name_of(dt: np.dtype) -> str:
     if dt.name in _ML and dt.names is None:  # ml_dtypes types report kind 'V' or 'f'
         return dt.name
     if dt.kind in "biufc" and dt.names is None and dt.subdtype is None:

@@ -54,6 +54,32 @@ def pread_into(fd: int, buf, offset: int) -> int:
     return total
 
 
+#: the most buffers one ``preadv`` takes (POSIX guarantees at least 16; Linux has 1024)
+IOV_MAX: int = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
+
+
+def preadv_into(fd: int, bufs, offset: int) -> int:
+    """Fill the flat byte buffers ``bufs``, in order, from ``fd`` starting at ``offset``,
+    with as few ``preadv`` calls as the kernel allows; returns bytes read (short only at
+    EOF)."""
+    views = [memoryview(b).cast("B") for b in bufs]
+    total, i = 0, 0
+    while i < len(views):
+        n = os.preadv(fd, views[i:i + IOV_MAX], offset + total)
+        if n == 0:
+            break
+        total += n
+        while n and i < len(views):  # skip the views filled, trim a partly filled one
+            if n >= len(views[i]):
+                n -= len(views[i])
+                i += 1
+            else:
+                views[i], n = views[i][n:], 0
+        while i < len(views) and not len(views[i]):
+            i += 1
+    return total
+
+
 def preallocate(fd: int, size: int) -> None:
     """Reserve ``size`` bytes so a full disk fails now, before any data is written."""
     if size <= 0 or not hasattr(os, "posix_fallocate"):

@@ -15,7 +15,8 @@ R = TypeVar("R")
 
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: str = "uckpt") -> List[R]:
-    """``[fn(x) for x in items]`` on up to ``threads`` threads; re-raises the first error."""
+    """``[fn(x) for x in items]`` on up to ``threads`` threads, the caller's one of them
+    (so a short map starts one thread fewer); re-raises the first error."""
     n = min(threads, len(items))
     if n <= 1:
         return [fn(x) for x in items]
@@ -38,11 +39,15 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: s
                     errors.append(e)
                 return
 
-    workers = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True) for k in range(n)]
+    workers = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True)
+               for k in range(1, n)]
     for w in workers:
         w.start()
-    for w in workers:
-        w.join()
+    try:
+        worker()
+    finally:
+        for w in workers:
+            w.join()
     if errors:
         raise errors[0]
     return results

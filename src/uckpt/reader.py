@@ -28,6 +28,7 @@ from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestErro
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
 from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
+from .readruns import Piece, plan_runs, split_whole
 from .storage import open_source
 from .storage.local import manifest_bytes_at
 
@@ -143,30 +144,46 @@ class CheckpointReader:
         array), or ``(target, offsets)``: the box of the global array at ``offsets`` with
         the target's shape. Only chunks that intersect a wanted box are read (whole, so
         that their checksums can be verified)."""
-        plan = []  # (entry, target or None, origin, the chunks to read)
+        plan = []  # (entry, target or None, origin (None: the whole array), chunks to read)
+        arrays = self.manifest.arrays
         for path, target in wanted.items():
-            entry = self.manifest.arrays[path]
-            if target is None:  # the whole array: every chunk that holds elements
-                plan.append((entry, None, (0,) * len(entry.shape),
-                             [c for c in entry.chunks if all(c.shape)]))
-                continue
-            origin: tuple = (0,) * len(entry.shape)
+            entry = arrays[path]
+            origin = None
             if isinstance(target, tuple):
                 target, origin = target
-            plan.append((entry, target, tuple(origin),
-                         [c for c in entry.chunks
-                          if _intersection(c.start, c.shape, origin, target.shape)]))
+                origin = tuple(origin)
+            if target is not None and origin is None and target.shape != entry.shape:
+                origin = (0,) * len(entry.shape)
+            if origin is not None and not any(origin) and target.shape == entry.shape:
+                origin = None  # a box that is the whole array
+            if origin is None:  # the whole array: every chunk that holds elements
+                plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
+            else:
+                plan.append((entry, target, origin,
+                             [c for c in entry.chunks
+                              if _intersection(c.start, c.shape, origin, target.shape)]))
         files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
         for base, name in files:
             self._open(name, base)  # open and size-check files before any allocation or thread
         self._check_allocation([p[0] for p in plan if p[1] is None], files)
         out: Dict[str, np.ndarray] = {}
-        jobs: List[Tuple[ArrayEntry, Chunk, np.ndarray, tuple]] = []
+        pieces: List[Piece] = []
+        jobs: List[tuple] = []  # (entry, chunk, dest, origin): chunks read on their own
+        coalesce = self.source.coalesce
+        fresh = iter(_new_arrays([p[0] for p in plan if p[1] is None]))
         for entry, target, origin, cs in plan:
-            dest = target if target is not None else _new_array(entry)
+            dest = target if target is not None else next(fresh)
             out[entry.path] = dest
-            jobs.extend((entry, chunk, dest, origin) for chunk in cs)
-        parallel_map(lambda j: self._read_chunk(*j), jobs, self.source.read_threads,
+            if origin is None and coalesce:
+                whole, cs = split_whole(entry, dest, cs)
+                pieces.extend(whole)
+            zero = origin or (0,) * len(entry.shape)
+            jobs.extend((entry, chunk, dest, zero) for chunk in cs)
+        runs = plan_runs(pieces, self.source.block_bytes)
+        runs.sort(key=lambda run: -run[-1].offset - run[-1].chunk.length + run[0].offset)
+        tasks = [(self._read_run, run) for run in runs]  # largest first: threads end together
+        tasks.extend((self._read_job, job) for job in jobs)
+        parallel_map(lambda task: task[0](task[1]), tasks, self.source.read_threads,
                      "uckpt-read")
         return out
 
@@ -187,6 +204,40 @@ class CheckpointReader:
                 path=self.source.where, leaf=entries[0].path if len(entries) == 1 else None,
                 hint="the manifest is damaged (chunks share bytes); restore an earlier "
                      "checkpoint")
+
+    def _read_run(self, run: List[Piece]) -> None:
+        """Read adjacent pieces (:mod:`uckpt.readruns`) of one file with one vectored read
+        into their destinations, then check each one's checksum while it is hot in cache.
+        A short or failed read is retried piece by piece, which names the leaf and offset."""
+        first = run[0]
+        if len(run) == 1:
+            raw = first.raw
+            self._stream(first.entry, first.chunk, lambda done, want: raw[done:done + want])
+            return
+        bufs, end = [], first.offset
+        for p in run:
+            if p.offset > end:
+                bufs.append(bytearray(p.offset - end))  # padding between chunks: dropped
+            bufs.append(p.raw)
+            end = p.offset + p.chunk.length
+        try:
+            n = self._source(first.chunk.base).read_vectored(first.chunk.file, bufs,
+                                                             first.offset)
+        except OSError as e:
+            if isinstance(e, UckptError):
+                raise
+            n = -1
+        if n != end - first.offset:
+            for p in run:
+                self._read_run([p])
+            return
+        for p in run:
+            got = format_checksum(crc32c(p.raw))
+            if got != p.chunk.checksum:
+                self._mismatch(p.entry, p.chunk, got)
+
+    def _read_job(self, job: tuple) -> None:
+        self._read_chunk(*job)
 
     def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray, origin: tuple) -> None:
         start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
@@ -354,9 +405,36 @@ class CheckpointReader:
                 hint="the manifest is inconsistent; restore an earlier checkpoint")
 
 
-def _new_array(entry: ArrayEntry) -> np.ndarray:
+#: new arrays of one read are carved from allocations of up to this many bytes
+ARENA_BYTES = 256 << 20
+
+
+def _new_arrays(entries: List[ArrayEntry]) -> List[np.ndarray]:
+    """New arrays for ``entries``, in order, carved from as few allocations as
+    ``ARENA_BYTES`` allows (each array at a multiple of 64 bytes). Fresh memory is paid
+    for page by page when first written; one large region is faulted in far faster than
+    hundreds of small ones (huge pages). An array keeps its whole region alive."""
+    out: List[np.ndarray] = []
+    group: List[ArrayEntry] = []
+    size = 0
+    for entry in entries + [None]:
+        step = -(-entry.nbytes // 64) * 64 if entry is not None else 0
+        if group and (entry is None or size + step > ARENA_BYTES):
+            buf = np.empty(size + 64, dtype=np.uint8)
+            at = -buf.ctypes.data % 64  # (the region itself 64-byte aligned)
+            for e in group:
+                out.append(_array_at(e, buf[at:at + e.nbytes]))
+                at += -(-e.nbytes // 64) * 64
+            group, size = [], 0
+        if entry is not None:
+            group.append(entry)
+            size += step
+    return out
+
+
+def _array_at(entry: ArrayEntry, raw: np.ndarray) -> np.ndarray:
     try:
-        return np.empty(entry.shape, dtype=dtypes.to_numpy(entry.dtype))
+        return raw.view(dtypes.to_numpy(entry.dtype)).reshape(entry.shape)
     except ValueError as e:  # e.g. more dimensions than NumPy supports
         raise ManifestError(f"leaf {entry.path!r}: cannot make an array of shape "
                             f"{list(entry.shape)} ({entry.dtype}): {e}", leaf=entry.path) from None

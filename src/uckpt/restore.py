@@ -203,18 +203,20 @@ def _writable(arr: np.ndarray) -> bool:
 
 
 def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
+    """The array paths under ``node`` (added to ``out``)."""
     out = set() if out is None else out
-    kind = node["type"]
-    if kind in ("array", "bytes"):
-        out.add(node["path"])
-    elif kind == "dict":
-        for v in node["items"].values():
-            paths_in(v, out)
-    elif kind in ("list", "tuple"):
-        for v in node["items"]:
-            paths_in(v, out)
-    elif kind == "object":
-        paths_in(node["state"], out)
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        kind = node["type"]
+        if kind in ("array", "bytes"):
+            out.add(node["path"])
+        elif kind == "dict":
+            stack.extend(node["items"].values())
+        elif kind in ("list", "tuple"):
+            stack.extend(node["items"])
+        elif kind == "object":
+            stack.append(node["state"])
     return out
 
 

@@ -213,6 +213,28 @@ _CHUNK_KEYS_V4 = frozenset(_CHUNK_FIELDS_V4)
 _CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 
 
+_FIELD_SETS: Dict[tuple, Tuple[frozenset, frozenset]] = {}  # (required, optional) -> sets
+
+
+class _Item:
+    """``parent.items[key]`` (``parent.state`` for key None) of the tree, formatted only
+    when an error needs it."""
+
+    __slots__ = ("parent", "key")
+
+    def __init__(self, parent, key) -> None:
+        self.parent, self.key = parent, key
+
+    def __str__(self) -> str:
+        if self.key is None:
+            return f"{self.parent}.state"
+        key = _key(self.key) if isinstance(self.key, str) else self.key
+        return f"{self.parent}.items[{key}]"
+
+    def __add__(self, other: str) -> str:
+        return str(self) + other
+
+
 class _Loc:
     """``arrays['p'].chunks[i]``, formatted only when an error needs it."""
 
@@ -303,6 +325,7 @@ class _Parser:
         self.codecs = CODECS  # those of the manifest's version, once known
 
     def fail(self, loc: str, msg: str, cls=ManifestError):
+        loc = str(loc)  # (a _Loc or _Item: formatted now)
         raise cls(f"{self.where}: {loc}: {msg}", path=self.where, field=loc)
 
     def need(self, obj, loc: str, typ, what: str):
@@ -321,6 +344,12 @@ class _Parser:
         return obj
 
     def fields(self, obj: dict, loc: str, required, optional=()) -> None:
+        sets = _FIELD_SETS.get((required, optional))
+        if sets is None:
+            sets = _FIELD_SETS[(required, optional)] = (frozenset(required),
+                                                        frozenset(required + optional))
+        if sets[0] <= obj.keys() <= sets[1]:
+            return  # (the common case, checked in C)
         missing = [k for k in required if k not in obj]
         if missing:
             self.fail(loc, f"missing field(s) {', '.join(missing)}")
@@ -594,7 +623,8 @@ class _Parser:
     def node(self, node, loc: str, arrays, depth: int) -> None:
         if depth > 200:
             self.fail(loc, "tree nests deeper than 200 levels")
-        self.need(node, loc, dict, "a node object")
+        if type(node) is not dict:
+            self.need(node, loc, dict, "a node object")
         kind = node.get("type")
         if kind == "value":
             self.fields(node, loc, ("type", "value"))
@@ -607,7 +637,9 @@ class _Parser:
                 self.fail(loc + ".value", "expected 'nan', 'inf' or '-inf'")
         elif kind in ("array", "bytes"):
             self.fields(node, loc, ("type", "path"), ("numpy_scalar",))
-            path = self.need(node["path"], loc + ".path", str, "an array path")
+            path = node["path"]
+            if type(path) is not str:
+                self.need(path, loc + ".path", str, "an array path")
             if path not in arrays:
                 self.fail(loc + ".path", f"array {_key(path)} is not listed in 'arrays'")
             if "numpy_scalar" in node:
@@ -618,7 +650,9 @@ class _Parser:
                 self.fail(loc, "a bytes node must refer to a 1-d uint8 array")
         elif kind == "dict":
             self.fields(node, loc, ("type", "items"), ("key_type",))
-            items = self.need(node["items"], loc + ".items", dict, "an object")
+            items = node["items"]
+            if type(items) is not dict:
+                self.need(items, loc + ".items", dict, "an object")
             if node.get("key_type", "str") not in ("str", "int"):
                 self.fail(loc + ".key_type", "expected 'str' or 'int'")
             int_keys = node.get("key_type") == "int"
@@ -630,16 +664,21 @@ class _Parser:
                     if not _INT_KEY.fullmatch(k) or k == "-0":
                         self.fail(loc + ".items", f"key {_key(k)} is not an integer in "
                                                   "canonical form")
-                self.node(v, f"{loc}.items[{_key(k)}]", arrays, depth + 1)
+                self.node(v, _Item(loc, k), arrays, depth + 1)
         elif kind in ("list", "tuple"):
             self.fields(node, loc, ("type", "items"))
-            for i, v in enumerate(self.need(node["items"], loc + ".items", list, "a list")):
-                self.node(v, f"{loc}.items[{i}]", arrays, depth + 1)
+            items = node["items"]
+            if type(items) is not list:
+                self.need(items, loc + ".items", list, "a list")
+            for i, v in enumerate(items):
+                self.node(v, _Item(loc, i), arrays, depth + 1)
         elif kind == "object":
             self.fields(node, loc, ("type", "adapter", "class", "state"))
-            self.need(node["adapter"], loc + ".adapter", str, "an adapter name")
-            self.need(node["class"], loc + ".class", str, "a class name")
-            self.node(node["state"], loc + ".state", arrays, depth + 1)
+            if type(node["adapter"]) is not str:
+                self.need(node["adapter"], loc + ".adapter", str, "an adapter name")
+            if type(node["class"]) is not str:
+                self.need(node["class"], loc + ".class", str, "a class name")
+            self.node(node["state"], _Item(loc, None), arrays, depth + 1)
         else:
             self.fail(loc + ".type", f"unknown node type {_show(kind)}")
 

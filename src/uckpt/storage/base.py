@@ -57,6 +57,8 @@ class CheckpointSource:
     where: str = ""
     #: bytes a reader asks for at once within a chunk (each block is checksummed as it lands)
     block_bytes: int = 1 << 20
+    #: whether adjacent chunks are read together (:meth:`read_vectored`) by ``read_arrays``
+    coalesce: bool = False
     #: chunks read at once by ``read_arrays``, and checked at once by ``verify``
     read_threads: int = 1
     verify_threads: int = 1
@@ -77,6 +79,20 @@ class CheckpointSource:
         the bytes read (fewer only where the file ends). ``open_file(name)`` came first.
         May raise OSError (the reader names the leaf and offset) or a uckpt error."""
         raise NotImplementedError
+
+    def read_vectored(self, name: str, bufs, offset: int) -> int:
+        """Fill the flat byte buffers ``bufs`` in order, as one range of data file ``name``
+        from ``offset``; return the bytes read (fewer only where the file ends). Like
+        :meth:`read_into` (which this default calls for each buffer); a local file reads
+        them with one system call."""
+        total = 0
+        for buf in bufs:
+            want = memoryview(buf).nbytes
+            n = self.read_into(name, buf, offset + total) if want else 0
+            total += n
+            if n != want:
+                break
+        return total
 
     def file_where(self, name: str) -> str:
         """The path or URL of data file ``name``, for messages."""

@@ -77,6 +77,7 @@ class LocalSource(CheckpointSource):
         self.block_bytes = knobs.read_block_bytes
         self.read_threads = knobs.io_threads
         self.verify_threads = 1  # one chunk after another: sequential reads of each file
+        self.coalesce = True
         self._fds: Dict[str, int] = {}
         self.dir_fd = fsutil.open_dir(self.directory) if dir_fd is None else dir_fd
 
@@ -114,6 +115,9 @@ class LocalSource(CheckpointSource):
 
     def read_into(self, name: str, buf, offset: int) -> int:
         return fsutil.pread_into(self._fds[name], buf, offset)
+
+    def read_vectored(self, name: str, bufs, offset: int) -> int:
+        return fsutil.preadv_into(self._fds[name], bufs, offset)
 
     def close(self) -> None:
         for fd in self._fds.values():

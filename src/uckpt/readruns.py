@@ -1,0 +1,76 @@
+"""Which chunks a load reads together: runs of adjacent chunks of one data file.
+
+A *piece* is a raw (uncompressed) chunk whose destination is one contiguous stretch of
+its array's memory: a chunk of whole rows (every dimension but the first complete) of
+an array read whole. Pieces of one file that lie one after another (alignment padding
+between them) form a *run* of at most ``block_bytes``: the reader fills a run's
+destinations with one vectored read straight into the arrays' memory, then checks each
+piece's CRC-32C while its bytes are still in the CPU cache (:mod:`uckpt.reader`).
+Larger pieces are runs of their own, read block by block. Every other chunk (part of a
+box, compressed, or of an array whose destination is not contiguous) is read on its own.
+
+Pure planning: no I/O here.
+"""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Sequence, Tuple
+
+import numpy as np
+
+from .format import ArrayEntry, Chunk
+
+#: the most bytes between two pieces read (and dropped) to keep them in one run
+MAX_GAP = 4096
+#: the most pieces in one run (each piece and gap is one buffer of a ``preadv``)
+MAX_PIECES = 256
+
+
+class Piece(NamedTuple):
+    """A chunk and the flat bytes of its destination (exactly ``chunk.length`` of them)."""
+    offset: int
+    raw: np.ndarray
+    entry: ArrayEntry
+    chunk: Chunk
+
+
+def split_whole(entry: ArrayEntry, dest: np.ndarray, chunks: Sequence[Chunk]
+                ) -> Tuple[List[Piece], List[Chunk]]:
+    """Pieces for the chunks of ``entry`` read into ``dest`` (the whole array, of its
+    shape), and the chunks that must be read on their own."""
+    if not dest.flags.c_contiguous or not dest.flags.writeable:
+        return [], list(chunks)
+    flat = dest.reshape(-1).view(np.uint8)
+    shape = entry.shape
+    row = flat.nbytes // shape[0] if shape and shape[0] else flat.nbytes
+    pieces: List[Piece] = []
+    rest: List[Chunk] = []
+    for c in chunks:
+        if c.codec != "raw" or (shape and (c.shape[1:] != shape[1:] or any(c.start[1:]))):
+            rest.append(c)
+            continue
+        at = c.start[0] * row if shape else 0
+        pieces.append(Piece(c.offset, flat[at:at + c.length], entry, c))
+    return pieces, rest
+
+
+def plan_runs(pieces: List[Piece], block_bytes: int) -> List[List[Piece]]:
+    """The pieces grouped into runs (see the module docstring), in file order."""
+    pieces = sorted(pieces, key=lambda p: (p.chunk.base or "", p.chunk.file, p.offset))
+    runs: List[List[Piece]] = []
+    run: List[Piece] = []
+    end = size = 0
+    for p in pieces:
+        length = p.chunk.length
+        if run and (p.chunk.file != run[0].chunk.file or p.chunk.base != run[0].chunk.base
+                    or not end <= p.offset <= end + MAX_GAP
+                    or size + length > block_bytes or len(run) >= MAX_PIECES):
+            runs.append(run)
+            run = []
+        if not run:
+            size = 0
+        run.append(p)
+        size += length + (p.offset - end if len(run) > 1 else 0)
+        end = p.offset + length
+    if run:
+        runs.append(run)
+    return runs
