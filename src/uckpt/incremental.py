@@ -157,7 +157,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
     hasher = threading.Thread(target=judge, name="uckpt-hash", daemon=True)
     hasher.start()
     try:
-        sink.write_stream(file, pieces())
+        sink.write_stream(file, pieces(), stable=True)  # views of the arrays themselves
     finally:
         hasher.join()
     return sum(1 for c in chunks if c is not None and c.base is None)
