@@ -40,8 +40,9 @@ def run_kills(roots, extra_args, rnd, kills):
         time.sleep(rnd.uniform(0.0, 0.25))
         p.send_signal(signal.SIGKILL)
         for line in p.stdout.read().splitlines():
-            if line.startswith("committed"):
-                last = max(last, int(line.split()[1]))
+            words = line.split()  # the last line may be torn by the kill: "committed"
+            if len(words) == 2 and words[0] == "committed" and words[1].isdigit():
+                last = max(last, int(words[1]))
         p.wait()
         interrupted += any(q.startswith(".") for r in roots if r.exists() for q in entries(r))
         yield last
