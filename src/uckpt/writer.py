@@ -123,15 +123,13 @@ def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
         _pwritev_all(fd, batch, start)
 
 
-def write_buffered(path: Path, size: Optional[int], pieces) -> None:
-    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes
-    (None: a stream of pieces of unknown total; the file ends with the last one)."""
+def write_buffered(path: Path, size: int, pieces) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        if size is not None:
-            preallocate(fd, size)
+        preallocate(fd, size)
         _write_in_order(fd, pieces)
-        if size is not None and os.fstat(fd).st_size != size:
+        if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:

@@ -138,13 +138,11 @@ class CheckpointSink:
         pieces sorted by offset (gaps are zero), durably."""
         raise NotImplementedError
 
-    def write_stream(self, name: str, pieces, stable: bool = False) -> None:
+    def write_stream(self, name: str, pieces) -> None:
         """Write data file ``name`` from an iterator of ``(offset, uint8 buffer)`` pieces
         sorted by offset (gaps are zero; the file ends with the last piece), durably.
-        Compressed chunks come this way, encoded while earlier ones are written; so do
-        an incremental save's changed chunks. ``stable``: a piece's memory stays valid
-        until the call returns (else it may be reused once the next piece is asked for).
-        This default gathers them first and calls :meth:`write_pieces`."""
+        Compressed chunks come this way, encoded while earlier ones are written; this
+        default gathers them first and calls :meth:`write_pieces`."""
         pieces = list(pieces)
         size = pieces[-1][0] + memoryview(pieces[-1][1]).nbytes if pieces else 0
         self.write_pieces(name, size, pieces)

@@ -242,13 +242,10 @@ class LocalSink(CheckpointSink):
 
     copies_stream_pieces = True  # writer.write_stream copies each piece into its buffer
 
-    def write_stream(self, name, pieces, stable: bool = False) -> None:
-        from ..writer import write_buffered, write_stream
+    def write_stream(self, name, pieces) -> None:
+        from ..writer import write_stream
 
-        if stable:  # written from where they are, through the page cache, as a plain save
-            write_buffered(self._new(name), None, pieces)
-        else:  # each piece copied as it comes, written with O_DIRECT
-            write_stream(self._new(name), pieces)
+        write_stream(self._new(name), pieces)  # each piece written as it comes
 
     def write_image(self, name, image, size) -> None:
         from ..writer import write_image
