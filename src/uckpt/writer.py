@@ -123,17 +123,37 @@ def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
         _pwritev_all(fd, batch, start)
 
 
-def write_buffered(path: Path, size: int, pieces) -> None:
-    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes."""
+def write_buffered(path: Path, size: Optional[int], pieces, reserve: int = 0) -> None:
+    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes;
+    or, with ``size`` None, a file ending with the last piece, of at most ``reserve``
+    bytes, preallocated where the disk has room (it is cut to its end after)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        preallocate(fd, size)
+        if size is not None:
+            preallocate(fd, size)
+        else:
+            try:
+                preallocate(fd, reserve)
+            except OSError as e:  # only a bound: what is written may still fit
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+            ends = [0]
+            pieces = _tracking_end(pieces, ends)
         _write_in_order(fd, pieces)
+        if size is None:
+            size = ends[0]
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _tracking_end(pieces, ends: List[int]):
+    """``pieces`` as they come, with the end of the last one kept in ``ends[0]``."""
+    for offset, data in pieces:
+        ends[0] = offset + memoryview(data).nbytes
+        yield offset, data
 
 
 class _DirectFile:

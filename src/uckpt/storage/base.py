@@ -138,11 +138,14 @@ class CheckpointSink:
         pieces sorted by offset (gaps are zero), durably."""
         raise NotImplementedError
 
-    def write_stream(self, name: str, pieces) -> None:
+    def write_stream(self, name: str, pieces, reserve: Optional[int] = None) -> None:
         """Write data file ``name`` from an iterator of ``(offset, uint8 buffer)`` pieces
         sorted by offset (gaps are zero; the file ends with the last piece), durably.
-        Compressed chunks come this way, encoded while earlier ones are written; this
-        default gathers them first and calls :meth:`write_pieces`."""
+        Compressed chunks come this way, encoded while earlier ones are written, and so
+        do an incremental save's changed chunks. ``reserve``: the pieces are views that
+        stay valid until the call returns (without it, a piece's memory may be reused
+        once the next one is asked for), and the file is at most this many bytes.
+        This default gathers them first and calls :meth:`write_pieces`."""
         pieces = list(pieces)
         size = pieces[-1][0] + memoryview(pieces[-1][1]).nbytes if pieces else 0
         self.write_pieces(name, size, pieces)

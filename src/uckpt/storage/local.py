@@ -242,10 +242,13 @@ class LocalSink(CheckpointSink):
 
     copies_stream_pieces = True  # writer.write_stream copies each piece into its buffer
 
-    def write_stream(self, name, pieces) -> None:
-        from ..writer import write_stream
+    def write_stream(self, name, pieces, reserve=None) -> None:
+        from ..writer import write_buffered, write_stream
 
-        write_stream(self._new(name), pieces)  # each piece written as it comes
+        if reserve is not None:  # from where they are, into reserved space, as a plain save
+            write_buffered(self._new(name), None, pieces, reserve=reserve)
+        else:  # each piece copied as it comes, written with O_DIRECT
+            write_stream(self._new(name), pieces)
 
     def write_image(self, name, image, size) -> None:
         from ..writer import write_image
