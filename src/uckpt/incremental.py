@@ -113,7 +113,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
 
     One thread hashes every item, and checksums the changed ones, ahead of the writes, as
     a plain save checksums beside its writes: hashing costs no time on the write path."""
-    verdicts: List[Tuple[bytes, Optional[int]]] = []  # per item: (digest, CRC if changed)
+    verdicts: List[Tuple[str, Optional[int]]] = []  # per item: (hash text, CRC if changed)
     failed: List[BaseException] = []
     done = threading.Event()  # set, under ``cond``, when the hashing thread ends
     cond = threading.Condition()
@@ -121,10 +121,10 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
     def judge() -> None:
         try:
             for it, d in zip(items, data):
-                digest = hashing.digest(d)
+                content = hashing.format_hash(hashing.digest(d))
                 old = baseline.chunks.get((it.path, it.start, it.shape))
-                same = old is not None and old.hash == hashing.format_hash(digest)
-                verdicts.append((digest, None if same else crc32c(d)))
+                same = old is not None and old.hash == content
+                verdicts.append((content, None if same else crc32c(d)))
                 with cond:
                     cond.notify()
         except BaseException as e:  # noqa: B902 - re-raised by the writing thread
@@ -142,14 +142,14 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
                     cond.wait()
             if len(verdicts) <= i:
                 raise failed[0]
-            digest, crc = verdicts[i]
+            content, crc = verdicts[i]
             if crc is None:
                 chunks[i] = baseline.chunks[(it.path, it.start, it.shape)]
                 continue
             if it.path != last:
                 end, last = -(-end // knobs.alignment) * knobs.alignment, it.path
             chunks[i] = Chunk(file, end, it.length, it.start, it.shape, "raw",
-                              format_checksum(crc), hashing.format_hash(digest))
+                              format_checksum(crc), content)
             yield end, d
             end += it.length
 

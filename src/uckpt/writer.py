@@ -93,17 +93,18 @@ class _Writeback:
         self.thread.join()
 
 
-def _write_in_order(fd: int, pieces) -> None:
-    """Write (offset, bytes) pieces, sorted by offset, batching adjacent ones."""
+def _write_in_order(fd: int, pieces) -> int:
+    """Write (offset, bytes) pieces, sorted by offset, batching adjacent ones; returns
+    the end of the last one."""
     zeros = memoryview(bytes(4096))
     writeback = _Writeback(fd)
     try:
-        _batched(fd, pieces, zeros, writeback)
+        return _batched(fd, pieces, zeros, writeback)
     finally:
         writeback.close()
 
 
-def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
+def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> int:
     batch: List[memoryview] = []
     start = end = 0
     for offset, data in pieces:
@@ -121,6 +122,7 @@ def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> None:
         end = offset + len(data)
     if batch:
         _pwritev_all(fd, batch, start)
+    return end
 
 
 def write_buffered(path: Path, size: Optional[int], pieces, reserve: int = 0) -> None:
@@ -137,23 +139,14 @@ def write_buffered(path: Path, size: Optional[int], pieces, reserve: int = 0) ->
             except OSError as e:  # only a bound: what is written may still fit
                 if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-            ends = [0]
-            pieces = _tracking_end(pieces, ends)
-        _write_in_order(fd, pieces)
+        end = _write_in_order(fd, pieces)
         if size is None:
-            size = ends[0]
+            size = end
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _tracking_end(pieces, ends: List[int]):
-    """``pieces`` as they come, with the end of the last one kept in ``ends[0]``."""
-    for offset, data in pieces:
-        ends[0] = offset + memoryview(data).nbytes
-        yield offset, data
 
 
 class _DirectFile:
