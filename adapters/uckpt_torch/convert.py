@@ -81,7 +81,7 @@ def writable_view(t: torch.Tensor) -> Optional[np.ndarray]:
     is not on the CPU, not contiguous, not strided, or has a conjugate or
     negative bit, or whose dtype the format cannot hold.
     """
-    if (is_dtensor(t) or t.device.type != "cpu" or t.layout != torch.strided
+    if (not t.is_cpu or t.layout != torch.strided or is_dtensor(t)
             or not t.is_contiguous() or t.is_conj() or t.is_neg() or t.dtype not in _NAMES):
         return None
     carrier = _CARRIER.get(t.dtype)  # (as to_numpy, whose other checks were just made)

@@ -9,13 +9,17 @@ tensors' own memory as read targets where it can (CPU, contiguous), so the core
 reads straight into the parameters. ``restore`` then calls
 ``module.load_state_dict`` (hooks and ``_extra_state`` included), handing it the
 live tensor itself wherever the core already read into it, so only the other
-entries are copied and tied parameters stay tied.
+entries are copied and tied parameters stay tied. When the core read every entry
+in place and nothing in the module customises loading (see ``_loads_plainly``),
+``load_state_dict`` would only copy each tensor onto itself, so it is not called.
 DTensor entries (``distribute_tensor``, FSDP2's ``fully_shard``) are saved as
 :class:`uckpt.Shard` leaves and loaded into this rank's box only (see
 :mod:`.dtensor`); ``restore`` completes the local tensor and hands
 ``load_state_dict`` the live DTensor.
 """
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 import torch
@@ -52,6 +56,33 @@ def _target(key: str, t, spec):
     return writable_view(t)
 
 
+#: the ``_load_from_state_dict`` methods that only copy the entries given (BatchNorm's
+#: adds a missing ``num_batches_tracked`` first, and a restore passes every key)
+_PLAIN_LOADERS = frozenset(filter(None, (
+    nn.Module._load_from_state_dict,
+    getattr(getattr(nn.modules.batchnorm, "_NormBase", None), "_load_from_state_dict", None))))
+_plain_types: dict = {}  # module class -> whether it loads as nn.Module does
+
+
+def _plain_type(cls) -> bool:
+    plain = _plain_types.get(cls)
+    if plain is None:
+        plain = _plain_types[cls] = (cls._load_from_state_dict in _PLAIN_LOADERS
+                                     and cls.set_extra_state is nn.Module.set_extra_state)
+    return plain
+
+
+def _loads_plainly(obj: nn.Module) -> bool:
+    """Whether ``obj.load_state_dict`` of its own live tensors would change nothing: it is
+    torch's own, no module under it has load hooks or its own loading code, and tensors
+    are copied, not swapped (``torch.__future__``)."""
+    if type(obj).load_state_dict is not nn.Module.load_state_dict or \
+            torch.__future__.get_swap_module_params_on_conversion():
+        return False
+    return all(_plain_type(type(m)) and not m._load_state_dict_pre_hooks
+               and not m._load_state_dict_post_hooks for m in obj.modules())
+
+
 def _renames(tree, live, obj, note: bool) -> dict:
     """{checkpoint key: live key} for the keys that differ by ``torch.compile``'s prefix."""
     aligned = align_compiled(tree, live.keys(), type(obj).__name__, note)
@@ -66,6 +97,11 @@ def _rename(tree, names: dict):
 
 class ModuleAdapter(Adapter):
     name = "torch.module"
+
+    def __init__(self) -> None:
+        #: module -> {key: (tensor, the view of its memory handed to the core)}, from
+        #: ``prepare`` to ``restore``: a loaded array that *is* that view was read in place
+        self._views: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def handles(self, obj):
         return isinstance(obj, nn.Module)
@@ -88,33 +124,50 @@ class ModuleAdapter(Adapter):
         spec = _rename(spec, names)
         self._check(obj, live, spec)
         targets = {key: _target(key, t, spec[key]) for key, t in live.items()}
+        self._views[obj] = {key: (live[key], view) for key, view in targets.items()
+                            if isinstance(view, np.ndarray)}
         back = {new: old for old, new in names.items()}
         return {back.get(key, key): t for key, t in targets.items()}
 
     def restore(self, obj, tree):
         live = obj.state_dict(keep_vars=True)
         tree = _rename(tree, _renames(tree, live, obj, note=False))
-        self._check(obj, live, tree)
+        views = self._views.pop(obj, {})
+        read_into = set() if not isinstance(tree, dict) else {
+            key for key, (t, view) in views.items()
+            if live.get(key) is t and tree.get(key) is view}
+        self._check(obj, live, tree, read_into)
         sd = {}
+        in_place = True  # every entry is the live tensor, already holding its values
         for key, value in tree.items():
             t = live[key]
-            if not isinstance(value, np.ndarray) or not _is_array(key, t):
+            if key in read_into:
+                sd[key] = t
+            elif not isinstance(value, np.ndarray) or not _is_array(key, t):
                 sd[key] = tree_from_numpy(value)
+                in_place = False
             elif is_dtensor(t):
                 fill(t, value)  # load_state_dict then copies the DTensor onto itself
                 sd[key] = t
+                in_place = False
+            elif same_memory(value, t):
+                sd[key] = t
             else:
-                sd[key] = t if same_memory(value, t) else from_numpy(value)
-        obj.load_state_dict(sd, strict=True)
+                sd[key] = from_numpy(value)
+                in_place = False
+        if not (in_place and _loads_plainly(obj)):
+            obj.load_state_dict(sd, strict=True)
 
     @staticmethod
-    def _check(obj, live, tree):
+    def _check(obj, live, tree, read_into=frozenset()):
+        """Raise one error naming every difference between ``live`` and ``tree`` (entries
+        in ``read_into`` are the tensors' own memory, so they match)."""
         what = f"the {type(obj).__name__} module"
         if not isinstance(tree, dict):
             raise StateMismatchError(f"the checkpoint holds a {type(tree).__name__} where "
                                      f"{what} expects a state_dict")
         problems = [array_problem(key, t, tree[key]) for key, t in live.items()
-                    if key in tree and _is_array(key, t)]
+                    if key in tree and key not in read_into and _is_array(key, t)]
         problems = [p for p in problems if p]
         missing = live.keys() - tree.keys()
         unexpected = tree.keys() - live.keys()

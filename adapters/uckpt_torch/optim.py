@@ -54,6 +54,10 @@ class OptimizerAdapter(Adapter):
         #: optimizer -> {(index, name): DTensor whose layout a state entry is read in},
         #: from ``prepare`` to ``restore``
         self._sharded: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        #: optimizer -> {(index, name): (live state tensor, the view of its memory handed to
+        #: the core)}: a loaded array that *is* that view was read in place, and the live
+        #: tensor itself goes back to ``load_state_dict`` (no new tensor around it)
+        self._views: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     def handles(self, obj):
         return isinstance(obj, torch.optim.Optimizer)
@@ -64,7 +68,7 @@ class OptimizerAdapter(Adapter):
     def prepare(self, obj, spec):
         self._check(obj, spec, note=True)
         params = [p for g in obj.param_groups for p in g["params"]]
-        targets, sharded = {}, {}
+        targets, sharded, own = {}, {}, {}
         for index, entries in spec["state"].items():
             param = params[index] if index < len(params) else None
             live = obj.state.get(param, {}) if param is not None else {}
@@ -80,17 +84,27 @@ class OptimizerAdapter(Adapter):
                     sharded[(index, name)] = ref
                 elif isinstance(t, torch.Tensor) and not is_dtensor(t) and \
                         tuple(t.shape) == tuple(want.shape) and _NAMES.get(t.dtype) == want.dtype:
-                    views[name] = writable_view(t)
+                    view = views[name] = writable_view(t)
+                    if view is not None:
+                        own[(index, name)] = (t, view)
             targets[index] = views
         self._sharded[obj] = sharded
+        self._views[obj] = own
         return {"state": targets}
 
     def restore(self, obj, tree):
         self._check(obj, tree, note=False)
         sharded = self._sharded.pop(obj, {})
+        views = self._views.pop(obj, {})
         sd = {k: v for k, v in tree.items() if k != "class"}
         state = {index: dict(entries) for index, entries in sd["state"].items()}
         params = [p for g in obj.param_groups for p in g["params"]]
+        for index, entries in state.items():
+            live = obj.state.get(params[index], {}) if index < len(params) else {}
+            for name, value in entries.items():
+                tv = views.get((index, name))
+                if tv is not None and tv[1] is value and live.get(name) is tv[0]:
+                    entries[name] = tv[0]  # read in place: the live tensor holds the values
         for (index, name), ref in sharded.items():
             value = state.get(index, {}).get(name)
             if not isinstance(value, np.ndarray):
