@@ -312,8 +312,40 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
             return None
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
-    return Chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
-                 content, base)
+    return _new(Chunk, file=name, offset=offset, length=length, start=tuple(start),
+                shape=tuple(cshape), codec=obj["codec"], checksum=checksum, hash=content,
+                base=base)
+
+
+def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
+                ) -> Optional[Tuple[str, Tuple[int, ...], Tuple[Chunk, ...], str]]:
+    """``(dtype, shape, chunks, root)`` of a chunk-listed array entry, if every rule but
+    the tiling of several chunks holds; None sends it to the field-by-field checks."""
+    head = _fast_array_head(entry, v4)
+    if head is None:
+        return None
+    dtype, shape, root = head
+    itemsize = size = dtypes.itemsize(dtype)
+    for n in shape:
+        size *= n if n > 1 else 1
+    if size > MAX_INT:
+        return None
+    chunks = []
+    for obj in entry["chunks"]:
+        chunk = _fast_chunk(obj, itemsize, shape, files, codecs, v4, bases)
+        if chunk is None:
+            return None
+        chunks.append(chunk)
+    return dtype, shape, tuple(chunks), root
+
+
+def _new(cls, **fields):
+    """An instance of the frozen dataclass ``cls`` from checked fields, without its
+    ``__init__`` (which sets each field through ``object.__setattr__``: a third of the
+    time a manifest of many small arrays takes to read)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
 
 
 class _Parser:
@@ -473,32 +505,48 @@ class _Parser:
         self.need(obj, "arrays", dict, "an object of path -> array entry")
         out = {}
         v4 = self.version >= 4
+        grids = self.version >= 5
         for path, entry in obj.items():
-            loc = f"arrays[{_key(path)}]"
-            if self.version >= 5 and type(entry) is dict and "grid" in entry:
-                out[path] = self.grid_array(path, entry, loc, files, bases)
-                continue
-            head = _fast_array_head(entry, v4)
-            if head is not None:
-                dtype, shape, root = head
+            fast = None if grids and type(entry) is dict and "grid" in entry else \
+                _fast_array(entry, files, self.codecs, v4, bases)
+            if fast is not None:
+                dtype, shape, chunks, root = fast
+                if not (len(chunks) == 1 and chunks[0].shape == shape and
+                        not any(chunks[0].start)):
+                    self.coverage(chunks, shape, f"arrays[{_key(path)}]")
+                out[path] = _new(ArrayEntry, path=path, dtype=dtype, shape=shape,
+                                 chunks=chunks, root=root)
             else:
-                self.need(entry, loc, dict, "an object")
-                if "grid" in entry:  # (version 5 went to grid_array)
-                    self.fail(loc + ".grid", f"a grid listing is a field of format version 5; "
-                                             f"this manifest is version {self.version}")
-                self.fields(entry, loc, ("dtype", "shape", "chunks", "root") if v4 else
-                            ("dtype", "shape", "chunks"))
-                root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
-                dtype, shape = self.dtype_shape(entry, loc)
-            itemsize = self.array_size(dtype, shape, loc)
-            chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4, bases) or
-                           self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
-                           for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
-                                                           "a list of chunks")))
-            if not (len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)):
-                self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
-            out[path] = ArrayEntry(path, dtype, shape, chunks, root)
+                out[path] = self.checked_array(path, entry, files, bases)
         return out
+
+    def checked_array(self, path: str, entry, files: Dict[str, FileEntry],
+                      bases: Dict[str, Dict[str, int]]) -> ArrayEntry:
+        """An array entry checked field by field (a grid, or a problem to name)."""
+        loc = f"arrays[{_key(path)}]"
+        v4 = self.version >= 4
+        if self.version >= 5 and type(entry) is dict and "grid" in entry:
+            return self.grid_array(path, entry, loc, files, bases)
+        head = _fast_array_head(entry, v4)
+        if head is not None:
+            dtype, shape, root = head
+        else:
+            self.need(entry, loc, dict, "an object")
+            if "grid" in entry:  # (version 5 went to grid_array)
+                self.fail(loc + ".grid", f"a grid listing is a field of format version 5; "
+                                         f"this manifest is version {self.version}")
+            self.fields(entry, loc, ("dtype", "shape", "chunks", "root") if v4 else
+                        ("dtype", "shape", "chunks"))
+            root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
+            dtype, shape = self.dtype_shape(entry, loc)
+        itemsize = self.array_size(dtype, shape, loc)
+        chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4, bases) or
+                       self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
+                       for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
+                                                       "a list of chunks")))
+        if not (len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)):
+            self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
+        return ArrayEntry(path, dtype, shape, chunks, root)
 
     def dtype_shape(self, entry: dict, loc: str) -> Tuple[str, Tuple[int, ...]]:
         dtype = self.need(entry["dtype"], loc + ".dtype", str, "a dtype name")
