@@ -263,7 +263,7 @@ def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
 
     monkeypatch.setattr(fsutil, "preallocate", lambda fd, size: None)
     monkeypatch.setattr(writer, "preallocate", lambda fd, size: None)
-    monkeypatch.setattr(writer, "_pwritev_all", full)
+    monkeypatch.setattr(writer, "pwritev_all", full)
     with pytest.raises(errors.StorageFullError):
         uckpt.save(tmp_path / "second", STATE)
     assert not (tmp_path / "second").exists()

@@ -153,3 +153,22 @@ def test_allocating_load_carves_arrays_from_few_regions(tmp_path, monkeypatch, a
     assert 1 <= len(regions) <= (len(arrays) if arena == 256 else 2)
     out["t000"][...] = 0  # writable, and writing one array leaves the others alone
     np.testing.assert_array_equal(out["t001"], state["t001"])
+
+
+def test_pwritev_all_writes_more_buffers_than_one_call_takes(tmp_path):
+    rng = np.random.default_rng(2)
+    n = fsutil.IOV_MAX + 300
+    bufs = [bytearray(0)] + [rng.integers(0, 256, 3, dtype=np.uint8) for _ in range(n)] + \
+        [memoryview(b"tail"), bytearray(0)]
+    f = tmp_path / "f"
+    f.write_bytes(b"x" * 5)
+    fd = os.open(f, os.O_RDWR)
+    try:
+        fsutil.pwritev_all(fd, bufs, 5)
+        got = bytearray(3 * n + 4)
+        assert fsutil.pread_into(fd, got, 5) == len(got)
+    finally:
+        os.close(fd)
+    want = b"".join(bytes(np.asarray(b, np.uint8)) if not isinstance(b, memoryview) else bytes(b)
+                    for b in bufs)
+    assert bytes(got) == want and f.read_bytes()[:5] == b"xxxxx"

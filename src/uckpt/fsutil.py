@@ -44,14 +44,7 @@ def write_all(fd: int, data: bytes) -> None:
 
 def pread_into(fd: int, buf, offset: int) -> int:
     """Fill ``buf`` from ``fd`` at ``offset``; returns bytes read (short only at EOF)."""
-    view = memoryview(buf).cast("B")
-    total = 0
-    while total < len(view):
-        n = os.preadv(fd, [view[total:]], offset + total)
-        if n == 0:
-            break
-        total += n
-    return total
+    return preadv_into(fd, [buf], offset)
 
 
 #: the most buffers one ``preadv`` takes (POSIX guarantees at least 16; Linux has 1024)
@@ -63,21 +56,42 @@ def preadv_into(fd: int, bufs, offset: int) -> int:
     with as few ``preadv`` calls as the kernel allows; returns bytes read (short only at
     EOF)."""
     views = [memoryview(b).cast("B") for b in bufs]
-    total, i = 0, 0
+    total = 0
+    i = _moved(views, 0, 0)
     while i < len(views):
         n = os.preadv(fd, views[i:i + IOV_MAX], offset + total)
         if n == 0:
             break
         total += n
-        while n and i < len(views):  # skip the views filled, trim a partly filled one
-            if n >= len(views[i]):
-                n -= len(views[i])
-                i += 1
-            else:
-                views[i], n = views[i][n:], 0
-        while i < len(views) and not len(views[i]):
-            i += 1
+        i = _moved(views, i, n)
     return total
+
+
+def pwritev_all(fd: int, bufs, offset: int) -> None:
+    """Write the flat byte buffers ``bufs``, in order, to ``fd`` at ``offset``, with as
+    few ``pwritev`` calls as the kernel allows (it may write less than asked)."""
+    views = [memoryview(b).cast("B") for b in bufs]
+    i = _moved(views, 0, 0)
+    while i < len(views):
+        n = os.pwritev(fd, views[i:i + IOV_MAX], offset)
+        if n == 0:
+            raise OSError(errno.EIO, f"pwritev wrote nothing at offset {offset}")
+        offset += n
+        i = _moved(views, i, n)
+
+
+def _moved(views: List[memoryview], i: int, n: int) -> int:
+    """The index of the first of ``views`` not yet done once ``n`` more bytes were moved
+    from ``views[i]`` on (a partly done view is trimmed in place; empty ones are skipped)."""
+    while n and i < len(views):
+        if n >= len(views[i]):
+            n -= len(views[i])
+            i += 1
+        else:
+            views[i], n = views[i][n:], 0
+    while i < len(views) and not len(views[i]):
+        i += 1
+    return i
 
 
 def preallocate(fd: int, size: int) -> None:

@@ -38,11 +38,11 @@ from . import codecs, dtypes, hashing, knobs
 from .checksum import crc32c, format_checksum
 from .encode_memory import EncodeMemory
 from .format import Chunk
-from .fsutil import preallocate, start_writeback
+from .fsutil import preallocate, pwritev_all, start_writeback
 from .parallel import ordered_map, parallel_map
 from .plan import WriteItem
 
-_IOV_MAX = 512  # buffers per pwritev call (the OS limit is 1024 on Linux)
+_BATCH_BUFFERS = 512  # buffers written together (pwritev_all splits at the OS limit)
 _BATCH_BYTES = 16 << 20  # written, then handed to writeback, in batches of this size
 
 
@@ -56,17 +56,6 @@ def box_bytes(arr: np.ndarray, start, shape) -> np.ndarray:
 
 def _local(start, origin):
     return start if origin is None else tuple(s - o for s, o in zip(start, origin))
-
-
-def _pwritev_all(fd: int, buffers: List[memoryview], offset: int) -> None:
-    while buffers:
-        n = os.pwritev(fd, buffers, offset)
-        offset += n
-        while buffers and n >= len(buffers[0]):
-            n -= len(buffers[0])
-            buffers = buffers[1:]
-        if buffers and n:
-            buffers = [buffers[0][n:]] + buffers[1:]
 
 
 class _Writeback:
@@ -109,19 +98,19 @@ def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> int:
     start = end = 0
     for offset, data in pieces:
         gap = offset - end
-        if batch and (0 <= gap <= len(zeros)) and len(batch) < _IOV_MAX and \
+        if batch and (0 <= gap <= len(zeros)) and len(batch) < _BATCH_BUFFERS and \
                 end - start < _BATCH_BYTES:
             if gap:
                 batch.append(zeros[:gap])  # alignment padding is written as zeros
         else:
             if batch:
-                _pwritev_all(fd, batch, start)
+                pwritev_all(fd, batch, start)
                 writeback.add(start, end - start)
             batch, start = [], offset
         batch.append(memoryview(data))
         end = offset + len(data)
     if batch:
-        _pwritev_all(fd, batch, start)
+        pwritev_all(fd, batch, start)
     return end
 
 

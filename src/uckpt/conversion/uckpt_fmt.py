@@ -26,7 +26,7 @@ from .. import knobs
 from .._version import __version__
 from ..codecs import Compression
 from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
-from ..fsutil import fsync_dir, preallocate, write_file_durably
+from ..fsutil import fsync_dir, preallocate, pwritev_all, write_file_durably
 from ..reader import CheckpointReader
 from ..writer import encode_chunks
 from . import skeleton
@@ -136,10 +136,8 @@ class _Positioned:
         self.fd, self.offset = fd, offset
 
     def __call__(self, piece: memoryview) -> None:
-        while len(piece):
-            n = os.pwrite(self.fd, piece, self.offset)
-            self.offset += n
-            piece = piece[n:]
+        pwritev_all(self.fd, [piece], self.offset)
+        self.offset += len(piece)
 
 
 def _step(tree: Tree) -> Any:
