@@ -214,6 +214,7 @@ _CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 
 
 _FIELD_SETS: Dict[tuple, Tuple[frozenset, frozenset]] = {}  # (required, optional) -> sets
+_ARRAY_NODE_KEYS = frozenset(("type", "path"))
 
 
 class _Item:
@@ -705,6 +706,10 @@ class _Parser:
                 self.fail(loc + ".key_type", "expected 'str' or 'int'")
             int_keys = node.get("key_type") == "int"
             for k, v in items.items():
+                if not int_keys and depth < 200 and type(v) is dict and \
+                        v.keys() == _ARRAY_NODE_KEYS and \
+                        v["type"] == "array" and type(v["path"]) is str and v["path"] in arrays:
+                    continue  # a plain array leaf, valid (the common case, checked inline)
                 if int_keys:
                     if len(k) > MAX_KEY_DIGITS + k.startswith("-"):
                         self.fail(loc + ".items", f"an int key of {len(k)} characters; the "
