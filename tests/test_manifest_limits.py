@@ -500,3 +500,17 @@ def test_error_messages_stay_short():
     doc = copy.deepcopy(base())
     doc["world_size"] = [0] * 10 ** 5
     refused(doc, "expected a non-negative integer, got a list of 100000 items")
+
+
+@pytest.mark.parametrize("levels, ok", [(200, True), (201, False)])
+def test_tree_nesting_limit_counts_array_leaves(levels, ok):
+    """An array leaf is a level of the tree like any node: at depth 200 it is accepted,
+    one deeper refused (plain leaves are checked inline, and must keep that limit)."""
+    node = {"type": "array", "path": "w"}
+    for _ in range(levels - 1):
+        node = {"type": "dict", "items": {"d": node}}
+    doc = base(tree_items={"d": node})
+    if ok:
+        assert Manifest.parse(sealed(doc)).tree["items"]["d"]
+    else:
+        refused(doc, "tree nests deeper than 200 levels")

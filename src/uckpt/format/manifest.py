@@ -215,6 +215,7 @@ _CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 
 _FIELD_SETS: Dict[tuple, Tuple[frozenset, frozenset]] = {}  # (required, optional) -> sets
 _ARRAY_NODE_KEYS = frozenset(("type", "path"))
+_MAX_LOC = 400  # characters of a field's location in an error message
 
 
 class _Item:
@@ -359,6 +360,8 @@ class _Parser:
 
     def fail(self, loc: str, msg: str, cls=ManifestError):
         loc = str(loc)  # (a _Loc or _Item: formatted now)
+        if len(loc) > _MAX_LOC:  # (a location 200 levels deep: its ends say where)
+            loc = f"{loc[:_MAX_LOC // 2]}...{loc[-_MAX_LOC // 2:]}"
         raise cls(f"{self.where}: {loc}: {msg}", path=self.where, field=loc)
 
     def need(self, obj, loc: str, typ, what: str):
