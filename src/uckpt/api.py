@@ -11,6 +11,7 @@ from .commit import write_checkpoint
 from .engine import SaveHandle, default_saver
 from .errors import UnsafePathError
 from .format import Manifest
+from .gcpause import pausing
 from .incremental import Baseline
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
@@ -18,6 +19,7 @@ from .storage import locate, open_source
 from .tree import Flat
 
 
+@pausing
 def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
          metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
          blocking: bool = True, comm: Any = None,
@@ -143,6 +145,7 @@ def load_from(open_, state, strict: bool, comm, what: str) -> Dict[str, Any]:
     return out["tree"]
 
 
+@pausing
 def _load_local(open_, state, strict: bool, rank: int) -> Dict[str, Any]:
     with CheckpointReader(open_()) as reader:
         if state is None:

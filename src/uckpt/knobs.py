@@ -45,3 +45,6 @@ comm_timeout: float = float(os.environ.get("UCKPT_COMM_TIMEOUT", "300"))
 #: where directories cannot be locked (some network file systems), a hidden temporary
 #: directory older than this many seconds counts as an interrupted save's debris
 debris_expiry_s: float = float(os.environ.get("UCKPT_DEBRIS_EXPIRY_S", "3600"))
+#: 1: Python's cyclic garbage collector is paused while a save or load runs on the
+#: caller's thread (uckpt.gcpause); 0: left alone
+pause_gc: int = _env_int("pause_gc", 1)

@@ -45,6 +45,7 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
+from .gcpause import pausing
 from .incremental import Baseline
 from .reader import read_manifest
 from .storage.base import step_of
@@ -303,6 +304,7 @@ class CheckpointManager:
         return any(w for w, _ in votes)
 
     # -- save --------------------------------------------------------------------------------
+    @pausing
     def save(self, step: int, state: Mapping[str, Any], *, metadata: Optional[Dict[str, Any]] = None,
              metrics: Optional[Dict[str, float]] = None, overwrite: bool = False
              ) -> Union[Path, str, SaveHandle]:
