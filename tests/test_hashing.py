@@ -5,6 +5,7 @@ import struct
 
 import numpy as np
 import pytest
+import crc32c
 import xxhash
 
 from uckpt import hashing
@@ -30,6 +31,17 @@ def test_threaded_digests_equal_serial_ones():
     rng = np.random.default_rng(1)
     buffers = [rng.integers(0, 255, size=n, dtype=np.uint8) for n in (0, 1, 3 << 20, 5 << 20, 17)]
     assert hashing.digests(buffers, threads=4) == [H(b.tobytes()) for b in buffers]
+
+
+@pytest.mark.parametrize("extra", [0, 1, -1])
+@pytest.mark.parametrize("blocks", [0, 1, 3])
+def test_crc_and_digest_in_one_pass_equal_each_alone(blocks, extra):
+    """The fused pass of a save (block by block) gives the same CRC-32C and XXH3-128 as
+    each over the whole buffer, at and around block boundaries."""
+    n = max(0, blocks * hashing.FUSED_BLOCK_BYTES + extra)
+    data = np.random.default_rng(n).integers(0, 255, size=n, dtype=np.uint8)
+    assert hashing.crc_and_digest(data) == (crc32c.crc32c(data.tobytes()), H(data.tobytes()))
+    assert hashing.crc_and_digest(data.tobytes()) == hashing.crc_and_digest(data)
 
 
 def test_chunk_leaf_bytes():

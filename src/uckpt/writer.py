@@ -276,9 +276,10 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
     def checksum_all() -> None:
         try:
             for i, (_, _, d) in enumerate(placed):
-                sums[i] = crc32c(d)
                 if hashes is None:
-                    digests[i] = hashing.digest(d)
+                    sums[i], digests[i] = hashing.crc_and_digest(d)
+                else:
+                    sums[i] = crc32c(d)
         except BaseException as e:  # noqa: B902 - re-raised below
             errors.append(e)
 
@@ -331,10 +332,13 @@ def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, b
     ``memory`` when given (:func:`write_encoded`'s). A large chunk is itself compressed
     on Zstandard's own threads (without ``memory``: from ``knobs.compress_split_bytes``;
     with it, from its ``split_bytes``)."""
+    if compression is None:
+        if content is None:
+            value, digest = hashing.crc_and_digest(raw)
+            return codecs.RAW, raw, format_checksum(value), hashing.format_hash(digest)
+        return codecs.RAW, raw, format_checksum(crc32c(raw)), content
     if content is None:
         content = hashing.of(raw)
-    if compression is None:
-        return codecs.RAW, raw, format_checksum(crc32c(raw)), content
     itemsize = raw.nbytes // max(1, math.prod(box.shape))
     split = knobs.compress_split_bytes if memory is None else memory.split_bytes
     threads = knobs.compress_threads if split is not None and raw.nbytes >= split else 0
