@@ -29,6 +29,7 @@ EXTRAS=(
     bench
     convert
     s3
+    fast
 )
 # Packages that are not an extra of uckpt but the environment needs
 # (e.g. `mpich`, the MPI library that mpi4py runs on).
