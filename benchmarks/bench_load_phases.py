@@ -8,8 +8,9 @@ interleaved rounds time, from the page cache:
   tensors (one thread, nothing verified): what issue 15's "0.9x raw" refers to;
 - ``read, T threads`` and ``read + CRC-32C, T threads``: the uckpt data file read in
   ``knobs.read_block_bytes`` blocks on ``knobs.io_threads`` threads into one buffer, without
-  and with a checksum of each block while it is in cache: the floor of a verified load
-  here, with no per-tensor work at all;
+  and with a checksum of each block while it is in cache (the CRC-32C implementation
+  uckpt uses, ``uckpt.checksum.BACKEND``): the floor of a verified load here, with no
+  per-tensor work at all;
 - ``uckpt.load``: the whole in-place load, and its phases run one after another as
   ``uckpt.restore.restore_into`` runs them: manifest (read, JSON, validation), matching
   (the adapters' ``prepare``: what is checked before anything is written), reading with
@@ -43,10 +44,8 @@ for _p in (REPO / "src", REPO / "adapters"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-import crc32c  # noqa: E402
-
 import uckpt  # noqa: E402
-from uckpt import knobs  # noqa: E402
+from uckpt import checksum, knobs  # noqa: E402
 from uckpt.format import strict_json  # noqa: E402
 from uckpt.format.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from uckpt.reader import CheckpointReader  # noqa: E402
@@ -65,7 +64,7 @@ def _blocks(fd: int, buf: np.ndarray, threads: int, pool, crc: bool) -> None:
             m = min(block, hi - lo)
             os.preadv(fd, [view[lo:lo + m]], lo)
             if crc:
-                crc32c.crc32c(view[lo:lo + m])
+                checksum.crc32c(view[lo:lo + m])
             lo += m
 
     cut = [n * k // threads // 4096 * 4096 for k in range(threads)] + [n]
@@ -174,7 +173,7 @@ def report(args, spec, n_tensors: int, nbytes: int, times: Dict[str, List[float]
         f"# In-place verified load of the {args.size} state: phases and floor",
         "",
         f"{n_tensors} tensors, {nbytes / C.GB:.3f} GB; {args.repeat} interleaved rounds from the "
-        f"page cache; {knobs.io_threads} read threads.",
+        f"page cache; {knobs.io_threads} read threads; CRC-32C by {checksum.BACKEND}.",
         "Machine: {cpu_count} CPUs, {platform}; torch {torch}, numpy {numpy}; uckpt {uckpt}."
         .format(**C.environment()),
         "",
@@ -193,7 +192,8 @@ def report(args, spec, n_tensors: int, nbytes: int, times: Dict[str, List[float]
     C.write_json(rd / f"load_phases_{args.size}.json", {
         "benchmark": "load_phases", "size": args.size, "tensors": n_tensors, "bytes": nbytes,
         "repeat": args.repeat, "io_threads": knobs.io_threads,
-        "read_block_bytes": knobs.read_block_bytes, "environment": C.environment(),
+        "read_block_bytes": knobs.read_block_bytes, "crc32c_backend": checksum.BACKEND,
+        "environment": C.environment(),
         "seconds": times})
     try:
         names = list(times)
