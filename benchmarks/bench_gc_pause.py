@@ -153,15 +153,12 @@ def report(args, tracked: int, times: Dict[str, List[float]], collections) -> st
         "benchmark": "gc_pause", "size": args.size, "tracked_objects": tracked,
         "heap": args.heap, "rounds": args.rounds, "calls": args.calls,
         "environment": C.environment(), "seconds": times, "collections": collections})
-    try:
-        names = list(times)
-        C.bar_plot(rd / f"gc_pause_{args.size}.png",
-                   f"loads and async stalls, {args.size}: mean (bar) and median (tick)",
-                   names, {"mean": [statistics.mean(times[k]) for k in names]},
-                   mins={"mean": [statistics.median(times[k]) for k in names]},
-                   ylabel="seconds (mean; tick = median)")
-    except Exception as e:  # a plot is nice to have; never lose the numbers over it
-        print(f"(plot not written: {type(e).__name__}: {e})", file=sys.stderr)
+    names = list(times)
+    C.bar_plot_or_note(rd / f"gc_pause_{args.size}.png",
+                       f"loads and async stalls, {args.size}: mean (bar) and median (tick)",
+                       names, {"mean": [statistics.mean(times[k]) for k in names]},
+                       mins={"mean": [statistics.median(times[k]) for k in names]},
+                       ylabel="seconds (mean; tick = median)")
     return text
 
 

@@ -489,19 +489,15 @@ def write_outputs(size: str, ctx: Ctx, results: List[Result], text: str, args, w
             "disk_bytes": r.disk_bytes, "n_files": r.n_files,
         } for r in results],
     })
-    try:
-        ok = results
-        C.bar_plot(
-            rd / f"sync_{size}.png",
-            f"sync save/load, {size} ({ctx.nbytes / C.GB:.2f} GB), fsync on save"
-            + (", cold reads" if args.drop_cache else ", loads from page cache"),
-            [r.method for r in ok],
-            {"save": [_med(r, "save") for r in ok], "load": [_med(r, "load") for r in ok]},
-            mins={"save": [None if r.error else r.save.min for r in ok],
-                  "load": [None if r.error else r.load.min for r in ok]},
-        )
-    except Exception as e:  # a plot is nice to have; never lose the numbers over it
-        print(f"(plot not written: {type(e).__name__}: {e})", file=sys.stderr)
+    C.bar_plot_or_note(
+        rd / f"sync_{size}.png",
+        f"sync save/load, {size} ({ctx.nbytes / C.GB:.2f} GB), fsync on save"
+        + (", cold reads" if args.drop_cache else ", loads from page cache"),
+        [r.method for r in results],
+        {"save": [_med(r, "save") for r in results], "load": [_med(r, "load") for r in results]},
+        mins={"save": [None if r.error else r.save.min for r in results],
+              "load": [None if r.error else r.load.min for r in results]},
+    )
 
 
 # --------------------------------------------------------------------------

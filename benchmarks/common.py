@@ -12,6 +12,7 @@ import platform
 import re
 import shutil
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -578,6 +579,15 @@ def bar_plot(path: os.PathLike, title: str, methods: Sequence[str],
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def bar_plot_or_note(path: os.PathLike, *args, **kwargs) -> None:
+    """:func:`bar_plot`, or a note on stderr where it cannot be drawn (a plot is nice to
+    have; the numbers are never lost over it)."""
+    try:
+        bar_plot(path, *args, **kwargs)
+    except Exception as e:
+        print(f"(plot not written: {type(e).__name__}: {e})", file=sys.stderr)
 
 
 def write_json(path: os.PathLike, obj) -> None:
