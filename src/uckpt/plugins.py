@@ -12,10 +12,12 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from importlib import metadata
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from .adapter import Adapter, RNGProvider
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 ADAPTER_GROUP = "uckpt.adapters"
 RNG_GROUP = "uckpt.rng"
@@ -29,6 +31,8 @@ _runtime_rng: Dict[str, RNGProvider] = {}  # module name -> provider
 def _entry_points(group: str) -> Dict[str, metadata.EntryPoint]:
     with _lock:
         if group not in _eps:
+            from importlib import metadata  # (first use: about 10 ms, not paid by `import uckpt`)
+
             _eps[group] = {ep.name: ep for ep in metadata.entry_points(group=group)}
         return _eps[group]
 
