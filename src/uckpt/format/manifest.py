@@ -216,6 +216,7 @@ _CHUNK_KEYS_BASE = _CHUNK_KEYS_V4 | {"base"}
 _FIELD_SETS: Dict[tuple, Tuple[frozenset, frozenset]] = {}  # (required, optional) -> sets
 _ARRAY_NODE_KEYS = frozenset(("type", "path"))
 _MAX_LOC = 400  # characters of a field's location in an error message
+MAX_TREE_DEPTH = 200  # levels of nested nodes in a manifest's tree
 
 
 class _Item:
@@ -341,6 +342,11 @@ def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
     return dtype, shape, tuple(chunks), root
 
 
+def _one_whole_chunk(chunks, shape) -> bool:
+    """Whether ``chunks`` is one chunk of the whole array (it covers it: no tiling check)."""
+    return len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)
+
+
 def _new(cls, **fields):
     """An instance of the frozen dataclass ``cls`` from checked fields, without its
     ``__init__`` (which sets each field through ``object.__setattr__``: a third of the
@@ -360,7 +366,7 @@ class _Parser:
 
     def fail(self, loc: str, msg: str, cls=ManifestError):
         loc = str(loc)  # (a _Loc or _Item: formatted now)
-        if len(loc) > _MAX_LOC:  # (a location 200 levels deep: its ends say where)
+        if len(loc) > _MAX_LOC:  # (a location MAX_TREE_DEPTH levels deep: its ends say where)
             loc = f"{loc[:_MAX_LOC // 2]}...{loc[-_MAX_LOC // 2:]}"
         raise cls(f"{self.where}: {loc}: {msg}", path=self.where, field=loc)
 
@@ -515,8 +521,7 @@ class _Parser:
                 _fast_array(entry, files, self.codecs, v4, bases)
             if fast is not None:
                 dtype, shape, chunks, root = fast
-                if not (len(chunks) == 1 and chunks[0].shape == shape and
-                        not any(chunks[0].start)):
+                if not _one_whole_chunk(chunks, shape):
                     self.coverage(chunks, shape, f"arrays[{_key(path)}]")
                 out[path] = _new(ArrayEntry, path=path, dtype=dtype, shape=shape,
                                  chunks=chunks, root=root)
@@ -548,8 +553,8 @@ class _Parser:
                        self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                        for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
                                                        "a list of chunks")))
-        if not (len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)):
-            self.coverage(chunks, shape, loc)  # (one chunk of the whole array covers it)
+        if not _one_whole_chunk(chunks, shape):
+            self.coverage(chunks, shape, loc)
         return ArrayEntry(path, dtype, shape, chunks, root)
 
     def dtype_shape(self, entry: dict, loc: str) -> Tuple[str, Tuple[int, ...]]:
@@ -673,8 +678,8 @@ class _Parser:
                                    "their element counts add up to the array's")
 
     def node(self, node, loc: str, arrays, depth: int) -> None:
-        if depth > 200:
-            self.fail(loc, "tree nests deeper than 200 levels")
+        if depth > MAX_TREE_DEPTH:
+            self.fail(loc, f"tree nests deeper than {MAX_TREE_DEPTH} levels")
         if type(node) is not dict:
             self.need(node, loc, dict, "a node object")
         kind = node.get("type")
@@ -709,7 +714,7 @@ class _Parser:
                 self.fail(loc + ".key_type", "expected 'str' or 'int'")
             int_keys = node.get("key_type") == "int"
             for k, v in items.items():
-                if not int_keys and depth < 200 and type(v) is dict and \
+                if not int_keys and depth < MAX_TREE_DEPTH and type(v) is dict and \
                         v.keys() == _ARRAY_NODE_KEYS and \
                         v["type"] == "array" and type(v["path"]) is str and v["path"] in arrays:
                     continue  # a plain array leaf, valid (the common case, checked inline)
