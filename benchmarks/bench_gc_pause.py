@@ -140,8 +140,7 @@ def report(args, tracked: int, times: Dict[str, List[float]], collections) -> st
         "",
         f"{tracked} objects tracked by the collector (heap of {args.heap} extra); "
         f"{args.rounds} interleaved rounds of {args.calls} calls per row.",
-        "Machine: {cpu_count} CPUs, {platform}; torch {torch}, numpy {numpy}; uckpt {uckpt}."
-        .format(**C.environment()),
+        C.machine_line(),
         "",
         C.markdown_table(head, rows),
         "",

@@ -203,8 +203,7 @@ def report(args, spec, n_tensors: int, nbytes: int, times: Dict[str, List[float]
         "",
         f"{n_tensors} tensors, {nbytes / C.GB:.3f} GB; {args.repeat} interleaved rounds from the "
         f"page cache; {knobs.io_threads} read threads; CRC-32C by {checksum.BACKEND}.",
-        "Machine: {cpu_count} CPUs, {platform}; torch {torch}, numpy {numpy}; uckpt {uckpt}."
-        .format(**C.environment()),
+        C.machine_line(),
         "",
         C.markdown_table(head, rows),
         "",

@@ -581,6 +581,12 @@ def bar_plot(path: os.PathLike, title: str, methods: Sequence[str],
     plt.close(fig)
 
 
+def machine_line() -> str:
+    """One line naming the machine and the versions that matter, for a report's header."""
+    return ("Machine: {cpu_count} CPUs, {platform}; torch {torch}, numpy {numpy}; "
+            "uckpt {uckpt}.".format(**environment()))
+
+
 def bar_plot_or_note(path: os.PathLike, *args, **kwargs) -> None:
     """:func:`bar_plot`, or a note on stderr where it cannot be drawn (a plot is nice to
     have; the numbers are never lost over it)."""
