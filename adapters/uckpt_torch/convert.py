@@ -94,9 +94,15 @@ def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a DTensor (:mod:`.dtensor`): a tensor subclass without memory of its
     own. Looked up in ``sys.modules``: a DTensor exists only once ``torch.distributed.tensor``
     is imported, and nothing here imports it."""
+    if type(t) in _NOT_DTENSOR:  # (the common case, without the module lookup)
+        return False
     mod = sys.modules.get("torch.distributed.tensor")
     cls = getattr(mod, "DTensor", None)
     return cls is not None and isinstance(t, cls)
+
+
+#: tensor classes that are not DTensors (exact types: a subclass may be one)
+_NOT_DTENSOR = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def same_memory(arr: np.ndarray, t: torch.Tensor) -> bool:

@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from uckpt.adapter import Adapter, ArraySpec
+from uckpt.dtypes import name_of
 from uckpt.errors import KeyMismatchError, StateMismatchError
 
 from .checks import array_problem, raise_problems
-from .convert import from_numpy, same_memory, tree_from_numpy, writable_view
+from .convert import _NAMES, from_numpy, same_memory, tree_from_numpy, writable_view
 from .device import to_leaf, tree_to_numpy
 from .dtensor import fill, is_dtensor, read_target
 from .layout import align_compiled
@@ -43,12 +44,27 @@ def _is_array(key: str, value) -> bool:
     """An entry whose memory the adapter may read into: a tensor that is neither a
     module's extra state nor a lazy module's uninitialized parameter."""
     return (isinstance(value, torch.Tensor) and not isinstance(value, _UNINITIALIZED)
-            and key != _EXTRA and not key.endswith(_DOT_EXTRA))
+            and not key.endswith(_DOT_EXTRA) and key != _EXTRA)
+
+
+#: the exact types of plain tensors: neither DTensors nor uninitialized parameters
+_PLAIN_TENSORS = frozenset((torch.Tensor, nn.Parameter))
+
+
+def _matches(t, leaf) -> bool:
+    """The common case of ``array_problem(key, t, leaf) is None``, for a plain tensor and
+    an ArraySpec or ndarray leaf of its shape and dtype (False: ask array_problem)."""
+    if type(leaf) is ArraySpec:
+        return leaf.shape == t.shape and leaf.dtype == _NAMES.get(t.dtype)
+    return type(leaf) is np.ndarray and leaf.shape == t.shape and \
+        name_of(leaf.dtype) == _NAMES.get(t.dtype)
 
 
 def _target(key: str, t, spec):
     """The in-place read target of entry ``key``: the tensor's memory, this rank's box of a
     DTensor (:mod:`.dtensor`), or None."""
+    if type(t) in _PLAIN_TENSORS and not key.endswith(_DOT_EXTRA) and key != _EXTRA:
+        return writable_view(t)
     if not _is_array(key, t):
         return None
     if is_dtensor(t):
@@ -125,7 +141,9 @@ class ModuleAdapter(Adapter):
         self._check(obj, live, spec)
         targets = {key: _target(key, t, spec[key]) for key, t in live.items()}
         self._views[obj] = {key: (live[key], view) for key, view in targets.items()
-                            if isinstance(view, np.ndarray)}
+                            if view is not None and isinstance(view, np.ndarray)}
+        if not names:
+            return targets
         back = {new: old for old, new in names.items()}
         return {back.get(key, key): t for key, t in targets.items()}
 
@@ -166,9 +184,15 @@ class ModuleAdapter(Adapter):
         if not isinstance(tree, dict):
             raise StateMismatchError(f"the checkpoint holds a {type(tree).__name__} where "
                                      f"{what} expects a state_dict")
-        problems = [array_problem(key, t, tree[key]) for key, t in live.items()
-                    if key in tree and key not in read_into and _is_array(key, t)]
-        problems = [p for p in problems if p]
+        problems = []
+        for key, t in live.items():
+            leaf = tree.get(key, tree)  # (tree: absent)
+            if leaf is tree or key in read_into or not _is_array(key, t) or \
+                    (type(t) in _PLAIN_TENSORS and _matches(t, leaf)):
+                continue
+            problem = array_problem(key, t, leaf)
+            if problem:
+                problems.append(problem)
         missing = live.keys() - tree.keys()
         unexpected = tree.keys() - live.keys()
         if missing or unexpected:

@@ -34,9 +34,13 @@ from .tree import array_leaf_value, decode, escape, join
 
 
 def spec_leaf(manifest: Manifest):
+    arrays, new = manifest.arrays, object.__new__
+
     def leaf(node):
-        entry = manifest.arrays[node["path"]]
-        return ArraySpec(entry.dtype, entry.shape)
+        entry = arrays[node["path"]]
+        spec = new(ArraySpec)  # (its fields are checked: without the frozen __init__'s cost)
+        spec.__dict__.update(dtype=entry.dtype, shape=entry.shape)
+        return spec
     return leaf
 
 
@@ -170,14 +174,17 @@ class _Matcher:
                 self.targets[node["path"]] = (targets.array, targets.offsets)
             return
         if kind == "array" and isinstance(targets, np.ndarray):
-            entry = self.m.arrays[node["path"]]
-            if node["path"] not in self.targets and _writable(targets) and \
-                    targets.shape == entry.shape and targets.dtype == dtypes.to_numpy(entry.dtype):
-                self.targets[node["path"]] = targets
+            path = node["path"]
+            entry = self.m.arrays[path]
+            if path not in self.targets and targets.shape == entry.shape and \
+                    targets.dtype == dtypes.to_numpy(entry.dtype) and _writable(targets):
+                self.targets[path] = targets
         elif kind == "dict" and isinstance(targets, Mapping):
+            get, int_keys = targets.get, node.get("key_type") == "int"
             for k, v in node["items"].items():
-                t = targets.get(int(k) if node.get("key_type") == "int" else k)
-                self.collect_targets(v, t)
+                t = get(int(k) if int_keys else k)
+                if t is not None:
+                    self.collect_targets(v, t)
         elif kind in ("list", "tuple") and isinstance(targets, (list, tuple)):
             for v, t in zip(node["items"], targets):
                 self.collect_targets(v, t)
@@ -199,7 +206,8 @@ def check_spec(arr: np.ndarray, spec: ArraySpec, where: str) -> None:
 
 
 def _writable(arr: np.ndarray) -> bool:
-    return arr.flags.writeable and arr.flags.c_contiguous and arr.dtype.byteorder in "=<|"
+    flags = arr.flags
+    return flags.writeable and flags.c_contiguous and arr.dtype.byteorder in "=<|"
 
 
 def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
@@ -237,7 +245,9 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
 
     def leaf(node):  # None: not read (another rank's PerRank value)
         arr = arrays.get(node["path"])
-        return None if arr is None else array_leaf_value(node, arr)
+        if arr is None or (node["type"] == "array" and len(node) == 2):  # (a plain array)
+            return arr
+        return array_leaf_value(node, arr)
 
     for dest, path in matcher.copies:  # phase 3
         np.copyto(dest, arrays[path])
