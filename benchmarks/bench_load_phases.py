@@ -28,6 +28,7 @@ uckpt's internals (``restore._Matcher``), so this script moves with them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -98,6 +99,67 @@ def _into_tensors(fd: int, views: List[np.ndarray], threads: int, pool) -> None:
         f.result()
 
 
+def python_floor(path: Path, data_file: Path, model, opt, threads: int, pool,
+                 validate: bool) -> None:
+    """The least a verified in-place load written in Python does: the manifest parsed
+    (``json.loads``, or uckpt's validating ``Manifest.parse``), one entry looked up and one
+    shape check per tensor, then the tensors' chunks read into their memory on ``threads``
+    threads, each chunk's CRC-32C compared. No tree, no adapters, no hyperparameters: what
+    the per-tensor work of any Python loader adds to the read, without uckpt's checks and
+    framework semantics. ``data_file``: the checkpoint's one data file."""
+    data = (path / MANIFEST_NAME).read_bytes()
+    if validate:
+        arrays = Manifest.parse(data).arrays
+
+        def where(name: str):
+            e = arrays[name]
+            c = e.chunks[0]
+            return e.shape, c.offset, c.length, c.checksum
+    else:
+        listed = json.loads(data)["arrays"]
+
+        def where(name: str):
+            e = listed[name]
+            c = e["chunks"][0]
+            return tuple(e["shape"]), c["offset"], c["length"], c["checksum"]
+    jobs = []
+    for name, t in C.flat_tensors(model, opt).items():
+        shape, offset, length, crc = where(name)
+        view = t.detach().numpy()
+        if view.shape != shape or view.nbytes != length:
+            raise SystemExit(f"{name}: the floor rows need one chunk per array, of its shape")
+        jobs.append((memoryview(view.reshape(-1).view(np.uint8)), offset, int(crc[7:], 16)))
+    fd = os.open(data_file, os.O_RDONLY)
+    block = knobs.read_block_bytes
+    total = sum(len(j[0]) for j in jobs)
+    cut = [0]
+    done = 0
+    for i, job in enumerate(jobs):
+        done += len(job[0])
+        if len(cut) < threads and done >= total * len(cut) / threads:
+            cut.append(i + 1)
+    cut.append(len(jobs))
+
+    def part(lo: int, hi: int) -> None:
+        for view, offset, want in jobs[lo:hi]:
+            crc = 0
+            for s in range(0, len(view), block):
+                piece = view[s:s + block]
+                if os.preadv(fd, [piece], offset + s) != len(piece):
+                    raise SystemExit("short read")
+                crc = checksum.crc32c(piece, crc)
+            if crc != want:
+                raise SystemExit(f"checksum mismatch at offset {offset}")
+
+    try:
+        futures = [pool.submit(part, cut[k], cut[k + 1]) for k in range(1, len(cut) - 1)]
+        part(cut[0], cut[1])
+        for f in futures:
+            f.result()
+    finally:
+        os.close(fd)
+
+
 def phased_load(path: Path, state: Dict[str, object], times: Dict[str, List[float]]) -> None:
     """``uckpt.load(path, state)``, phase by phase (as ``restore_into`` does them)."""
     t0 = time.perf_counter()
@@ -164,6 +226,10 @@ def run(args) -> str:
                 lambda: _blocks(data_fd, scratch, threads, pool, True),
             f"read + CRC-32C, {threads} threads, into the tensors":
                 lambda: _into_tensors(raw_fd, views(), threads, pool),
+            "Python floor: JSON, reads + CRC-32C (nothing else checked)":
+                lambda: python_floor(ck, data_file, model2, opt2, threads, pool, False),
+            "Python floor + manifest validation":
+                lambda: python_floor(ck, data_file, model2, opt2, threads, pool, True),
             "uckpt.load in place": lambda: uckpt.load(ck, state),
         }
         times: Dict[str, List[float]] = {}

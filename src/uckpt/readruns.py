@@ -37,10 +37,15 @@ def split_whole(entry: ArrayEntry, dest: np.ndarray, chunks: Sequence[Chunk]
                 ) -> Tuple[List[Piece], List[Chunk]]:
     """Pieces for the chunks of ``entry`` read into ``dest`` (the whole array, of its
     shape), and the chunks that must be read on their own."""
-    if not dest.flags.c_contiguous or not dest.flags.writeable:
+    flags = dest.flags
+    if not flags.c_contiguous or not flags.writeable:
         return [], list(chunks)
     flat = dest.reshape(-1).view(np.uint8)
     shape = entry.shape
+    if len(chunks) == 1:  # (the common case: the whole array in one chunk)
+        c = chunks[0]
+        if c.codec == "raw" and c.length == flat.nbytes and c.shape == shape:
+            return [Piece(c.offset, flat, entry, c)], []
     row = flat.nbytes // shape[0] if shape and shape[0] else flat.nbytes
     pieces: List[Piece] = []
     rest: List[Chunk] = []
@@ -53,9 +58,14 @@ def split_whole(entry: ArrayEntry, dest: np.ndarray, chunks: Sequence[Chunk]
     return pieces, rest
 
 
+def _file_order(p: Piece) -> tuple:
+    chunk = p.chunk
+    return chunk.base or "", chunk.file, p.offset
+
+
 def plan_runs(pieces: List[Piece], block_bytes: int) -> List[List[Piece]]:
     """The pieces grouped into runs (see the module docstring), in file order."""
-    pieces = sorted(pieces, key=lambda p: (p.chunk.base or "", p.chunk.file, p.offset))
+    pieces = sorted(pieces, key=_file_order)
     runs: List[List[Piece]] = []
     run: List[Piece] = []
     end = size = 0
