@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 from conftest import flip_byte
 
 TEMP_NAME = ".step_00000040.uckpt-tmp-1a2b3c4d"
@@ -285,7 +286,7 @@ def test_inspect_text(root):
     proc = run_cli("inspect", ckpt)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert "format       uckpt v5" in out
+    assert f"format       uckpt v{FORMAT_VERSION}" in out
     assert "step         20" in out
     assert "world size   1" in out
     assert "generator    uckpt " in out
@@ -316,7 +317,7 @@ def test_inspect_json(root, monkeypatch):
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     man = uckpt.manifest(ckpt)
-    assert doc["format"] == "uckpt" and doc["format_version"] == 5
+    assert doc["format"] == "uckpt" and doc["format_version"] == FORMAT_VERSION
     assert doc["step"] == 99 and doc["world_size"] == 1 and doc["metadata"] == {"k": [1, 2]}
     assert doc["created"] == man.created and doc["generator"] == man.generator
     assert doc["nbytes"] == 4000

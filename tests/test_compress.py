@@ -14,6 +14,7 @@ import pytest
 import zstandard
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 import uckpt.knobs as knobs
 from uckpt import errors
 from uckpt.format import integrity
@@ -105,7 +106,7 @@ def test_every_dtype_round_trips(tmp_path, compression):
     codecs = {p: c[0].codec for p, c in chunks_of(path).items()}
     assert codecs["float32"] == codecs["bfloat16"] == codecs["int64"] == "zstd+bytegroup"
     assert codecs["uint8"] == ("zstd" if compression == "zstd" else "zstd+bytegroup")
-    assert uckpt.manifest(path).format_version == 5
+    assert uckpt.manifest(path).format_version == FORMAT_VERSION
     uckpt.verify(path)
 
 

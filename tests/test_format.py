@@ -1,13 +1,14 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1 to 5 (tests/data/golden_v1 to
-  golden_v5, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 5,
+* golden checkpoints of format versions 1 to 6 (tests/data/golden_v1 to
+  golden_v6, made by tests/data/make_golden.py) load to exactly the state they
+  were made from, and saving that state again gives the same bytes (version 6,
   the version uckpt writes); version 1 is version 2 without its checksum, version
   2 is version 3 without compressed chunks (golden_v3/codecs has every codec),
   version 3 is version 4 without content hashes, Merkle roots and references
   (golden_v4/chain is an incremental pair), version 4 is version 5 without grid
-  listings (tests/test_grid.py has the grid's own cases);
+  listings (tests/test_grid.py has the grid's own cases), version 5 is version 6
+  without the table (tests/test_table.py has the table's own cases);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * docs/format.md is checked against the code: its worked example (manifest and
@@ -33,14 +34,15 @@ import uckpt
 import uckpt.knobs as knobs
 from uckpt import dtypes, errors
 from uckpt.format import Manifest, integrity, manifest as manifest_module
+from uckpt.format import table as table_module
 from uckpt.reader import CheckpointReader
 from grid_listing import listed
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v5"  # the version uckpt writes
+GOLDEN = DATA / "golden_v6"  # the version uckpt writes
 GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: DATA / "golden_v4",
-           5: GOLDEN}
+           5: DATA / "golden_v5", 6: GOLDEN}
 VERSIONS = sorted(GOLDENS)
 DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
@@ -136,7 +138,7 @@ def encode(doc) -> bytes:
 
 def encode_text(text: str, version) -> bytes:
     """The JSON text of a manifest object (no checksum member) as a file of ``version``."""
-    if version not in (2, 3, 4, 5):
+    if version not in (2, 3, 4, 5, 6):
         return text.encode("utf-8")
     text = text.rstrip()
     assert text.endswith("}")
@@ -144,13 +146,14 @@ def encode_text(text: str, version) -> bytes:
 
 
 def mutable_doc(version, name="all_types"):
-    """A golden manifest document of ``version``, less its checksum, grids listed."""
+    """A golden manifest document of ``version``, less its checksum, grids and table listed."""
     return body(listed(manifest_doc(GOLDENS[version] / name)))
 
 
 def unsealed_text(version, name="all_types") -> str:
     """A golden manifest's text without its checksum member (a JSON object still); a
-    version-5 one with its grids listed (``listed``), indented as the golden files are."""
+    version-5 or 6 one with its grids and table listed (``listed``), indented as the golden
+    files are."""
     text = (GOLDENS[version] / name / "manifest.json").read_text("utf-8")
     if version >= 5:
         return json.dumps(mutable_doc(version, name), indent=1, ensure_ascii=False) + "\n"
@@ -162,7 +165,7 @@ def unsealed_text(version, name="all_types") -> str:
 def schema_doc(doc):
     """``doc`` as the schema sees it: with a (well-formed) checksum member if version 2 or 3."""
     doc = body(doc)
-    if doc.get("format_version") in (2, 3, 4, 5):
+    if doc.get("format_version") in (2, 3, 4, 5, 6):
         doc[integrity.FIELD] = "crc32c:00000000"  # the schema cannot check the CRC itself
     return doc
 
@@ -233,17 +236,19 @@ def test_golden_all_types_manifest_fields(version):
 
 
 @pytest.mark.parametrize("name, older", [(n, v) for v in (1, 2) for n in GOLDEN_DIRS] + [
-    (n, 4) for n in GOLDEN_DIRS + ["codecs", "chain/step_00000001", "chain/step_00000002"]])
+    (n, v) for v in (4, 5)
+    for n in GOLDEN_DIRS + ["codecs", "chain/step_00000001", "chain/step_00000002"]])
 def test_golden_versions_hold_the_same_checkpoints(name, older):
-    """Versions 1, 2 and 3, and versions 4 and 5, hold the same checkpoints: equal data
+    """Versions 1, 2 and 3, and versions 4, 5 and 6, hold the same checkpoints: equal data
     files, and manifests equal but for the version, the checksum and what changes with
     every save (version 1 is version 2 without its checksum, version 2 is version 3
-    without codecs, version 4 is version 5 with its grids listed as chunks)."""
+    without codecs, version 4 is version 5 with its grids listed as chunks, version 5 is
+    version 6 with its table's rows listed as array entries)."""
     old, new = GOLDENS[older] / name, GOLDENS[older + 1] / name
     assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
     for data_file in old.glob("*.bin"):
         assert (new / data_file.name).read_bytes() == data_file.read_bytes()
-    docs = [manifest_doc(old), listed(manifest_doc(new))]
+    docs = [listed(manifest_doc(old)), listed(manifest_doc(new))]
     assert docs[0]["format_version"] == older and docs[1]["format_version"] == older + 1
     assert (integrity.FIELD not in docs[0]) == (older == 1)
     assert list(docs[1])[-1] == integrity.FIELD
@@ -251,15 +256,18 @@ def test_golden_versions_hold_the_same_checkpoints(name, older):
         for key in ("format_version", "created", "generator", integrity.FIELD):
             doc.pop(key, None)
         doc["metadata"].pop("purpose", None)
-    assert docs[0] == docs[1]
+    assert docs[0] == docs[1]  # (as dicts: the order of the arrays may differ)
 
 
 def test_golden_all_types_covers_the_format():
     """The golden checkpoint keeps covering every node type, dtype and layout feature."""
     doc = manifest_doc(GOLDEN / "all_types")
     assert node_types(doc["tree"]) == NODE_TYPES
-    arrays = doc["arrays"]
-    assert {a["dtype"] for a in arrays.values()} == set(dtypes.NAMES)
+    rows = golden.table_entries(doc)  # version 6: arrays stored whole (section 16)
+    assert set(doc["arrays"]) == {"big", "empty", "empty_blob"} and len(rows) > 20
+    assert {a["dtype"] for a in rows.values()} == set(dtypes.NAMES)
+    assert {s for t in doc["table"]["sources"] for s in t} == {None, "data-00000.bin"}
+    arrays = {**doc["arrays"], **rows}
     big = golden.chunk_list(arrays["big"])
     assert "grid" in arrays["big"]  # version 5: listed compactly (docs/format.md section 15)
     assert len(big) == 3  # split along axis 0 (chunk_bytes=256)
@@ -283,7 +291,9 @@ def test_golden_all_types_layout_and_padding():
     assert doc["files"] == {"data-00000.bin": {"rank": 0, "size": len(data)}}
     covered = bytearray(len(data))
     end = 0
-    for a in doc["arrays"].values():
+    arrays = {**doc["arrays"], **golden.table_entries(doc)}
+    for a in sorted(arrays.values(), key=lambda a: golden.chunk_list(a)[0]["offset"]
+                    if golden.chunk_list(a) else -1):
         for i, c in enumerate(golden.chunk_list(a)):
             assert (c["offset"] % 64 == 0 and c["offset"] >= end) if i == 0 else c["offset"] == end
             end = c["offset"] + c["length"]
@@ -383,7 +393,7 @@ def test_uckpt_writes_what_the_spec_says(tmp_path):
     the CRC-32C of every byte before the value, then '"}' and a line feed."""
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
     raw = (path / "manifest.json").read_bytes()
-    assert raw.startswith(b'{"format":"uckpt","format_version":5,') and raw.count(b"\n") == 1
+    assert raw.startswith(b'{"format":"uckpt","format_version":6,') and raw.count(b"\n") == 1
     covered = raw[:-19]
     assert re.search(rb'"merkle_root":"xxh3-128:[0-9a-f]{32}","manifest_checksum":$', covered)
     assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
@@ -400,7 +410,8 @@ def test_make_golden_refuses_to_regenerate(capsys):
 def test_schema_mirrors_the_code(schema):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert tuple(schema["required"]) == manifest_module._TOP_FIELDS
-    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V4)
+    assert set(schema["properties"]) == set(manifest_module._TOP_FIELDS_V4) | {"table"}
+    assert tuple(schema["properties"]["table"]["required"]) == table_module.FIELDS
     assert schema["properties"]["format_version"]["enum"] == list(manifest_module.READ_VERSIONS)
     assert schema["allOf"][0]["else"]["required"] == [integrity.FIELD]  # required from version 2 on
     assert tuple(schema["$defs"]["chunk"]["required"]) == manifest_module._CHUNK_FIELDS
@@ -509,7 +520,7 @@ REJECTED = {
     **{f"missing {f}": (_pop(TOP, f), True) for f in manifest_module._TOP_FIELDS},
     "unknown top-level field": (_set(TOP, "extra", 1), True),
     "format other": (_set(TOP, "format", "safetensors"), True),
-    "format_version 6": (_set(TOP, "format_version", 6), True),
+    "format_version 7": (_set(TOP, "format_version", 7), True),
     "format_version 0": (_set(TOP, "format_version", 0), True),
     "format_version string": (_set(TOP, "format_version", "1"), True),
     "generator not a string": (_set(TOP, "generator", 5), True),
@@ -614,7 +625,7 @@ def test_parser_and_schema_reject(validator, case, version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_specific_error_types(version):
     doc = mutable_doc(version)
-    for mutate, error in [(_set(TOP, "format_version", 6), errors.FormatVersionError),
+    for mutate, error in [(_set(TOP, "format_version", 7), errors.FormatVersionError),
                           (lambda d: _rename_file(d, "../x"), errors.UnsafePathError)]:
         d = copy.deepcopy(doc)
         mutate(d)
@@ -862,8 +873,24 @@ def test_doc_reader_reads_golden(version, name):
 def test_doc_reader_reads_what_uckpt_writes(tmp_path):
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
     m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert m["format_version"] == 5 and m["step"] == 7
+    assert m["format_version"] == 6 and m["step"] == 7
     assert sorted(arrays) == ["model/b", "model/w", "tag"]
+
+
+def test_doc_reader_reads_a_table_uckpt_writes(tmp_path):
+    """Enough arrays stored whole (knobs.table_min_arrays, 16) are rows of a table, which
+    section 12.1's reader reads as uckpt does; fewer are not."""
+    rng = np.random.default_rng(3)
+    state = {f"layer{i}": {"w": rng.standard_normal((i % 4 + 1, 3)).astype(np.float32),
+                           "n": np.int64(i)} for i in range(10)}
+    path = uckpt.save(tmp_path / "c", state)
+    m, arrays = doc_reader()["read_checkpoint"](str(path))
+    assert len(m["table"]["paths"]) == 20 and m["arrays"] == {}
+    assert_same(doc_reader()["decode"](m["tree"], arrays), uckpt.load(path))
+    del state["layer9"], state["layer8"]  # 16 arrays qualify: still a table; 14: none
+    assert "table" in manifest_doc(uckpt.save(tmp_path / "d", state))
+    del state["layer7"]
+    assert "table" not in manifest_doc(uckpt.save(tmp_path / "e", state))
 
 
 def test_doc_reader_follows_references_of_the_golden_chain():
@@ -935,9 +962,9 @@ def test_doc_reader_detects_damage(tmp_path):
 def test_doc_reader_refuses_other_versions(tmp_path):
     directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
     doc = manifest_doc(directory)
-    doc["format_version"] = 6
+    doc["format_version"] = 7
     (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1, 2, 3, 4 or 5"):
+    with pytest.raises(ValueError, match="version 1 to 6"):
         doc_reader()["read_checkpoint"](str(directory))
 
 

@@ -22,25 +22,14 @@ import pytest
 import uckpt
 import uckpt.knobs as knobs
 from uckpt import errors
-from uckpt.format import Chunk, Manifest, integrity
+from uckpt.format import Chunk, Manifest
 from uckpt.format.grid import grid_cut
-from uckpt.format.strict_json import loads as strict_json
-from grid_listing import golden, listed
+from grid_listing import doc_of, golden, listed, sealed
 
 DATA = Path(__file__).resolve().parent / "data"
 V5 = DATA / "golden_v5"
 NAMES = ["all_types", "example", "sharded", "codecs", "chain/step_00000001",
          "chain/step_00000002"]
-
-
-def doc_of(directory) -> dict:
-    return strict_json((Path(directory) / "manifest.json").read_bytes())
-
-
-def sealed(doc) -> bytes:
-    doc = {k: v for k, v in doc.items() if k != integrity.FIELD}
-    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
-    return integrity.seal(text[:-1].encode("utf-8"))
 
 
 # --- golden files ---------------------------------------------------------------------------
@@ -192,7 +181,7 @@ CASES = {
         [2 ** 64 - 1] + [0] * (N - 1), [16] * N, [0] * N, [0] * N)), ".grid.layout",
         "exceeds 2**63-1"),
     "raw length wrong": (lambda g: g.update(layout=layout(
-        [0] * N, [8] * N, [0] * N, [0] * N)), ".grid.layout", "slab 0: a raw slab of 8 bytes"),
+        [0] * N, [8] * N, [0] * N, [0] * N)), ".grid.layout", "slab 0: a raw chunk of 8 bytes"),
     "compressed ratio": (lambda g: g.update(layout=layout(
         [0] * N, [0] * N, [0] * N, [1] * N)), ".grid.layout", "cannot hold"),
     "source index": (lambda g: g.update(layout=layout(

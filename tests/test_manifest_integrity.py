@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 from uckpt import errors
 from uckpt.cli.main import main as cli_main
 from uckpt.format import Manifest, integrity
@@ -86,7 +87,7 @@ def run_verify(capsys, path):
 def test_the_real_manifest_is_sealed(checkpoint):
     path, raw = checkpoint
     m = Manifest.parse(raw)
-    assert m.format_version == 5 and m.checksum == integrity.check(raw, "x")
+    assert m.format_version == FORMAT_VERSION and m.checksum == integrity.check(raw, "x")
     assert m.step == 3 and len(m.arrays) >= 6 and m.metadata["note"] == "h\u00e9llo"
     assert raw.endswith(b'"manifest_checksum":"' + m.checksum.encode() + b'"}\n')
 
@@ -294,7 +295,7 @@ def test_version_1_note_through_the_real_command(tmp_path):
     lines = proc.stdout.splitlines()
     assert len(lines) == 3 and lines[0].startswith("OK: ") and lines[2].startswith("OK: ")
     assert "note: format version 1" in lines[1] and str(v2) in lines[2]
-    assert uckpt.manifest(v2).format_version == 5  # saving again gives a checked manifest
+    assert uckpt.manifest(v2).format_version == FORMAT_VERSION  # saving again gives a checked manifest
 
 
 def test_a_version_1_manifest_changed_into_version_2_is_refused(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import uckpt
+from uckpt.format import FORMAT_VERSION
 import uckpt.torch
 from uckpt.late import DeferredCopy, Ranges
 
@@ -162,5 +163,5 @@ def test_late_incremental_compressed_saves_hold_the_state_at_save(tmp_path, monk
     assert frozen and all(c.base == "step_00000001" for c in frozen)
     assert [s for s in range(1, 5) if not uckpt.manifest(mgr.path(s)).bases] == [1, 4]
     for step in range(1, 5):
-        assert uckpt.verify(mgr.path(step)).format_version == 5
+        assert uckpt.verify(mgr.path(step)).format_version == FORMAT_VERSION
         _check(mgr.path(step), expected[step])

@@ -48,3 +48,6 @@ debris_expiry_s: float = float(os.environ.get("UCKPT_DEBRIS_EXPIRY_S", "3600"))
 #: 1: Python's cyclic garbage collector is paused while a save or load runs on the
 #: caller's thread (uckpt.gcpause); 0: left alone
 pause_gc: int = _env_int("pause_gc", 1)
+#: a manifest lists the arrays stored whole in one chunk as rows of one ``table`` (format
+#: version 6, docs/format.md section 16) when at least this many qualify; 0: never
+table_min_arrays: int = _env_int("table_min_arrays", 16)

@@ -395,10 +395,11 @@ class CheckpointReader:
         roots = {}
         for entry in self.manifest.arrays.values():
             root = entry.merkle_root([digests[(entry.path, c.start)] for c in entry.chunks])
-            if hashing.format_hash(root) != entry.root:
+            recorded = entry.recorded_root()
+            if hashing.format_hash(root) != recorded:
                 raise CorruptCheckpointError(
                     f"{self.source.where}: the Merkle root of leaf {entry.path!r} is "
-                    f"{hashing.format_hash(root)}, the manifest records {entry.root}",
+                    f"{hashing.format_hash(root)}, the manifest records {recorded}",
                     path=self.source.where, leaf=entry.path,
                     hint="the manifest is inconsistent; restore an earlier checkpoint")
             roots[entry.path] = root

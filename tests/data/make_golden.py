@@ -1,4 +1,4 @@
-"""Make the golden checkpoints of format version 5 in tests/data/golden_v5/.
+"""Make the golden checkpoints of format version 6 in tests/data/golden_v6/.
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
@@ -9,6 +9,14 @@ make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
 (docs/format.md quotes golden_v3/example/manifest.json verbatim, ``created``
 included; the tests hold the two equal.)
+
+tests/data/golden_v5/ holds the same five checkpoints in format version 5, made by this
+script when uckpt wrote version 5, and never made again: version 6 only lists arrays stored
+whole as rows of a ``table`` (docs/format.md section 16; ``all_types`` is written with
+``table_min_arrays = 1``, so all its whole arrays are rows), so their data files are
+identical to golden_v6's, and so are the manifests of ``example`` (three arrays: no table),
+``chain``, ``sharded`` and ``codecs`` but for ``format_version``, the metadata's
+``purpose`` and the checksum.
 
 tests/data/golden_v4/ holds the same five checkpoints in format version 4, made by this
 script when uckpt wrote version 4, and never made again: version 5 only lists evenly cut
@@ -76,15 +84,16 @@ import ml_dtypes
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VERSION = 5
+VERSION = 6
 GOLDEN = HERE / f"golden_v{VERSION}"
 GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
 GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
 GOLDEN_V3 = HERE / "golden_v3"  # never regenerated
 GOLDEN_V4 = HERE / "golden_v4"  # never regenerated
+GOLDEN_V5 = HERE / "golden_v5"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
-KNOBS = {"chunk_bytes": 256, "alignment": 64}
+KNOBS = {"chunk_bytes": 256, "alignment": 64, "table_min_arrays": 1}
 EXAMPLE_KNOBS = {"chunk_bytes": 8, "alignment": 64}
 CHAIN_KNOBS = {"incremental_chunk_bytes": 16, "alignment": 64}
 STEP = 42
@@ -404,6 +413,20 @@ def chunk_list(entry):
             chunk["base"] = base
         out.append(chunk)
     return out
+
+
+def table_entries(doc):
+    """The array entries (with ``chunks``, without ``root``) that a version-6 ``table``
+    lists, by path (docs/format.md section 16: its columns are a grid's, one chunk a row,
+    covering its array; decoded by :func:`chunk_list`, not by uckpt)."""
+    t = doc.get("table")
+    if t is None:
+        return {}
+    n = len(t["paths"])
+    rows = chunk_list({"shape": [n], "grid": dict(t, count=n, axis=0, rows=1)})
+    return {path: {"dtype": dtype, "shape": shape,
+                   "chunks": [dict(c, start=[0] * len(shape), shape=shape)]}
+            for path, dtype, shape, c in zip(t["paths"], t["dtypes"], t["shapes"], rows)}
 
 
 def add_merkle_roots(manifest) -> None:

@@ -14,7 +14,7 @@ import base64
 import binascii
 import math
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -63,6 +63,12 @@ def _planes(values: np.ndarray, width: int) -> bytes:
 def encode(axis: int, rows: int, ordered) -> Dict:
     """The ``grid`` object of chunks ``ordered`` (slab order) cut every ``rows`` along
     ``axis``; ``layout`` deflated at level 1."""
+    return {"axis": axis, "rows": rows, "count": len(ordered), **columns(ordered)}
+
+
+def columns(ordered) -> Dict:
+    """``sources``, ``layout`` and ``digests`` of chunks ``ordered`` (docs/format.md 15.2:
+    a grid's slabs, or a table's rows); ``layout`` deflated at level 1."""
     n = len(ordered)
     sources: Dict[Tuple[Optional[str], str], int] = {}
     index = [sources.setdefault((c.base, c.file), len(sources)) for c in ordered]
@@ -73,8 +79,7 @@ def encode(axis: int, rows: int, ordered) -> Dict:
         bytes(_CODEC_NUMBER[c.codec] for c in ordered)))
     crcs = np.fromiter((int(c.checksum[7:], 16) for c in ordered), np.uint32, n)
     digests = crcs.astype("<u4").tobytes() + bytes.fromhex("".join(c.hash[9:] for c in ordered))
-    return {"axis": axis, "rows": rows, "count": n,
-            "sources": [[b, f] for b, f in sources],
+    return {"sources": [[b, f] for b, f in sources],
             "layout": base64.b64encode(zlib.compress(layout, 1)).decode("ascii"),
             "digests": base64.b64encode(digests).decode("ascii")}
 
@@ -108,13 +113,54 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
         p.fail(at + ".count", f"{n} slabs, but an array of shape {list(shape)} cut every {rows} "
                               f"along axis {axis} has {-(-extent // rows)}"
                + (" (an empty array is listed with 'chunks')" if 0 in shape else ""))
-    digests_text = p.need(g["digests"], at + ".digests", str, "Base64 text")
+    row_bytes = dtype_size * math.prod(shape) // extent
+    last = extent - (n - 1) * rows
+
+    def expected() -> np.ndarray:  # (made once the text lengths have been checked)
+        out = np.full(n, rows * row_bytes if n > 1 else 0, dtype=np.uint64)
+        out[-1] = last * row_bytes
+        return out
+
+    cols = read_columns(p, g, at, n, files, bases, expected, max_ratio, _slab)
+    full = shape[:axis] + (rows,) + shape[axis + 1:]
+    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
+    return tuple(map(
+        chunk_cls, cols.files, cols.offsets, cols.lengths,
+        [before + (k * rows,) + after for k in range(n)],
+        [full] * (n - 1) + [shape[:axis] + (last,) + shape[axis + 1:]],
+        cols.codecs, cols.checksums, cols.hashes, cols.bases))
+
+
+def _slab(k: int) -> str:
+    return f"slab {k}"
+
+
+class Columns(NamedTuple):
+    """The per-chunk fields the columns hold, as lists in row (slab) order."""
+    files: List[str]
+    offsets: List[int]
+    lengths: List[int]
+    codecs: List[str]
+    checksums: List[str]
+    hashes: List[str]
+    bases: List[Optional[str]]
+
+
+def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], np.ndarray],
+                 max_ratio: int, label: Callable[[int], str]) -> Columns:
+    """Check and decode the ``sources``, ``layout`` and ``digests`` of ``obj`` (a grid or a
+    table at ``at``) for ``n`` chunks whose boxes hold ``expected()`` raw bytes each
+    (uint64); ``label(k)`` names chunk ``k`` in errors. Text lengths are checked before
+    anything is decoded or allocated."""
+    unit = label(0).split()[0]
+    digests_text = p.need(obj["digests"], at + ".digests", str, "Base64 text")
     if len(digests_text) != b64_length(DIGEST_BYTES * n):  # before decoding anything
-        p.fail(at + ".digests", f"{len(digests_text)} characters of Base64, but {n} slabs need "
-                                f"{b64_length(DIGEST_BYTES * n)} ({DIGEST_BYTES} bytes a slab)")
-    sizes, names, base_of = _sources(p, g["sources"], at + ".sources", n, files, bases)
-    layout = _inflate(p, p.need(g["layout"], at + ".layout", str, "Base64 text"),
-                      at + ".layout", LAYOUT_BYTES * n)
+        p.fail(at + ".digests", f"{len(digests_text)} characters of Base64, but {n} {unit}s "
+                                f"need {b64_length(DIGEST_BYTES * n)} ({DIGEST_BYTES} bytes a "
+                                f"{unit})")
+    sizes, names, base_of = _sources(p, obj["sources"], at + ".sources", n, files, bases, unit)
+    layout = _inflate(p, p.need(obj["layout"], at + ".layout", str, "Base64 text"),
+                      at + ".layout", LAYOUT_BYTES * n, unit)
     digests = _b64(p, digests_text, at + ".digests")
     if len(digests) != DIGEST_BYTES * n:
         p.fail(at + ".digests", f"decodes to {len(digests)} bytes, not {DIGEST_BYTES * n} "
@@ -126,43 +172,33 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
             np.uint64)
         pos += width * n
     offset, length, source, codec = (cols[c] for c, _ in _COLUMNS)
-    _check_columns(p, at, offset, length, source, codec, len(names), p.codecs)
-    # every slab within its file (both terms below 2**63: their sum fits uint64)
+    _check_columns(p, at, offset, length, source, codec, len(names), p.codecs, label)
+    # every chunk within its file (both terms below 2**63: their sum fits uint64)
     ends = offset + length
     outside = np.flatnonzero(ends > np.array(sizes, dtype=np.uint64)[source])
     if outside.size:
         k = int(outside[0])
-        p.fail(at, f"slab {k}: bytes {int(offset[k])}..{int(ends[k])} lie outside "
+        p.fail(at, f"{label(k)}: bytes {int(offset[k])}..{int(ends[k])} lie outside "
                    f"{names[int(source[k])]!r} ({sizes[int(source[k])]} bytes)")
-    row_bytes = dtype_size * math.prod(shape) // extent
-    last = extent - (n - 1) * rows
-    _check_lengths(p, at, length, codec, rows * row_bytes if n > 1 else 0, last * row_bytes,
-                   max_ratio)
+    _check_lengths(p, at, length, codec, expected(), max_ratio, label)
     unused = np.flatnonzero(np.bincount(source.astype(np.intp), minlength=len(names)) == 0)
     if unused.size:
-        p.fail(at + f".sources[{int(unused[0])}]", "no slab is stored there (a writer lists "
-                                                   "exactly the sources it uses)")
+        p.fail(at + f".sources[{int(unused[0])}]", f"no {unit} is stored there (a writer "
+                                                   "lists exactly the sources it uses)")
     hexes = digests[4 * n:].hex()
-    crcs = np.frombuffer(digests, "<u4", n).tolist()
-    full = shape[:axis] + (rows,) + shape[axis + 1:]
-    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
     src = source.tolist()
-    codec_names = [CODEC_NUMBERS[c] for c in codec.tolist()]
-    return tuple(map(
-        chunk_cls,
-        [names[s] for s in src], offset.tolist(), length.tolist(),
-        [before + (k * rows,) + after for k in range(n)],
-        [full] * (n - 1) + [shape[:axis] + (last,) + shape[axis + 1:]],
-        codec_names, ["crc32c:%08x" % v for v in crcs],
-        ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)],
-        [base_of[s] for s in src]))
+    return Columns([names[s] for s in src], offset.tolist(), length.tolist(),
+                   [CODEC_NUMBERS[c] for c in codec.tolist()],
+                   ["crc32c:%08x" % v for v in np.frombuffer(digests, "<u4", n).tolist()],
+                   ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)],
+                   [base_of[s] for s in src])
 
 
-def _sources(p, obj, at: str, n: int, files, bases):
-    """Sizes, file names and bases of the grid's ``sources``, each checked."""
+def _sources(p, obj, at: str, n: int, files, bases, unit: str):
+    """Sizes, file names and bases of the ``sources`` of ``n`` slabs or rows (``unit``)."""
     p.need(obj, at, list, "a list of [base or null, file name] pairs")
     if not 1 <= len(obj) <= n:
-        p.fail(at, f"{len(obj)} sources; a grid of {n} slabs has 1 to {n}")
+        p.fail(at, f"{len(obj)} sources; {n} {unit}s have 1 to {n}")
     sizes: List[int] = []
     names: List[str] = []
     base_of: List[Optional[str]] = []
@@ -203,7 +239,7 @@ def _b64(p, text: str, at: str) -> bytes:
     raise AssertionError  # unreachable: fail raises
 
 
-def _inflate(p, text: str, at: str, expected: int) -> bytes:
+def _inflate(p, text: str, at: str, expected: int, unit: str) -> bytes:
     """The zlib stream of Base64 ``text`` inflated to exactly ``expected`` bytes (never more)."""
     stream = _b64(p, text, at)
     z = zlib.decompressobj()
@@ -214,47 +250,46 @@ def _inflate(p, text: str, at: str, expected: int) -> bytes:
     if len(out) != expected or not z.eof:
         p.fail(at, f"inflates to {'more than' if len(out) > expected else 'only'} "
                    f"{min(len(out), expected)} bytes{'' if z.eof else ' (the stream is cut short)'}"
-                   f"; the grid needs exactly {expected} ({LAYOUT_BYTES} a slab)")
+                   f"; {expected // LAYOUT_BYTES} {unit}s need exactly {expected} "
+                   f"({LAYOUT_BYTES} a {unit})")
     if z.unused_data:
         p.fail(at, f"{len(z.unused_data)} bytes follow the end of the zlib stream")
     return out
 
 
-def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs) -> None:
+def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs,
+                   label: Callable[[int], str]) -> None:
     for name, values, limit in (("offset", offset, _MAX_INT), ("length", length, _MAX_INT),
                                 ("source", source, nsources - 1)):
         bad = np.flatnonzero(values > np.uint64(limit))
         if bad.size:
             k = int(bad[0])
-            p.fail(at + ".layout", f"slab {k}: {name} {int(values[k])} "
+            p.fail(at + ".layout", f"{label(k)}: {name} {int(values[k])} "
                    + ("exceeds 2**63-1" if limit == _MAX_INT else
                       f"is not an index of the {nsources} sources"))
     allowed = [i for i, c in enumerate(CODEC_NUMBERS) if c in codecs]
     bad = np.flatnonzero(~np.isin(codec, np.array(allowed, dtype=np.uint64)))
     if bad.size:
         k = int(bad[0])
-        p.fail(at + ".layout", f"slab {k}: codec number {int(codec[k])} is not one of "
+        p.fail(at + ".layout", f"{label(k)}: codec number {int(codec[k])} is not one of "
                                f"{', '.join(f'{i} ({CODEC_NUMBERS[i]})' for i in allowed)}")
 
 
-def _check_lengths(p, at, length, codec, full_bytes: int, last_bytes: int,
-                   max_ratio: int) -> None:
-    """Raw slabs hold exactly their box's bytes; compressed ones at most 32768 raw bytes
-    per stored byte (and at least one stored byte)."""
-    n = len(length)
-    expected = np.full(n, full_bytes, dtype=np.uint64)
-    expected[-1] = last_bytes
+def _check_lengths(p, at, length, codec, expected, max_ratio: int,
+                   label: Callable[[int], str]) -> None:
+    """Raw chunks hold exactly their box's bytes (``expected``); compressed ones at most
+    32768 raw bytes per stored byte (and at least one stored byte)."""
     raw = codec == 0
     bad = np.flatnonzero(raw & (length != expected))
     if bad.size:
         k = int(bad[0])
-        p.fail(at + ".layout", f"slab {k}: a raw slab of {int(length[k])} bytes, but its box "
-                               f"holds {int(expected[k])}")
+        p.fail(at + ".layout", f"{label(k)}: a raw chunk of {int(length[k])} bytes, but "
+                               f"its box holds {int(expected[k])}")
     # ceil(expected / ratio): no overflow (expected < 2**63), unlike length * ratio
     least = (expected + np.uint64(max_ratio - 1)) // np.uint64(max_ratio)
     bad = np.flatnonzero(~raw & ((length == 0) | (length < least)))
     if bad.size:
         k = int(bad[0])
-        p.fail(at + ".layout", f"slab {k}: a {CODEC_NUMBERS[int(codec[k])]} slab of "
+        p.fail(at + ".layout", f"{label(k)}: a {CODEC_NUMBERS[int(codec[k])]} chunk of "
                                f"{int(length[k])} bytes cannot hold the {int(expected[k])} bytes "
                                f"of its box (at most {max_ratio} raw bytes per stored byte)")

@@ -1,9 +1,10 @@
 """The manifest: the JSON document that describes one checkpoint (docs/format.md).
 
-``Manifest.to_bytes`` writes it (format version 5: ending in its own
+``Manifest.to_bytes`` writes it (format version 6: ending in its own
 checksum, ``integrity.py``; chunks raw or compressed, each with its content hash, Merkle
-roots, references to earlier checkpoints; evenly cut arrays listed compactly, ``grid.py``);
-``Manifest.parse`` reads versions 1 to 5 back,
+roots, references to earlier checkpoints; evenly cut arrays listed compactly, ``grid.py``;
+arrays stored whole as rows of one table, ``table.py``);
+``Manifest.parse`` reads versions 1 to 6 back,
 checks the manifest checksum (version 2 on) before anything else, and validates every
 field strictly: unknown fields, wrong types, numbers beyond the format's limits,
 chunks outside their file or outside their array or overlapping each other, and
@@ -19,23 +20,23 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .. import dtypes, hashing
+from .. import dtypes, hashing, knobs
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, UnsafePathError
-from . import grid, integrity
+from . import grid, integrity, table
 from .strict_json import loads as strict_json_loads
 from .tiling import find_defect
 
 FORMAT_NAME = "uckpt"
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 # 1: version 2 without its checksum; 2: version 3 with raw chunks only; 3: version 4
-# without content hashes, Merkle roots and references; 4: version 5 without grid listings
-# (docs/format.md sections 11, 14, 15)
-READ_VERSIONS = (1, 2, 3, 4, 5)
+# without content hashes, Merkle roots and references; 4: version 5 without grid listings;
+# 5: version 6 without the table (docs/format.md sections 11, 14, 15, 16)
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 MANIFEST_NAME = "manifest.json"
 CODECS = ("raw", "zstd", "zstd+bytegroup")
-CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS}  # each version's codecs
+CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS, 6: CODECS}  # codecs
 #: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
 MAX_RATIO = 32768
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
@@ -90,12 +91,18 @@ class ArrayEntry:
     dtype: str
     shape: Tuple[int, ...]
     chunks: Tuple[Chunk, ...]
-    #: the Merkle root a version-4 manifest recorded ("" for older versions)
+    #: the Merkle root a version-4 manifest recorded ("" for older versions, and for a row
+    #: of a version-6 table, which leaves it to be computed: :meth:`recorded_root`)
     root: str = ""
 
     @property
     def nbytes(self) -> int:
         return dtypes.nbytes(self.dtype, self.shape)
+
+    def recorded_root(self) -> str:
+        """The Merkle root the manifest states: ``root``, or for a table row (which states
+        its chunk's hash only) the root of that hash."""
+        return self.root or hashing.format_hash(self.merkle_root())
 
     def merkle_root(self, digests: Optional[Sequence[bytes]] = None) -> bytes:
         """The array's Merkle root from its chunks' hashes, or from ``digests`` (one per
@@ -159,7 +166,13 @@ class Manifest:
         it); of the version it was read as when its chunks have no content hashes (read
         from an older version: only ``to_bytes`` needs them)."""
         old = self.unhashed() is not None
-        arrays = {p: a.to_json(hashed=not old) for p, a in self.arrays.items()}
+        rows = [] if old or knobs.table_min_arrays <= 0 else \
+            [a for a in self.arrays.values() if table.whole(a)]
+        if len(rows) < max(1, knobs.table_min_arrays):
+            rows = []
+        in_table = {a.path for a in rows}
+        arrays = {p: a.to_json(hashed=not old) for p, a in self.arrays.items()
+                  if p not in in_table}
         out = {
             "format": FORMAT_NAME,
             "format_version": self.format_version if old else FORMAT_VERSION,
@@ -172,10 +185,14 @@ class Manifest:
             "tree": self.tree,
             "arrays": arrays,
         }
+        if rows:
+            out["table"] = table.encode(rows)
         if not old:
+            roots = {p: hashing.parse_hash(a["root"]) for p, a in arrays.items()}
+            roots.update((a.path, a.merkle_root()) for a in rows)
             out["bases"] = self.bases
             out["merkle_root"] = hashing.format_hash(hashing.checkpoint_root(
-                {p: hashing.parse_hash(a["root"]) for p, a in arrays.items()}))
+                {p: roots[p] for p in self.arrays}))
         return out
 
     def to_bytes(self) -> bytes:
@@ -347,6 +364,21 @@ def _one_whole_chunk(chunks, shape) -> bool:
     return len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)
 
 
+def _chunk(file, offset, length, start, shape, codec, checksum, hash, base) -> Chunk:
+    """A checked Chunk, made as :func:`_new` makes one (the fields in their order)."""
+    obj = object.__new__(Chunk)
+    obj.__dict__.update(file=file, offset=offset, length=length, start=start, shape=shape,
+                        codec=codec, checksum=checksum, hash=hash, base=base)
+    return obj
+
+
+def _row_entry(path: str, dtype: str, shape: Tuple[int, ...], chunk: Chunk) -> ArrayEntry:
+    """The entry of a checked table row (no recorded root: ``ArrayEntry.recorded_root``)."""
+    obj = object.__new__(ArrayEntry)
+    obj.__dict__.update(path=path, dtype=dtype, shape=shape, chunks=(chunk,), root="")
+    return obj
+
+
 def _new(cls, **fields):
     """An instance of the frozen dataclass ``cls`` from checked fields, without its
     ``__init__`` (which sets each field through ``object.__setattr__``: a third of the
@@ -423,7 +455,8 @@ class _Parser:
                                            "and hold the checksum that ends the file")
         self.version = version
         self.fields(doc, "<top>", _TOP_FIELDS_V4 if version >= 4 else
-                    _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS)
+                    _TOP_FIELDS_V2 if version >= 2 else _TOP_FIELDS,
+                    ("table",) if version >= 6 else ())
         self.codecs = CODECS_OF[version]
         self.need(doc["generator"], "generator", str, "a string")
         if not isinstance(doc["created"], str) or not _CREATED.fullmatch(doc["created"]):
@@ -440,6 +473,9 @@ class _Parser:
         bases = self.bases(doc["bases"]) if version >= 4 else {}
         merkle = self.hash_text(doc["merkle_root"], "merkle_root") if version >= 4 else ""
         arrays = self.arrays(doc["arrays"], files, bases)
+        if "table" in doc:
+            arrays.update(table.decode(self, doc["table"], arrays, files, bases, _chunk,
+                                       _row_entry, MAX_RATIO))
         self.bases_used(bases, arrays)
         tree = doc["tree"]
         self.need(tree, "tree", dict, "a node object")

@@ -1,0 +1,119 @@
+"""The table of arrays stored whole (format version 6, docs/format.md section 16).
+
+Arrays that are each one chunk covering the whole array are listed as rows of one
+top-level ``table``: their paths, dtypes and shapes as JSON lists, their chunks' fields
+in the binary columns of a grid (:mod:`.grid`, section 15.2). :func:`whole` tells
+whether an array qualifies, :func:`encode` writes the table, :func:`decode` checks one and
+returns its array entries (every list and text length checked against the number of rows
+before anything is decoded).
+"""
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+
+from .. import dtypes
+from . import grid
+
+FIELDS = ("paths", "dtypes", "shapes", "sources", "layout", "digests")
+_MAX_INT = 2 ** 63 - 1
+_MAX_DIMS = 64
+
+
+def whole(entry) -> bool:
+    """Whether array ``entry`` can be a row: one chunk covering it, with elements."""
+    chunks = entry.chunks
+    return len(chunks) == 1 and chunks[0].shape == entry.shape and all(entry.shape)
+
+
+def encode(entries) -> Dict:
+    """The ``table`` object listing ``entries`` (each :func:`whole`), in order."""
+    return {"paths": [e.path for e in entries], "dtypes": [e.dtype for e in entries],
+            "shapes": [list(e.shape) for e in entries],
+            **grid.columns([e.chunks[0] for e in entries])}
+
+
+def decode(p, t, listed, files, bases, chunk_cls, new_entry, max_ratio: int) -> Dict:
+    """Check ``table`` object ``t`` and return its array entries by path, in row order.
+
+    ``p`` is the manifest parser (its ``fail``, ``need``, ``fields``, ``plain_name``,
+    ``codecs``); ``listed``: the paths of ``arrays``; ``files``: name -> FileEntry;
+    ``bases``: base -> file -> size; ``new_entry(path, dtype, shape, chunk)`` makes an
+    array entry; ``max_ratio``: raw bytes per stored byte a compressed chunk may hold."""
+    at = "table"
+    p.need(t, at, dict, "a table object")
+    p.fields(t, at, FIELDS)
+    paths = p.need(t["paths"], at + ".paths", list, "a list of array paths")
+    n = len(paths)
+    if n < 1:
+        p.fail(at + ".paths", "a table has at least one row (leave it out instead)")
+    names = p.need(t["dtypes"], at + ".dtypes", list, "a list of dtype names")
+    shapes = p.need(t["shapes"], at + ".shapes", list, "a list of shapes")
+    for field, values in (("dtypes", names), ("shapes", shapes)):
+        if len(values) != n:
+            p.fail(f"{at}.{field}", f"{len(values)} items for {n} paths")
+    _check_paths(p, at, paths, listed)
+    unknown = next((k for k, d in enumerate(names) if type(d) is not str or
+                    d not in dtypes.NAMES), None)
+    if unknown is not None:
+        p.fail(f"{at}.dtypes[{unknown}]", f"{_show(names[unknown])} is not a dtype of the "
+                                          f"format ({_row(paths, unknown)})")
+    expected = np.fromiter((_nbytes(p, at, paths, k, dtypes.itemsize(names[k]), shape)
+                            for k, shape in enumerate(shapes)), np.uint64, n)
+    cols = grid.read_columns(p, t, at, n, files, bases, lambda: expected, max_ratio,
+                             lambda k: f"row {k} ({paths[k]!r:.80})")
+    zeros: Dict[int, tuple] = {}
+    out = {}
+    for k, (path, name, shape) in enumerate(zip(paths, names, shapes)):
+        shape = tuple(shape)
+        start = zeros.get(len(shape))
+        if start is None:
+            start = zeros[len(shape)] = (0,) * len(shape)
+        chunk = chunk_cls(cols.files[k], cols.offsets[k], cols.lengths[k], start, shape,
+                          cols.codecs[k], cols.checksums[k], cols.hashes[k], cols.bases[k])
+        out[path] = new_entry(path, name, shape, chunk)
+    return out
+
+
+def _check_paths(p, at: str, paths: List, listed) -> None:
+    if not all(type(path) is str for path in paths):
+        k = next(k for k, path in enumerate(paths) if type(path) is not str)
+        p.fail(f"{at}.paths[{k}]", f"expected an array path (a string), got {_show(paths[k])}")
+    if len(set(paths)) != len(paths):
+        seen = set()
+        for k, path in enumerate(paths):
+            if path in seen:
+                p.fail(f"{at}.paths[{k}]", f"array {path!r:.80} is listed twice")
+            seen.add(path)
+    both = set(paths).intersection(listed)
+    if both:
+        k = next(k for k, path in enumerate(paths) if path in both)
+        p.fail(f"{at}.paths[{k}]", f"array {paths[k]!r:.80} is also listed in 'arrays'")
+
+
+def _nbytes(p, at: str, paths, k: int, itemsize: int, shape) -> int:
+    """The bytes of row ``k``'s array (of ``shape``), each rule of section 16.2 checked."""
+    if type(shape) is not list or len(shape) > _MAX_DIMS:
+        p.fail(f"{at}.shapes[{k}]", f"expected a list of at most {_MAX_DIMS} integers, got "
+                                    f"{_show(shape)} ({_row(paths, k)})")
+    size = itemsize
+    for n in shape:
+        if type(n) is not int or not 0 < n <= _MAX_INT:
+            p.fail(f"{at}.shapes[{k}]", f"{_show(n)} is not a dimension of a table row: an "
+                                        f"integer from 1 to 2**63-1 ({_row(paths, k)}; an "
+                                        "empty array is listed in 'arrays')")
+        size *= n
+    if size > _MAX_INT:
+        p.fail(f"{at}.shapes[{k}]", f"the array holds {size} bytes, more than 2**63-1 "
+                                    f"({_row(paths, k)})")
+    return size
+
+
+def _row(paths, k: int) -> str:
+    return f"row {k}, {paths[k]!r:.80}"
+
+
+def _show(obj) -> str:
+    text = repr(obj)
+    return text if len(text) <= 60 else text[:57] + "..."
