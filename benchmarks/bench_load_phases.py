@@ -28,12 +28,14 @@ uckpt's internals (``restore._Matcher``), so this script moves with them.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List
@@ -116,7 +118,8 @@ def python_floor(path: Path, data_file: Path, model, opt, threads: int, pool,
             c = e.chunks[0]
             return e.shape, c.offset, c.length, c.checksum
     else:
-        listed = json.loads(data)["arrays"]
+        doc = json.loads(data)
+        listed = {**doc["arrays"], **_rows(doc.get("table"))}
 
         def where(name: str):
             e = listed[name]
@@ -158,6 +161,20 @@ def python_floor(path: Path, data_file: Path, model, opt, threads: int, pool,
             f.result()
     finally:
         os.close(fd)
+
+
+def _rows(table) -> Dict[str, dict]:
+    """A version-6 table's rows as ``{path: {"shape", "chunks": [{"offset", "length",
+    "checksum"}]}}``, its columns decoded with nothing checked (docs/format.md 15.2, 16)."""
+    if table is None:
+        return {}
+    n = len(table["paths"])
+    layout = np.frombuffer(zlib.decompress(base64.b64decode(table["layout"])), np.uint8)
+    offsets, lengths = (layout[8 * n * k:8 * n * (k + 1)].reshape(8, n).T.copy().view("<u8")
+                        .reshape(n).tolist() for k in (0, 1))
+    crcs = np.frombuffer(base64.b64decode(table["digests"]), "<u4", n).tolist()
+    return {p: {"shape": s, "chunks": [{"offset": o, "length": ln, "checksum": f"crc32c:{c:08x}"}]}
+            for p, s, o, ln, c in zip(table["paths"], table["shapes"], offsets, lengths, crcs)}
 
 
 def phased_load(path: Path, state: Dict[str, object], times: Dict[str, List[float]]) -> None:
