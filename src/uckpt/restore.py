@@ -162,6 +162,13 @@ class _Matcher:
                                      "C-contiguous to be loaded into", leaf=where)
         self.needed.append(node)
 
+    def take(self, path: str, target: np.ndarray) -> None:
+        """Read array ``path`` into ``target`` if it fits (else it is read and copied)."""
+        entry = self.m.arrays[path]
+        if path not in self.targets and target.shape == entry.shape and \
+                target.dtype == dtypes.to_numpy(entry.dtype) and _writable(target):
+            self.targets[path] = target
+
     def collect_targets(self, node: Dict[str, Any], targets: Any) -> None:
         if targets is None:
             return
@@ -174,16 +181,16 @@ class _Matcher:
                 self.targets[node["path"]] = (targets.array, targets.offsets)
             return
         if kind == "array" and isinstance(targets, np.ndarray):
-            path = node["path"]
-            entry = self.m.arrays[path]
-            if path not in self.targets and targets.shape == entry.shape and \
-                    targets.dtype == dtypes.to_numpy(entry.dtype) and _writable(targets):
-                self.targets[path] = targets
+            self.take(node["path"], targets)
         elif kind == "dict" and isinstance(targets, Mapping):
             get, int_keys = targets.get, node.get("key_type") == "int"
             for k, v in node["items"].items():
                 t = get(int(k) if int_keys else k)
-                if t is not None:
+                if t is None:
+                    continue
+                if type(t) is np.ndarray and v["type"] == "array":  # (most leaves: one call)
+                    self.take(v["path"], t)
+                else:
                     self.collect_targets(v, t)
         elif kind in ("list", "tuple") and isinstance(targets, (list, tuple)):
             for v, t in zip(node["items"], targets):
