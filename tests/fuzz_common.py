@@ -498,11 +498,19 @@ class Source:
     name: str
     path: Path  # the intact copy, never changed
     manifest: bytes  # its manifest file
-    doc: Dict[str, Any]  # the manifest's JSON
+    doc: Dict[str, Any]  # the manifest's JSON (grids and table listed as chunks)
     sealed: bool  # its manifest is (or, written by this uckpt, must be) integrity-checked
     skip: List[str]  # top-level keys in-place restores leave out (framework objects)
     declared: int  # bytes of its data files
     expected: Dict[str, Any] = field(default_factory=dict)  # op -> result on an intact copy
+
+    @property
+    def raw(self) -> Dict[str, Any]:
+        """The manifest's JSON as written (a version-6 table and grids kept), less its
+        checksum member: a fresh copy to edit."""
+        doc = json.loads(self.manifest)
+        doc.pop("manifest_checksum", None)
+        return doc
 
 
 @dataclass
