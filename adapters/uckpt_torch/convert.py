@@ -94,15 +94,16 @@ def is_dtensor(t: Any) -> bool:
     """Whether ``t`` is a DTensor (:mod:`.dtensor`): a tensor subclass without memory of its
     own. Looked up in ``sys.modules``: a DTensor exists only once ``torch.distributed.tensor``
     is imported, and nothing here imports it."""
-    if type(t) in _NOT_DTENSOR:  # (the common case, without the module lookup)
+    if type(t) in PLAIN_TENSORS:  # (the common case, without the module lookup)
         return False
     mod = sys.modules.get("torch.distributed.tensor")
     cls = getattr(mod, "DTensor", None)
     return cls is not None and isinstance(t, cls)
 
 
-#: tensor classes that are not DTensors (exact types: a subclass may be one)
-_NOT_DTENSOR = frozenset((torch.Tensor, torch.nn.Parameter))
+#: the exact types of plain tensors: neither DTensors nor a lazy module's uninitialized
+#: parameters (both are subclasses)
+PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def same_memory(arr: np.ndarray, t: torch.Tensor) -> bool:

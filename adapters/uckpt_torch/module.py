@@ -30,7 +30,8 @@ from uckpt.dtypes import name_of
 from uckpt.errors import KeyMismatchError, StateMismatchError
 
 from .checks import array_problem, raise_problems
-from .convert import _NAMES, from_numpy, same_memory, tree_from_numpy, writable_view
+from .convert import (_NAMES, PLAIN_TENSORS, from_numpy, same_memory, tree_from_numpy,
+                      writable_view)
 from .device import to_leaf, tree_to_numpy
 from .dtensor import fill, is_dtensor, read_target
 from .layout import align_compiled
@@ -47,10 +48,6 @@ def _is_array(key: str, value) -> bool:
             and not key.endswith(_DOT_EXTRA) and key != _EXTRA)
 
 
-#: the exact types of plain tensors: neither DTensors nor uninitialized parameters
-_PLAIN_TENSORS = frozenset((torch.Tensor, nn.Parameter))
-
-
 def _matches(t, leaf) -> bool:
     """The common case of ``array_problem(key, t, leaf) is None``, for a plain tensor and
     an ArraySpec or ndarray leaf of its shape and dtype (False: ask array_problem)."""
@@ -63,7 +60,7 @@ def _matches(t, leaf) -> bool:
 def _target(key: str, t, spec):
     """The in-place read target of entry ``key``: the tensor's memory, this rank's box of a
     DTensor (:mod:`.dtensor`), or None."""
-    if type(t) in _PLAIN_TENSORS and not key.endswith(_DOT_EXTRA) and key != _EXTRA:
+    if type(t) in PLAIN_TENSORS and not key.endswith(_DOT_EXTRA) and key != _EXTRA:
         return writable_view(t)
     if not _is_array(key, t):
         return None
@@ -141,7 +138,7 @@ class ModuleAdapter(Adapter):
         self._check(obj, live, spec)
         targets = {key: _target(key, t, spec[key]) for key, t in live.items()}
         self._views[obj] = {key: (live[key], view) for key, view in targets.items()
-                            if view is not None and isinstance(view, np.ndarray)}
+                            if isinstance(view, np.ndarray)}
         if not names:
             return targets
         back = {new: old for old, new in names.items()}
@@ -188,7 +185,7 @@ class ModuleAdapter(Adapter):
         for key, t in live.items():
             leaf = tree.get(key, tree)  # (tree: absent)
             if leaf is tree or key in read_into or not _is_array(key, t) or \
-                    (type(t) in _PLAIN_TENSORS and _matches(t, leaf)):
+                    (type(t) in PLAIN_TENSORS and _matches(t, leaf)):
                 continue
             problem = array_problem(key, t, leaf)
             if problem:

@@ -149,8 +149,7 @@ class CheckpointReader:
         for path, target in wanted.items():
             entry = arrays[path]
             if type(target) is np.ndarray and target.shape == entry.shape:  # (the common case)
-                plan.append((entry, target, None, entry.chunks if len(entry.chunks) == 1 and
-                             all(entry.shape) else [c for c in entry.chunks if all(c.shape)]))
+                plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
                 continue
             origin = None
             if isinstance(target, tuple):

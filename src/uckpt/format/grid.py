@@ -18,12 +18,13 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .values import MAX_INT
+
 FIELDS = ("axis", "rows", "count", "sources", "layout", "digests")
 CODEC_NUMBERS = ("raw", "zstd", "zstd+bytegroup")  # the codec column's values, in order
 DIGEST_BYTES = 20  # per slab: u32 CRC-32C + 16-byte XXH3-128 digest
 LAYOUT_BYTES = 21  # per slab: u64 offset + u64 length + u32 source + u8 codec
 _COLUMNS = (("offset", 8), ("length", 8), ("source", 4), ("codec", 1))
-_MAX_INT = 2 ** 63 - 1
 _CODEC_NUMBER = {c: i for i, c in enumerate(CODEC_NUMBERS)}
 
 
@@ -259,13 +260,13 @@ def _inflate(p, text: str, at: str, expected: int, unit: str) -> bytes:
 
 def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs,
                    label: Callable[[int], str]) -> None:
-    for name, values, limit in (("offset", offset, _MAX_INT), ("length", length, _MAX_INT),
+    for name, values, limit in (("offset", offset, MAX_INT), ("length", length, MAX_INT),
                                 ("source", source, nsources - 1)):
         bad = np.flatnonzero(values > np.uint64(limit))
         if bad.size:
             k = int(bad[0])
             p.fail(at + ".layout", f"{label(k)}: {name} {int(values[k])} "
-                   + ("exceeds 2**63-1" if limit == _MAX_INT else
+                   + ("exceeds 2**63-1" if limit == MAX_INT else
                       f"is not an index of the {nsources} sources"))
     allowed = [i for i, c in enumerate(CODEC_NUMBERS) if c in codecs]
     bad = np.flatnonzero(~np.isin(codec, np.array(allowed, dtype=np.uint64)))

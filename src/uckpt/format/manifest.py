@@ -27,6 +27,8 @@ from ..errors import FormatVersionError, ManifestError, UnsafePathError
 from . import grid, integrity, table
 from .strict_json import loads as strict_json_loads
 from .tiling import find_defect
+from .values import MAX_DIMS, MAX_INT
+from .values import dims as _dims, key as _key, show as _show
 
 FORMAT_NAME = "uckpt"
 FORMAT_VERSION = 6
@@ -39,8 +41,6 @@ CODECS = ("raw", "zstd", "zstd+bytegroup")
 CODECS_OF = {1: ("raw",), 2: ("raw",), 3: CODECS, 4: CODECS, 5: CODECS, 6: CODECS}  # codecs
 #: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
 MAX_RATIO = 32768
-MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
-MAX_DIMS = 64  # NumPy's limit
 MAX_KEY_DIGITS = 4300  # int dict keys; Python's default limit for int(str)
 _SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}")  # used with fullmatch
 _CREATED = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?Z")
@@ -166,9 +166,8 @@ class Manifest:
         it); of the version it was read as when its chunks have no content hashes (read
         from an older version: only ``to_bytes`` needs them)."""
         old = self.unhashed() is not None
-        rows = [] if old or knobs.table_min_arrays <= 0 else \
-            [a for a in self.arrays.values() if table.whole(a)]
-        if len(rows) < max(1, knobs.table_min_arrays):
+        rows = [] if old else [a for a in self.arrays.values() if table.whole(a)]
+        if knobs.table_min_arrays <= 0 or len(rows) < knobs.table_min_arrays:
             rows = []
         in_table = {a.path for a in rows}
         arrays = {p: a.to_json(hashed=not old) for p, a in self.arrays.items()
@@ -778,30 +777,3 @@ class _Parser:
             self.node(node["state"], _Item(loc, None), arrays, depth + 1)
         else:
             self.fail(loc + ".type", f"unknown node type {_show(kind)}")
-
-
-def _show(obj) -> str:
-    """A short JSON-like preview of a value for an error message (never huge, never raises)."""
-    if isinstance(obj, str):
-        return _key(obj)
-    if isinstance(obj, bool) or obj is None or isinstance(obj, float):
-        return json.dumps(obj)
-    if isinstance(obj, int):
-        if obj.bit_length() > 128:
-            return f"an integer of {obj.bit_length()} bits"
-        return str(obj)
-    if isinstance(obj, list):
-        return f"a list of {len(obj)} items"
-    if isinstance(obj, dict):
-        return f"an object of {len(obj)} members"
-    return type(obj).__name__
-
-
-def _key(text: str) -> str:
-    """A string quoted for a message, shortened when long."""
-    return repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
-
-
-def _dims(shape) -> str:
-    text = ", ".join(map(_show, shape))
-    return f"[{text}]" if len(text) <= 200 else f"[{text[:180]}, ...] ({len(shape)} dimensions)"

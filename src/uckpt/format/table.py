@@ -15,10 +15,10 @@ import numpy as np
 
 from .. import dtypes
 from . import grid
+from .values import MAX_DIMS, MAX_INT
+from .values import show as _show
 
 FIELDS = ("paths", "dtypes", "shapes", "sources", "layout", "digests")
-_MAX_INT = 2 ** 63 - 1
-_MAX_DIMS = 64
 
 
 def whole(entry) -> bool:
@@ -94,17 +94,17 @@ def _check_paths(p, at: str, paths: List, listed) -> None:
 
 def _nbytes(p, at: str, paths, k: int, itemsize: int, shape) -> int:
     """The bytes of row ``k``'s array (of ``shape``), each rule of section 16.2 checked."""
-    if type(shape) is not list or len(shape) > _MAX_DIMS:
-        p.fail(f"{at}.shapes[{k}]", f"expected a list of at most {_MAX_DIMS} integers, got "
+    if type(shape) is not list or len(shape) > MAX_DIMS:
+        p.fail(f"{at}.shapes[{k}]", f"expected a list of at most {MAX_DIMS} integers, got "
                                     f"{_show(shape)} ({_row(paths, k)})")
     size = itemsize
     for n in shape:
-        if type(n) is not int or not 0 < n <= _MAX_INT:
+        if type(n) is not int or not 0 < n <= MAX_INT:
             p.fail(f"{at}.shapes[{k}]", f"{_show(n)} is not a dimension of a table row: an "
                                         f"integer from 1 to 2**63-1 ({_row(paths, k)}; an "
                                         "empty array is listed in 'arrays')")
         size *= n
-    if size > _MAX_INT:
+    if size > MAX_INT:
         p.fail(f"{at}.shapes[{k}]", f"the array holds {size} bytes, more than 2**63-1 "
                                     f"({_row(paths, k)})")
     return size
@@ -113,7 +113,3 @@ def _nbytes(p, at: str, paths, k: int, itemsize: int, shape) -> int:
 def _row(paths, k: int) -> str:
     return f"row {k}, {paths[k]!r:.80}"
 
-
-def _show(obj) -> str:
-    text = repr(obj)
-    return text if len(text) <= 60 else text[:57] + "..."
