@@ -266,3 +266,28 @@ def test_schema_accepts_tables_and_rejects_malformed_ones(validator):
         assert not validator.is_valid(bad), case
     for name in ("all_types", "example", "chain/step_00000002"):
         validator.validate(doc_of(V6 / name))
+
+
+def test_a_malformed_table_changes_nothing_and_the_manager_falls_back(tmp_path):
+    """A load from a checkpoint whose table is malformed (re-sealed, so the parser is
+    reached) raises before anything is written into the state, and the manager restores
+    the step before it; the step's own files are left as they were."""
+    state = state_of(20)
+    mgr = uckpt.CheckpointManager(tmp_path / "root")
+    mgr.save(1, state)
+    mgr.save(2, {k: v + 1 for k, v in state.items()})
+    mgr.wait()
+    bad = mgr.path(2)
+    doc = doc_of(bad)
+    doc["table"]["shapes"][3] = [0, 4]  # a row without elements (rule 30)
+    (bad / "manifest.json").write_bytes(sealed(doc))
+    before = {p.name: p.read_bytes() for p in bad.iterdir()}
+    dest = {k: np.zeros_like(v) for k, v in state.items()}
+    with pytest.raises(errors.ManifestError, match=r"table\.shapes\[3\]"):
+        uckpt.load(bad, dest)
+    assert all(not v.any() for v in dest.values())  # nothing written
+    with pytest.warns(RuntimeWarning, match=r"skipping checkpoint step 2 .*table\.shapes\[3\]"):
+        assert mgr.restore(dest) == 1
+    for k, v in state.items():
+        np.testing.assert_array_equal(dest[k], v)
+    assert {p.name: p.read_bytes() for p in bad.iterdir()} == before
