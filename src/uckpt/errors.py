@@ -9,7 +9,7 @@ one, how to fix it.
 from __future__ import annotations
 
 import errno as _errno
-from typing import Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
 
 class UckptError(Exception):
@@ -56,7 +56,7 @@ class _OSFlavoured(UckptError, OSError):
 class CheckpointNotFoundError(_OSFlavoured, FileNotFoundError):
     """The checkpoint (or a file it needs) does not exist."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.ENOENT)
         super().__init__(message, **kw)
 
@@ -68,7 +68,7 @@ class NotACheckpointError(UckptError, ValueError):
 class CheckpointExistsError(_OSFlavoured, FileExistsError):
     """A save would replace an existing committed checkpoint."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.EEXIST)
         super().__init__(message, **kw)
 
@@ -148,7 +148,7 @@ class DtypeMismatchError(StateMismatchError):
 class StorageFullError(_OSFlavoured):
     """No space was left on the device while writing a checkpoint."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.ENOSPC)
         super().__init__(message, **kw)
 
@@ -164,7 +164,7 @@ class StorageAccessError(_OSFlavoured, PermissionError):
 class RootLockedError(_OSFlavoured, BlockingIOError):
     """Another writer holds the checkpoint root (``holder``: its host, pid, job, mode)."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.EWOULDBLOCK)
         super().__init__(message, **kw)
 
@@ -174,7 +174,7 @@ class StorageUnavailableError(_OSFlavoured, ConnectionError):
     """The storage could not be reached, or kept failing (timeouts, connection resets,
     5xx answers), after every retry. ``endpoint`` names it."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.EHOSTUNREACH)
         super().__init__(message, **kw)
 
@@ -183,7 +183,7 @@ class ObjectStoreError(_OSFlavoured):
     """The object store answered with an error no more specific class describes
     (``code``: the S3 error code, ``status``: the HTTP status)."""
 
-    def __init__(self, message, **kw):
+    def __init__(self, message: str, **kw: Any) -> None:
         kw.setdefault("errno", _errno.EIO)
         super().__init__(message, **kw)
 
@@ -203,6 +203,15 @@ class CompressionError(UckptError, ValueError):
 
 class StorageDependencyError(UckptError, ImportError):
     """The storage needs an optional package that is not installed."""
+
+
+class InvalidKeyError(UckptError, ValueError):
+    """A blob key or prefix that is not a relative '/'-separated path inside the store's
+    root (empty, absolute, with ``.`` or ``..`` components), or a negative byte offset."""
+
+
+class StoreCapabilityError(UckptError, NotImplementedError):
+    """An operation a blob store does not offer (its capability flag is False)."""
 
 
 # --- distributed ------------------------------------------------------------------------------
