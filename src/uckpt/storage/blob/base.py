@@ -1,0 +1,332 @@
+"""The blob interface: bytes under '/'-separated keys, and what a store can promise.
+
+A :class:`BlobStore` knows nothing of checkpoints, steps or manifests: the checkpoint
+layer above it (sources, sinks, the commit rule, debris, the writer lock, the listing
+of steps) is written once, on this interface, and reads the capability flags to choose
+how to commit and how to lock.
+
+Keys are relative paths under the store's root: non-empty components joined by ``/``,
+none of them ``.`` or ``..``, no leading ``/``, no NUL; any other character is allowed.
+Components starting with :data:`RESERVED` name a store's own temporary objects: callers
+may not use them and listings never show them. A *prefix* is ``""`` (everything) or a
+key-like path; ``"step_1"`` and ``"step_1/"`` both mean the keys below ``step_1/``
+(never those of ``step_10``).
+
+Call order (who calls what)
+---------------------------
+Writing, on every rank that writes (the checkpoint layer):
+  1. :meth:`BlobStore.open_writer` (or :meth:`BlobStore.write`) for each data object:
+     ``BlobWriter.write`` any number of times, then ``commit`` (the object appears whole,
+     durably) or ``abort`` (nothing appears). Objects are written under a temporary
+     prefix where the store has :attr:`~BlobStore.atomic_rename`, else under their final
+     prefix.
+Committing, on the coordinator only, after every rank's writers committed:
+  2. with ``atomic_rename``: :meth:`BlobStore.rename_prefix` of the temporary prefix to
+     the final one (refused if the final prefix holds anything); without it:
+     :meth:`BlobStore.create_if_absent` of the object written last (the manifest), which
+     exactly one of several racing writers wins where the store has
+     :attr:`~BlobStore.conditional_create`.
+Locking, by the writer of a root: :meth:`BlobStore.lock` where the store has
+  :attr:`~BlobStore.advisory_locks`, else a lease object made with ``create_if_absent``.
+Reading, by any process: :meth:`BlobStore.list` / :meth:`BlobStore.list_dir`, then
+  :meth:`BlobStore.size` and :meth:`BlobStore.read_into` (or :meth:`BlobStore.read` for
+  small objects, with a cap).
+Removing, by the writer only: :meth:`BlobStore.delete`, :meth:`BlobStore.delete_prefix`.
+
+Every method may be called from any thread. Errors are :mod:`uckpt.errors` classes: a
+missing key raises :class:`~uckpt.errors.CheckpointNotFoundError` (a
+``FileNotFoundError``), a refused create or rename
+:class:`~uckpt.errors.CheckpointExistsError` (a ``FileExistsError``), a bad key or offset
+:class:`~uckpt.errors.InvalidKeyError` (a ``ValueError``), a lock held elsewhere
+:class:`~uckpt.errors.RootLockedError`, an operation the store does not offer
+:class:`~uckpt.errors.StoreCapabilityError`.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
+
+from ...errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    InvalidKeyError,
+    SaveError,
+    StoreCapabilityError,
+    UnsupportedObjectError,
+)
+
+#: the first characters of a key component a store uses for its own temporary objects
+RESERVED = ".uckpt-part-"
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
+
+    #: what :meth:`BlobStore.write` takes: one buffer, or buffers one after another
+    Data = Buffer | Iterable[Buffer]
+
+
+class Listing(NamedTuple):
+    """One level below a prefix: the keys directly there, and the prefixes (each ending
+    in ``/``) that hold further keys. Both are full keys from the store's root, sorted."""
+
+    keys: list[str]
+    prefixes: list[str]
+
+
+def check_key(key: object) -> str:
+    """``key`` if it is a valid key (see the module's docstring), else InvalidKeyError."""
+    if not isinstance(key, str):
+        raise InvalidKeyError(f"a blob key must be a str, not {type(key).__name__}",
+                              hint="pass the key as a '/'-separated relative path")
+    if not key or key.startswith("/") or "\0" in key:
+        raise InvalidKeyError(f"blob key {key!r} is empty, absolute or holds a NUL",
+                              path=key, hint="keys are relative paths such as 'a/b.bin'")
+    for part in key.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidKeyError(f"blob key {key!r} has an empty, '.' or '..' component: "
+                                  "it could name something outside the store's root",
+                                  path=key, hint="give the key as a normalized relative "
+                                                 "path, such as 'a/b.bin'")
+        if part.startswith(RESERVED):
+            raise InvalidKeyError(f"blob key {key!r} uses the component prefix {RESERVED!r} "
+                                  "reserved for a store's temporary objects", path=key,
+                                  hint="choose another name for that component")
+    return key
+
+
+def check_prefix(prefix: object) -> str:
+    """``prefix`` as ``""`` or ``"a/b/"`` (a trailing ``/`` added), else InvalidKeyError."""
+    if prefix == "":
+        return ""
+    return check_key(prefix[:-1] if isinstance(prefix, str) and prefix.endswith("/")
+                     else prefix) + "/"
+
+
+def check_below_root(prefix: object, store: object) -> str:
+    """``prefix`` as :func:`check_prefix` gives it; InvalidKeyError for the root."""
+    checked = check_prefix(prefix)
+    if not checked:
+        raise InvalidKeyError(f"delete_prefix('') would empty the whole store {store}",
+                              hint="name a prefix below the root")
+    return checked
+
+
+def check_rename(src: object, dst: object) -> tuple[str, str]:
+    """The prefixes of a rename (as :func:`check_prefix` gives them); InvalidKeyError for
+    the root, or where one lies within the other."""
+    a, b = check_prefix(src), check_prefix(dst)
+    if not a or not b or a.startswith(b) or b.startswith(a):
+        raise InvalidKeyError(f"rename_prefix({src!r}, {dst!r}): the root cannot be renamed, "
+                              "nor a prefix into itself or its parent",
+                              hint="name two separate prefixes below the root")
+    return a, b
+
+
+def check_offset(key: str, offset: object) -> int:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidKeyError(f"read of blob {key!r}: the offset must be an integer >= 0, "
+                              f"not {offset!r}", path=key, hint="pass a byte offset >= 0")
+    return offset
+
+
+def writable_view(key: str, buf: Buffer) -> memoryview:
+    """``buf`` as a flat writable byte view, or UnsupportedObjectError."""
+    view = flat(buf)
+    if view.readonly:
+        raise UnsupportedObjectError(f"read of blob {key!r}: the buffer must be writable",
+                                     path=key, hint="pass a bytearray or a writable NumPy "
+                                                    "array")
+    return view
+
+
+def buffers(data: Data) -> Iterator[memoryview]:
+    """The flat byte views of ``data`` (one buffer, or an iterable of them)."""
+    if is_buffer(data):
+        yield flat(data)  # type: ignore[arg-type]
+        return
+    for piece in data:  # type: ignore[union-attr]
+        if not is_buffer(piece):
+            raise UnsupportedObjectError(f"a blob is written from buffers, not from a "
+                                         f"{type(piece).__name__}",
+                                         hint="pass bytes, a bytearray, a memoryview or a "
+                                              "NumPy array")
+        yield flat(piece)
+
+
+def is_buffer(obj: object) -> bool:
+    try:
+        memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def flat(buf: Buffer) -> memoryview:
+    """``buf`` as a flat byte view, not copied (UnsupportedObjectError unless it is
+    C-contiguous)."""
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise UnsupportedObjectError("a blob is read into or written from C-contiguous "
+                                     "buffers only", hint="pass a contiguous copy "
+                                                          "(numpy.ascontiguousarray)")
+    return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+
+
+def closed(key: str) -> SaveError:
+    """The error of a write to a writer already committed or aborted."""
+    return SaveError(f"the writer of blob {key!r} is closed", hint="open a new writer")
+
+
+class BlobWriter(abc.ABC):
+    """One object being written: :meth:`write` buffers in order, then :meth:`commit`
+    (the object appears whole, replacing any object of that key) or :meth:`abort`
+    (nothing appears). As a context manager it commits on success, aborts on error."""
+
+    key: str
+
+    @abc.abstractmethod
+    def write(self, data: Buffer) -> None:
+        """Append ``data`` (the caller may reuse its memory once this returns)."""
+
+    @abc.abstractmethod
+    def commit(self) -> None:
+        """Make the object visible, whole and durable (where the store is durable)."""
+
+    @abc.abstractmethod
+    def abort(self) -> None:
+        """Drop what was written; calling it after :meth:`commit` does nothing."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if kind is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class BlobLock(abc.ABC):
+    """An advisory lock on a key, held until :meth:`release` (or the process ends)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """Drop the lock; a second call does nothing."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class BlobStore(abc.ABC):
+    """Bytes under keys below one root (see the module's docstring for keys, the call
+    order and the errors). Subclasses implement the abstract methods and, for each
+    capability flag they set, the operation it promises."""
+
+    #: :meth:`rename_prefix` moves every key below a prefix at once (readers see all of
+    #: them under one name or the other) and never replaces anything
+    atomic_rename: ClassVar[bool] = False
+    #: :meth:`create_if_absent` is atomic: of racing callers exactly one wins, and the
+    #: object appears whole (else it is a check then a write)
+    conditional_create: bool = False
+    #: :meth:`lock` gives advisory locks that other processes on the root respect
+    advisory_locks: ClassVar[bool] = False
+    #: writers bypass the page cache (O_DIRECT) where the medium takes it
+    direct_io: ClassVar[bool] = False
+    #: large objects are written in parts, several at once
+    multipart: ClassVar[bool] = False
+    #: committed objects outlive the process (and, on POSIX, a crash of the machine)
+    durable: bool = True
+
+    # --- reading ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read_into(self, key: str, offset: int, buf: Buffer) -> int:
+        """Fill ``buf`` with the object's bytes from ``offset``; returns how many were
+        read: fewer than ``len(buf)`` only where the object ends (0 at or past its end).
+        A missing key raises, even for an empty ``buf``."""
+
+    @abc.abstractmethod
+    def size(self, key: str) -> int:
+        """The object's size in bytes."""
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except CheckpointNotFoundError:
+            return False
+        return True
+
+    def read(self, key: str, cap: int) -> bytes:
+        """The whole object, refused (CorruptCheckpointError) when it holds more than
+        ``cap`` bytes; at most ``cap + 1`` bytes are ever read."""
+        buf = bytearray(min(self.size(key), cap) + 1)
+        n = self.read_into(key, 0, buf)
+        if n > cap:
+            raise CorruptCheckpointError(f"blob {key!r} holds more than {cap} bytes, the "
+                                         "most read for it", path=key,
+                                         hint="it is not an object this reader expects")
+        del buf[n:]
+        return bytes(buf)
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """Every key below ``prefix``, however deep, with its size, in no set order."""
+
+    @abc.abstractmethod
+    def list_dir(self, prefix: str = "") -> Listing:
+        """The keys and sub-prefixes directly below ``prefix``."""
+
+    # --- writing ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def open_writer(self, key: str) -> BlobWriter:
+        """A writer of the whole object ``key`` (streamed; multipart where the store
+        has it)."""
+
+    def write(self, key: str, data: Data) -> None:
+        """Write the whole object ``key`` from one buffer or an iterable of buffers,
+        replacing any object of that key; readers see the old or the new one whole."""
+        with self.open_writer(key) as out:
+            for view in buffers(data):
+                out.write(view)
+
+    @abc.abstractmethod
+    def create_if_absent(self, key: str, data: Buffer) -> bool:
+        """Write ``data`` to ``key`` unless an object of that key exists; returns whether
+        it was written. Atomic where :attr:`conditional_create` is set (give racing
+        callers different contents: a store may take an identical object for its own
+        retried write)."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove the object (a missing one is no error)."""
+
+    @abc.abstractmethod
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove every object below ``prefix`` (which must not be the root), and the
+        store's temporary objects there."""
+
+    # --- optional operations, promised by the capability flags ---------------------------
+    def rename_prefix(self, src: str, dst: str) -> None:
+        """Move every key below ``src`` to below ``dst``, atomically; refused with
+        CheckpointExistsError if ``dst`` holds anything, CheckpointNotFoundError if
+        ``src`` holds nothing (:attr:`atomic_rename`)."""
+        raise self._lacks("atomic_rename", "rename_prefix")
+
+    def lock(self, key: str, *, shared: bool = False) -> BlobLock:
+        """Take the advisory lock of ``key`` without waiting (RootLockedError if another
+        holder has it; ``shared`` locks coexist) (:attr:`advisory_locks`)."""
+        raise self._lacks("advisory_locks", "lock")
+
+    def close(self) -> None:
+        """Release what the store holds open (connections); the default does nothing."""
+
+    def _lacks(self, flag: str, method: str) -> StoreCapabilityError:
+        return StoreCapabilityError(f"{type(self).__name__} does not offer {method}() "
+                                    f"({flag} is False)",
+                                    hint=f"check the store's {flag} flag before calling "
+                                         f"{method}()")
