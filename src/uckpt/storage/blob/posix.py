@@ -1,0 +1,411 @@
+"""A blob store in a local directory tree: one file per key.
+
+Reads walk the key's directories from the root's descriptor without following a
+symbolic link, open only regular files and never block (:mod:`uckpt.fsutil`), so no key
+leads outside the root. Writes go to a hidden temporary file beside the key, with
+O_DIRECT where the file system takes it (else buffered, their writeback started as they
+go), are fsynced and renamed into place, and the directory is fsynced: an object appears
+whole and survives a crash once its writer commits. ``rename_prefix`` is
+``renameat2(RENAME_NOREPLACE)``; locks are ``flock``.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
+
+from ... import fsutil, knobs
+from ...errors import (
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    NotACheckpointError,
+    RootLockedError,
+)
+from ...writer import _DirectFile
+from .base import (
+    RESERVED,
+    BlobLock,
+    BlobStore,
+    BlobWriter,
+    Listing,
+    check_below_root,
+    check_key,
+    check_offset,
+    check_prefix,
+    check_rename,
+    closed,
+    flat,
+    writable_view,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+log = logging.getLogger("uckpt.storage.blob.posix")
+
+T = TypeVar("T")
+_RENAME_NOREPLACE = 1
+_NOT_SUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+
+
+class PosixStore(BlobStore):
+    """Keys are files below the directory ``root`` (made if missing; reached through a
+    symlink if ``root`` is one: the caller's choice). ``buffer_bytes``: a writer's
+    page-aligned staging buffer, written out whenever it fills."""
+
+    atomic_rename: ClassVar[bool] = True
+    conditional_create = True
+    advisory_locks: ClassVar[bool] = True
+    direct_io: ClassVar[bool] = True
+
+    def __init__(self, root: str | os.PathLike[str], *,
+                 buffer_bytes: int | None = None) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        page = mmap.PAGESIZE
+        self.buffer_bytes = max(page, (buffer_bytes or knobs.stream_buffer_bytes) // page * page)
+
+    def where(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    # --- walking the tree ----------------------------------------------------------------
+    def _dir(self, parts: list[str], key: str, create: bool = False) -> int:
+        """The descriptor of the directory ``root/parts...`` (made where ``create``);
+        CheckpointNotFoundError where it is missing, CorruptCheckpointError where a
+        component is a symlink or anything else but a directory."""
+        fd = fsutil.open_dir(self.root, what="store root")
+        try:
+            for i, part in enumerate(parts):
+                if create:
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=fd)
+                        os.fsync(fd)  # the new entry survives a crash
+                    except FileExistsError:
+                        pass
+                try:
+                    sub = fsutil.open_dir(part, dir_fd=fd, follow_symlinks=False)
+                except (CheckpointNotFoundError, NotACheckpointError) as e:
+                    self._not_a_dir(e, fd, "/".join(parts[:i + 1]), key)
+                os.close(fd)
+                fd = sub
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _not_a_dir(self, e: Exception, fd: int, sub: str, key: str) -> NoReturn:
+        where = self.where(key)
+        try:
+            mode = os.stat(sub.rsplit("/", 1)[-1], dir_fd=fd, follow_symlinks=False).st_mode
+        except OSError:
+            mode = stat.S_IFREG  # gone: the key does not exist
+        if isinstance(e, CheckpointNotFoundError) or stat.S_ISREG(mode):
+            raise CheckpointNotFoundError(f"no blob {key!r} in {self.root}", path=where) \
+                from None
+        raise CorruptCheckpointError(f"{self.where(sub)!r} is {fsutil.kind_of(mode)}, not a "
+                                     f"directory: blob {key!r} is not read through it",
+                                     path=where, hint="a blob store never follows a symbolic "
+                                                      "link; replace it by a directory") \
+            from None
+
+    def _parent(self, key: str, create: bool = False) -> tuple[int, str]:
+        *parts, name = check_key(key).split("/")
+        return self._dir(parts, key, create), name
+
+    # --- reading --------------------------------------------------------------------------
+    def read_into(self, key: str, offset: int, buf: Buffer) -> int:
+        view = writable_view(key, buf)
+        offset = check_offset(key, offset)
+        dir_fd, name = self._parent(key)
+        try:
+            fd = self._regular(fsutil.open_regular, dir_fd, name, key)
+        finally:
+            os.close(dir_fd)
+        try:
+            return fsutil.pread_into(fd, view, offset)
+        except OSError as e:
+            raise fsutil.unreadable(e, self.where(key), "blob") from None
+        finally:
+            os.close(fd)
+
+    def size(self, key: str) -> int:
+        dir_fd, name = self._parent(key)
+        try:
+            return int(self._regular(fsutil.stat_regular, dir_fd, name, key).st_size)
+        finally:
+            os.close(dir_fd)
+
+    def _regular(self, how: Callable[..., T], dir_fd: int, name: str, key: str) -> T:
+        """``how`` (fsutil's open_regular or stat_regular) of ``name``; a directory there
+        is a prefix, not an object: no blob."""
+        def missing(_message: str, path: str) -> CheckpointNotFoundError:
+            return CheckpointNotFoundError(f"no blob {key!r} in {self.root}", path=path)
+
+        try:
+            return how(dir_fd, name, what="blob", path=self.where(key), missing=missing)
+        except CorruptCheckpointError:
+            try:
+                is_dir = stat.S_ISDIR(os.stat(name, dir_fd=dir_fd,
+                                              follow_symlinks=False).st_mode)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                raise missing("", self.where(key)) from None
+            raise
+
+    def _prefix_dir(self, prefix: str) -> int | None:
+        parts = [p for p in prefix.split("/") if p]
+        try:
+            return self._dir(parts, prefix)
+        except CheckpointNotFoundError:
+            return None
+
+    def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        prefix = check_prefix(prefix)
+        fd = self._prefix_dir(prefix)
+        return iter(()) if fd is None else self._walk(fd, prefix)
+
+    def _walk(self, fd: int, prefix: str) -> Iterator[tuple[str, int]]:
+        try:
+            for entry in _entries(fd):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode):
+                    yield prefix + entry.name, st.st_size
+                elif stat.S_ISDIR(st.st_mode):
+                    try:
+                        sub = fsutil.open_dir(entry.name, dir_fd=fd, follow_symlinks=False)
+                    except (CheckpointNotFoundError, NotACheckpointError):
+                        continue  # removed or replaced meanwhile
+                    yield from self._walk(sub, prefix + entry.name + "/")
+        finally:
+            os.close(fd)
+
+    def list_dir(self, prefix: str = "") -> Listing:
+        prefix = check_prefix(prefix)
+        fd = self._prefix_dir(prefix)
+        if fd is None:
+            return Listing([], [])
+        keys, prefixes = [], []
+        try:
+            for entry in _entries(fd):
+                if entry.is_file(follow_symlinks=False):
+                    keys.append(prefix + entry.name)
+                elif entry.is_dir(follow_symlinks=False):
+                    prefixes.append(prefix + entry.name + "/")
+        finally:
+            os.close(fd)
+        return Listing(sorted(keys), sorted(prefixes))
+
+    # --- writing ----------------------------------------------------------------------------
+    def open_writer(self, key: str) -> BlobWriter:
+        return _Writer(self, key)
+
+    def create_if_absent(self, key: str, data: Buffer) -> bool:
+        with _Writer(self, key) as out:
+            out.write(data)
+            return out.publish(replace=False)
+
+    def delete(self, key: str) -> None:
+        try:
+            dir_fd, name = self._parent(key)
+        except CheckpointNotFoundError:
+            return
+        try:
+            if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                return  # a prefix, not an object
+            os.unlink(name, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(dir_fd)
+
+    def delete_prefix(self, prefix: str) -> None:
+        try:
+            dir_fd, name = self._parent(check_below_root(prefix, self.root)[:-1])
+        except CheckpointNotFoundError:
+            return
+        try:
+            aside = _hidden("del")
+            try:  # out of sight at once, then removed
+                os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except FileNotFoundError:
+                return
+            if stat.S_ISDIR(os.stat(aside, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                shutil.rmtree(aside, dir_fd=dir_fd)
+            else:
+                os.unlink(aside, dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def rename_prefix(self, src: str, dst: str) -> None:
+        src_key, dst_key = (p[:-1] for p in check_rename(src, dst))
+        try:
+            src_fd, src_name = self._parent(src_key)
+        except CheckpointNotFoundError:
+            src_fd, src_name = -1, ""
+        try:
+            if src_fd < 0:
+                raise FileNotFoundError(errno.ENOENT, "no parent")
+            st = os.stat(src_name, dir_fd=src_fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a directory")
+            dst_fd, dst_name = self._parent(dst_key, create=True)
+            try:
+                _rename_noreplace(src_fd, src_name, dst_fd, dst_name)
+                os.fsync(dst_fd)
+                os.fsync(src_fd)
+            finally:
+                os.close(dst_fd)
+        except CheckpointNotFoundError:
+            raise  # the destination cannot be made
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(f"nothing below {src!r} in {self.root} to rename",
+                                          path=self.where(src_key)) from None
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise
+            raise CheckpointExistsError(f"cannot rename {src!r} to {dst!r} in {self.root}: "
+                                        f"{dst!r} exists", path=self.where(dst_key),
+                                        hint="delete it first, or rename to another "
+                                             "prefix") from None
+        finally:
+            if src_fd >= 0:
+                os.close(src_fd)
+
+    def lock(self, key: str, *, shared: bool = False) -> BlobLock:
+        dir_fd, name = self._parent(key, create=True)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RootLockedError(f"the lock {self.where(key)!r} is held by another process "
+                                  "or another lock of this one", path=self.where(key),
+                                  hint="wait for its holder to release it") from None
+        return _Lock(fd)
+
+
+def _entries(fd: int) -> list[os.DirEntry[str]]:
+    """The entries of the directory ``fd``, the store's temporary files left out."""
+    with os.scandir(fd) as it:
+        return [e for e in it if not e.name.startswith(RESERVED)]
+
+
+def _hidden(what: str) -> str:
+    return f"{RESERVED}{what}-{uuid.uuid4().hex}"
+
+
+def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
+    fn = fsutil._c().renameat2  # type: ignore[no-untyped-call]  # libc, loaded once
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+        return
+    err = ctypes.get_errno()
+    if err not in _NOT_SUPPORTED:
+        raise OSError(err, os.strerror(err), src)
+    # no RENAME_NOREPLACE here: rename() replaces only an empty directory (no blob lost)
+    log.debug("renameat2(RENAME_NOREPLACE) is not supported here; rename() instead")
+    os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+class _Writer(BlobWriter):
+    """Stages bytes in a page-aligned buffer, written to a hidden file whenever full."""
+
+    def __init__(self, store: PosixStore, key: str) -> None:
+        self.store, self.key = store, key
+        self._dir_fd, self._name = store._parent(key, create=True)
+        self._tmp = _hidden("w")
+        path = Path(store.root, *key.split("/")[:-1], self._tmp)
+        try:
+            self._out: _DirectFile | None = _DirectFile(path)
+        except BaseException:
+            os.close(self._dir_fd)
+            raise
+        self._buf = mmap.mmap(-1, store.buffer_bytes)  # anonymous: page-aligned
+        self._base = self._fill = 0
+
+    def write(self, data: Buffer) -> None:
+        view = flat(data)
+        if self._out is None:
+            raise closed(self.key)
+        while view:
+            n = min(len(view), len(self._buf) - self._fill)
+            self._buf[self._fill:self._fill + n] = view[:n]
+            self._fill, view = self._fill + n, view[n:]
+            if self._fill == len(self._buf):
+                self._flush()
+
+    def _flush(self) -> None:
+        assert self._out is not None
+        whole = -(-self._fill // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._buf[self._fill:whole] = bytes(whole - self._fill)  # cut off by finish()
+        self._out.pwrite(memoryview(self._buf)[:whole], self._base)
+        self._base, self._fill = self._base + self._fill, 0
+
+    def publish(self, replace: bool = True) -> bool:
+        """Finish the file and move it into place (only where no object is, unless
+        ``replace``); returns whether it was."""
+        if self._out is None:
+            return False
+        try:
+            if self._fill:
+                self._flush()
+            self._out.finish(self._base)
+            self._out.close()
+            self._out = None
+            if replace:
+                os.replace(self._tmp, self._name, src_dir_fd=self._dir_fd,
+                           dst_dir_fd=self._dir_fd)
+            else:
+                try:
+                    os.link(self._tmp, self._name, src_dir_fd=self._dir_fd,
+                            dst_dir_fd=self._dir_fd, follow_symlinks=False)
+                except FileExistsError:
+                    return False
+            os.fsync(self._dir_fd)
+            return True
+        finally:
+            self.abort()
+
+    def commit(self) -> None:
+        self.publish()
+
+    def abort(self) -> None:
+        if self._dir_fd < 0:
+            return
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        try:
+            os.unlink(self._tmp, dir_fd=self._dir_fd)
+        except FileNotFoundError:
+            pass  # renamed into place
+        os.close(self._dir_fd)
+        self._dir_fd = -1
+        self._buf.close()
+
+
+class _Lock(BlobLock):
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)  # drops the flock
+            self._fd = -1
