@@ -29,6 +29,7 @@ EXTRAS=(
     bench
     convert
     s3
+    fsspec
     fast
 )
 # Packages that are not an extra of uckpt but the environment needs
