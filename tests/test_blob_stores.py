@@ -1,0 +1,153 @@
+"""Every blob store passes StoreTests (uckpt.testing.store_tests): in memory, in local
+directories, through fsspec's local and memory file systems, and on S3 (the SeaweedFS
+server of tests/s3_server.py). Then what only one backend can show: a POSIX store never
+leaves its root nor blocks on what it finds there, and leaves no debris visible."""
+from __future__ import annotations
+
+import os
+import uuid
+from functools import partial
+
+import pytest
+
+from uckpt.checksum import crc32c
+from uckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, RootLockedError
+from uckpt.storage.blob import FsspecStore, MemoryStore, PosixStore, S3Store
+from uckpt.storage.blob.base import RESERVED
+from uckpt.storage.s3 import S3Client
+from uckpt.storage.s3_config import MIN_PART_BYTES
+from uckpt.testing.store_tests import StoreTests, pattern
+
+fsspec = pytest.importorskip("fsspec")
+
+
+class TestMemoryStore(StoreTests):
+    @pytest.fixture
+    def store(self):
+        return MemoryStore()
+
+
+class TestPosixStore(StoreTests):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return PosixStore(tmp_path / "root", buffer_bytes=4096)  # 3 buffers and a bit
+
+
+class TestFsspecLocal(StoreTests):
+    @pytest.fixture
+    def store(self, tmp_path):
+        return FsspecStore(fsspec.filesystem("file"), str(tmp_path / "root"))
+
+
+class TestFsspecMemory(StoreTests):
+    @pytest.fixture
+    def store(self):
+        fs = fsspec.filesystem("memory")
+        root = f"/uckpt-test-{uuid.uuid4().hex}"  # fsspec's memory file system is global
+        yield FsspecStore(fs, root)
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
+
+
+class TestS3Store(StoreTests):
+    #: more than two of the smallest parts S3 takes: a multipart upload of three parts
+    large_size = 2 * MIN_PART_BYTES + 4099
+    threads = 4
+
+    @pytest.fixture
+    def store(self, s3_bucket, s3_options):
+        client = S3Client(s3_bucket, dict(s3_options, part_bytes=MIN_PART_BYTES))
+        with client:
+            yield S3Store(client, "some/root")
+
+
+def test_s3_large_objects_go_up_in_parts_and_an_abort_leaves_no_upload(s3_bucket, s3_options):
+    client = S3Client(s3_bucket, dict(s3_options, part_bytes=MIN_PART_BYTES))
+    with client:
+        store = S3Store(client, "r")
+        data = pattern(2 * MIN_PART_BYTES + 1, seed=5)
+        with store.open_writer("streamed") as out:
+            for at in range(0, len(data), 1 << 20):
+                out.write(data[at:at + (1 << 20)])
+        store.write("whole", data)
+        for key in ("r/streamed", "r/whole"):
+            assert client.head(key).etag.strip('"').endswith("-3"), key
+            assert client.crc32c_of(key, len(data)) == crc32c(data)
+        out = store.open_writer("aborted")
+        out.write(data)  # two parts sent, the third gathered
+        assert [k for k, _, _ in client.incomplete_uploads("r/")] == ["r/aborted"]
+        out.abort()
+        assert client.incomplete_uploads("r/") == [] and not store.exists("aborted")
+
+
+# --- POSIX only -------------------------------------------------------------------------
+@pytest.fixture
+def posix(tmp_path):
+    return PosixStore(tmp_path / "root", buffer_bytes=4096)
+
+
+def test_posix_never_reads_through_a_symlink(posix, tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "dir").mkdir(parents=True)
+    (outside / "secret").write_bytes(b"secret")
+    (outside / "dir" / "x").write_bytes(b"x")
+    posix.write("in/real", b"real")
+    os.symlink(outside / "secret", posix.root / "in" / "link")
+    os.symlink(outside / "dir", posix.root / "in" / "dirlink")
+    os.symlink(posix.root / "in" / "real", posix.root / "in" / "samedir")
+    for key, kind in (("in/link", "symbolic link"), ("in/samedir", "symbolic link"),
+                      ("in/dirlink/x", "symbolic link")):
+        for call in (partial(posix.read_into, key, 0, bytearray(8)), partial(posix.size, key)):
+            with pytest.raises(CorruptCheckpointError, match=kind):
+                call()
+    assert sorted(posix.list()) == [("in/real", 4)]
+    assert posix.list_dir("in") == (["in/real"], [])
+    posix.delete_prefix("in")
+    assert (outside / "secret").read_bytes() == b"secret" and (outside / "dir" / "x").exists()
+
+
+def test_posix_does_not_block_on_a_fifo(posix):
+    posix.write("d/real", b"1")
+    os.mkfifo(posix.root / "d" / "fifo")
+    with pytest.raises(CorruptCheckpointError, match="FIFO"):
+        posix.read_into("d/fifo", 0, bytearray(4))
+    with pytest.raises(CorruptCheckpointError, match="FIFO"):
+        posix.size("d/fifo")
+    assert sorted(posix.list()) == [("d/real", 1)]
+
+
+def test_posix_debris_of_a_crashed_writer_stays_invisible(posix):
+    out = posix.open_writer("d/k")
+    out.write(pattern(10000))  # more than one buffer: a temporary file on disk
+    temporaries = [n for n in os.listdir(posix.root / "d") if n.startswith(RESERVED)]
+    assert len(temporaries) == 1
+    assert list(posix.list()) == [] and posix.list_dir("d") == ([], [])
+    with pytest.raises(CheckpointNotFoundError):
+        posix.size("d/k")
+    posix.delete_prefix("d")  # takes the debris with it
+    assert not (posix.root / "d").exists()
+    out.abort()
+
+
+def test_posix_locks_hold_across_processes(posix):
+    import subprocess
+    import sys
+
+    held = posix.lock("writer")
+    code = ("import sys; from uckpt.storage.blob import PosixStore\n"
+            "from uckpt.errors import RootLockedError\n"
+            "try:\n    PosixStore(sys.argv[1]).lock('writer')\n"
+            "except RootLockedError:\n    sys.exit(3)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    assert subprocess.run([sys.executable, "-c", code, str(posix.root)], env=env, check=False).returncode == 3
+    held.release()
+    assert subprocess.run([sys.executable, "-c", code, str(posix.root)], env=env, check=False).returncode == 0
+    with pytest.raises(RootLockedError), posix.lock("writer"):
+        posix.lock("writer")
+
+
+def test_posix_writes_with_o_direct_where_the_file_system_takes_it(posix, tmp_path):
+    data = pattern(3 * 4096 + 5)
+    posix.write("k", data)
+    assert (posix.root / "k").read_bytes() == data
+    assert oct((posix.root / "k").stat().st_mode & 0o777) == "0o644"
