@@ -151,3 +151,28 @@ def test_posix_writes_with_o_direct_where_the_file_system_takes_it(posix, tmp_pa
     posix.write("k", data)
     assert (posix.root / "k").read_bytes() == data
     assert oct((posix.root / "k").stat().st_mode & 0o777) == "0o644"
+
+
+def test_posix_writer_killed_mid_object_leaves_the_old_one_whole(posix):
+    import signal
+    import subprocess
+    import sys
+
+    old = pattern(5000, seed=1)
+    posix.write("d/k", old)
+    code = ("import signal, sys\nfrom uckpt.storage.blob import PosixStore\n"
+            "out = PosixStore(sys.argv[1], buffer_bytes=4096).open_writer('d/k')\n"
+            "out.write(b'n' * 10000)\nprint('written', flush=True)\nsignal.pause()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    with subprocess.Popen([sys.executable, "-c", code, str(posix.root)], env=env,
+                          stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout.readline() == "written\n"
+        finally:
+            proc.send_signal(signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    debris = [n for n in os.listdir(posix.root / "d") if n.startswith(RESERVED)]
+    assert len(debris) == 1 and (posix.root / "d" / debris[0]).stat().st_size >= 8192
+    assert posix.read("d/k", 1 << 20) == old and list(posix.list()) == [("d/k", 5000)]
+    posix.delete_prefix("d")
+    assert list(posix.list()) == [] and os.listdir(posix.root) == []
