@@ -49,16 +49,22 @@ class TestFsspecMemory(StoreTests):
             fs.rm(root, recursive=True)
 
 
+@pytest.fixture(scope="module")
+def blob_client(s3_server):
+    """One bucket and client for the module (making either costs a second or two)."""
+    options = dict(s3_server.storage_options, part_bytes=MIN_PART_BYTES)
+    with S3Client(s3_server.new_bucket(), options) as client:
+        yield client
+
+
 class TestS3Store(StoreTests):
     #: more than two of the smallest parts S3 takes: a multipart upload of three parts
     large_size = 2 * MIN_PART_BYTES + 4099
     threads = 4
 
     @pytest.fixture
-    def store(self, s3_bucket, s3_options):
-        client = S3Client(s3_bucket, dict(s3_options, part_bytes=MIN_PART_BYTES))
-        with client:
-            yield S3Store(client, "some/root")
+    def store(self, s3_server, blob_client):
+        return S3Store(blob_client, f"root-{uuid.uuid4().hex}")  # empty: a prefix per test
 
 
 def test_s3_large_objects_go_up_in_parts_and_an_abort_leaves_no_upload(s3_bucket, s3_options):
