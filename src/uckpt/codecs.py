@@ -205,18 +205,44 @@ def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: st
     writable C-contiguous uint8 array of exactly the chunk's raw size."""
     import zstandard
 
+    damaged = damage(codec, where=where, leaf=leaf, offset=offset)
+    want = out.nbytes
+    params, header = check_header(bytes(memoryview(stored)[:18]), want, damaged)
+    most = max_blocks(want)
+    end = _frame_end(stored, header, params.has_checksum, most)
+    if end is None:
+        raise damaged("its frame is cut short")
+    if end < 0:
+        raise damaged(f"its frame has more than {most} blocks, the most {want} bytes may take")
+    if end != len(memoryview(stored)):
+        raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}")
+    try:
+        _inflate(stored, out, damaged, itemsize if codec == BYTEGROUP else 1)
+    except zstandard.ZstdError as e:
+        raise damaged(f"Zstandard cannot decode it ({e})") from None
+
+
+def damage(codec: str, *, where: str, leaf: str, offset: int):
+    """The maker of the error a damaged compressed chunk raises: ``damage(...)(what)``."""
     def damaged(what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(
             f"{where}: compressed chunk of leaf {leaf!r} at byte offset {offset} ({codec}) "
             f"is damaged: {what}", path=where, leaf=leaf, offset=offset,
             hint="the checkpoint was written wrongly or altered; restore an earlier one")
+    return damaged
 
-    want = out.nbytes
-    head = bytes(memoryview(stored)[:18])
+
+def check_header(head: bytes, want: int, damaged):
+    """``(frame parameters, header size)`` of the frame starting ``head`` (a chunk's first
+    stored bytes, up to 18), checked against rule 2 of docs/format.md section 6.3 for
+    content of ``want`` bytes; ``damaged(what)`` makes the error raised."""
+    import zstandard
+
     if head[:4] != _MAGIC:
         raise damaged("it does not start with a Zstandard frame")
     try:
         params = zstandard.get_frame_parameters(head)
+        header = zstandard.frame_header_size(head)
     except zstandard.ZstdError as e:
         raise damaged(f"its frame header is unreadable ({e})") from None
     if params.content_size == zstandard.CONTENTSIZE_UNKNOWN:
@@ -230,18 +256,7 @@ def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: st
     if params.window_size > MAX_WINDOW:
         raise damaged(f"its frame asks for a {params.window_size}-byte window, more than "
                       f"{MAX_WINDOW}")
-    most = max_blocks(want)
-    end = _frame_end(stored, zstandard.frame_header_size(head), params.has_checksum, most)
-    if end is None:
-        raise damaged("its frame is cut short")
-    if end < 0:
-        raise damaged(f"its frame has more than {most} blocks, the most {want} bytes may take")
-    if end != len(memoryview(stored)):
-        raise damaged(f"its frame is {end} bytes long, the chunk {len(memoryview(stored))}")
-    try:
-        _inflate(stored, out, damaged, itemsize if codec == BYTEGROUP else 1)
-    except zstandard.ZstdError as e:
-        raise damaged(f"Zstandard cannot decode it ({e})") from None
+    return params, header
 
 
 def max_blocks(raw_size: int) -> int:

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import codecs, dtypes, fsutil, hashing
+from . import codec_stream, codecs, dtypes, fsutil, hashing, knobs
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
@@ -276,32 +276,37 @@ class CheckpointReader:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
         (and feeding it to ``hasher``, if given) while it is still in the CPU cache; raise
         on a short file or a mismatch."""
-        source, value, done = self._source(chunk.base), 0, 0
-        block_bytes = source.block_bytes
+        value, done = 0, 0
+        block_bytes = self._source(chunk.base).block_bytes
         while done < chunk.length:
-            want = min(block_bytes, chunk.length - done)
-            block = into(done, want)
-            try:
-                n = source.read_into(chunk.file, block, chunk.offset + done)
-            except OSError as e:  # EIO, ... (the file was checked to be a regular file)
-                if isinstance(e, UckptError):
-                    raise
-                raise fsutil.unreadable(
-                    e, source.file_where(chunk.file), "data file", leaf=entry.path,
-                    offset=chunk.offset + done,
-                    detail=f" (leaf {entry.path!r}, byte offset {chunk.offset + done})") from None
-            if n != want:
-                end = chunk.offset + done + n
-                where = source.file_where(chunk.file)
-                raise TruncatedDataError(
-                    f"{where}: leaf {entry.path!r} needs bytes "
-                    f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
-                    path=where, leaf=entry.path, offset=end)
+            block = into(done, min(block_bytes, chunk.length - done))
+            self._read_block(entry, chunk, block, done)
             value = crc32c(block, value)
             if hasher is not None:
                 hasher.update(block)
-            done += n
+            done += len(block)
         self._mismatch(entry, chunk, format_checksum(value))
+
+    def _read_block(self, entry: ArrayEntry, chunk: Chunk, block, done: int) -> None:
+        """Fill ``block`` with the chunk's stored bytes from ``done`` on; raise on a short
+        file or an I/O error, naming the leaf and offset."""
+        source, want = self._source(chunk.base), len(block)
+        try:
+            n = source.read_into(chunk.file, block, chunk.offset + done)
+        except OSError as e:  # EIO, ... (the file was checked to be a regular file)
+            if isinstance(e, UckptError):
+                raise
+            raise fsutil.unreadable(
+                e, source.file_where(chunk.file), "data file", leaf=entry.path,
+                offset=chunk.offset + done,
+                detail=f" (leaf {entry.path!r}, byte offset {chunk.offset + done})") from None
+        if n != want:
+            end = chunk.offset + done + n
+            where = source.file_where(chunk.file)
+            raise TruncatedDataError(
+                f"{where}: leaf {entry.path!r} needs bytes "
+                f"{chunk.offset}..{chunk.offset + chunk.length}, the file ends at {end}",
+                path=where, leaf=entry.path, offset=end)
 
     def _mismatch(self, entry: ArrayEntry, chunk: Chunk, got: str, kind: str = "checksum",
                   hint: str = "the file is corrupted; restore an earlier checkpoint") -> None:
@@ -349,7 +354,7 @@ class CheckpointReader:
             buf = scratch.buf
             entry, chunk = job
             if hashed and chunk.compressed:  # the hash is of the raw bytes: decode them
-                digest = hashing.digest(self.read_raw(entry, chunk))
+                digest = self._compressed_digest(entry, chunk)
             else:
                 hasher = hashing.hasher() if hashed else None
                 self._stream(entry, chunk, lambda done_, want: buf[:want], hasher)
@@ -368,6 +373,36 @@ class CheckpointReader:
         if hashed and files is None:
             self._check_roots(digests)
         return done[0]
+
+    def _compressed_digest(self, entry: ArrayEntry, chunk: Chunk) -> bytes:
+        """The content hash digest of compressed ``chunk``, its CRC checked: decoded in
+        memory up to ``knobs.verify_decode_bytes`` of raw bytes, streamed beyond
+        (:mod:`uckpt.codec_stream`: memory bounded whatever size the manifest declares)."""
+        itemsize = dtypes.itemsize(entry.dtype)
+        want = itemsize * math.prod(chunk.shape)
+        if want <= knobs.verify_decode_bytes:
+            return hashing.digest(self.read_raw(entry, chunk))
+        block = self._source(chunk.base).block_bytes
+        head = bytearray(min(18, chunk.length))
+        self._read_block(entry, chunk, memoryview(head), 0)
+
+        def read_into(buf, done: int) -> None:
+            self._read_block(entry, chunk, buf, done)
+
+        def open_stored(walk):
+            return codec_stream.StoredReader(read_into, chunk.length, block, walk)
+
+        damaged = codecs.damage(chunk.codec, where=self._source(chunk.base).file_where(
+            chunk.file), leaf=entry.path, offset=chunk.offset)
+        try:
+            digest, crc = codec_stream.digest(chunk.codec, itemsize, want, bytes(head),
+                                              open_stored, damaged)
+        except CorruptCheckpointError as e:
+            if getattr(e, "crc", None) is not None:  # the whole chunk was read: CRC first
+                self._mismatch(entry, chunk, format_checksum(e.crc))
+            raise
+        self._mismatch(entry, chunk, format_checksum(crc))
+        return digest
 
     def read_raw(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
         """A chunk's raw bytes (flat uint8): read (CRC checked), and decoded if compressed;
