@@ -45,6 +45,11 @@ SLOW_TESTS = (
     "tests/test_manifest_integrity.py::test_a_few_changes_through_the_real_command",
     "tests/test_manifest_integrity.py::test_random_byte_changes_are_caught_by_load_and_verify",
     "tests/test_manifest_limits.py::test_200k_chunks_parse",
+    # each streams 1-2 GiB of a decompression bomb through Zstandard in a fresh process
+    "tests/test_bounded_memory.py::test_a_decompression_bomb_is_verified_inspected_and_listed",
+    "tests/test_bounded_memory.py::test_a_byte_grouped_bomb_is_verified_in_bounded_memory",
+    "tests/test_bounded_memory.py::test_4_gib_declared_under_rlimit_as",
+    "tests/test_bounded_memory.py::test_cli_reports_memory_refusal_without_traceback",
 )
 #: modules whose tests start several processes (marked ``multiproc`` as well)
 MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",

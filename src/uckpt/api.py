@@ -9,7 +9,8 @@ from .collective import flatten_shared, prepare_collective, save_collective, sub
 from .comm import background_communicator, get_communicator
 from .commit import write_checkpoint
 from .engine import SaveHandle, default_saver
-from .errors import UnsafePathError
+from .errors import (CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError,
+                     UnsafePathError)
 from .format import Manifest
 from .gcpause import pausing
 from .incremental import Baseline
@@ -108,8 +109,8 @@ def baseline_at(store, name: str, base, storage_options=None) -> Baseline:
 
 
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,
-         comm: Any = None, storage_options: Optional[Mapping[str, Any]] = None
-         ) -> Dict[str, Any]:
+         comm: Any = None, storage_options: Optional[Mapping[str, Any]] = None,
+         max_bytes: Optional[int] = None) -> Dict[str, Any]:
     """Load a checkpoint (a local path, or an ``s3://`` URL with ``storage_options``).
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
@@ -125,29 +126,58 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     (only the chunks that intersect the box are read). With more than one rank
     (``comm``, as for :func:`save`), the call is collective: if it fails on any
     rank, every rank raises :class:`~uckpt.errors.DistributedError`.
+
+    Memory: the arrays the manifest declares that are not loaded into existing ones
+    (``state``'s arrays are filled in place), plus the parsed manifest and a read block
+    per thread. Their declared total is refused before anything is allocated
+    (:class:`~uckpt.errors.MemoryLimitError`, also a ``MemoryError``) when it is more than
+    ``max_bytes``, or, without it, than the memory available to the process (the least
+    of ``ulimit -v``, the cgroup's limit and ``MemAvailable``: :mod:`uckpt.memory`); a
+    ``MemoryError`` while reading is a MemoryLimitError too.
     """
     return load_from(lambda: open_source(directory, storage_options), state, strict, comm,
-                     f"load of {str(directory)!r}")
+                     f"load of {str(directory)!r}", max_bytes)
 
 
-def load_from(open_, state, strict: bool, comm, what: str) -> Dict[str, Any]:
+def load_from(open_, state, strict: bool, comm, what: str,
+              max_bytes: Optional[int] = None) -> Dict[str, Any]:
     """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
     that a failure to open is told to the other ranks)."""
     c = get_communicator(comm)
     if c.size == 1:
-        return _load_local(open_, state, strict, 0)
+        return _load_local(open_, state, strict, 0, max_bytes)
     out: Dict[str, Any] = {}
 
     def job() -> None:
-        out["tree"] = _load_local(open_, state, strict, c.rank)
+        out["tree"] = _load_local(open_, state, strict, c.rank, max_bytes)
 
     c.gather_outcomes(job, what)
     return out["tree"]
 
 
+def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
+    """Verify the checkpoint ``open_()`` opens on every rank (collective; streaming, in
+    bounded memory): the UckptError of damage it finds (the first rank's), or None when
+    it is intact. A refusal to parse its manifest for memory counts as damage."""
+    def job() -> None:
+        with CheckpointReader(open_()) as reader:
+            reader.verify()
+
+    try:
+        get_communicator(comm).gather_outcomes(job, what)
+    except (MemoryLimitError, CorruptCheckpointError, ManifestError) as e:
+        return e
+    except DistributedError as e:
+        if not e.failed_with(MemoryLimitError, CorruptCheckpointError, ManifestError):
+            raise
+        return e
+    return None
+
+
 @pausing
-def _load_local(open_, state, strict: bool, rank: int) -> Dict[str, Any]:
-    with CheckpointReader(open_()) as reader:
+def _load_local(open_, state, strict: bool, rank: int, max_bytes: Optional[int]
+                ) -> Dict[str, Any]:
+    with CheckpointReader(open_(), max_bytes=max_bytes) as reader:
         if state is None:
             return load_tree(reader)
         return restore_into(reader, state, strict=strict, rank=rank)
@@ -180,12 +210,17 @@ def _for(target, storage_options):
 
 
 def verify(directory, *, storage_options: Optional[Mapping[str, Any]] = None) -> Manifest:
-    """Re-check the manifest and every chunk's checksum; returns the manifest or raises."""
+    """Re-check the manifest and every chunk's checksum; returns the manifest or raises.
+
+    Memory: the parsed manifest plus a constant, whatever sizes it declares: chunks are
+    streamed a read block at a time; a compressed one decoded in memory up to
+    ``knobs.verify_decode_bytes``, streamed beyond (:mod:`uckpt.codec_stream`)."""
     with CheckpointReader(directory, storage_options=storage_options) as reader:
         reader.verify()
         return reader.manifest
 
 
 def manifest(directory, *, storage_options: Optional[Mapping[str, Any]] = None) -> Manifest:
-    """The validated manifest of a committed checkpoint, without reading data."""
+    """The validated manifest of a committed checkpoint, without reading data (a
+    ``manifest.json`` over ``MAX_MANIFEST_BYTES`` is refused by its size, unread)."""
     return read_manifest(directory, storage_options)

@@ -105,6 +105,13 @@ class ManifestChecksumError(ManifestError, CorruptCheckpointError):
     two checksums (None when there is no checksum to compare)."""
 
 
+class MemoryLimitError(UckptError, MemoryError):
+    """Reading would take more memory than the process may use: the arrays a manifest
+    declares are more than ``max_bytes`` (or than the memory available, see
+    :mod:`uckpt.memory`), refused before allocating; or an allocation failed while reading.
+    ``need`` and ``limit``: the bytes asked for and allowed, where known."""
+
+
 # --- objects and state ------------------------------------------------------------------
 class UnsupportedObjectError(UckptError, TypeError):
     """No adapter knows how to extract or restore this object."""

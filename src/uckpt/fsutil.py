@@ -347,13 +347,17 @@ def stat_regular(dir_fd: int, name: str, *, what: str = "file", path: Optional[s
 def read_capped(fd: int, cap: int, path: str, *, what: str = "file",
                 too_large=CorruptCheckpointError) -> bytes:
     """The whole content of the file open at ``fd`` (read from offset 0), at most ``cap``
-    bytes: at most ``cap + 1`` bytes are ever read, whatever ``st_size`` says (a file that
+    bytes: a file whose ``fstat`` size is over ``cap`` raises ``too_large`` before a byte is
+    read; at most ``cap + 1`` bytes are ever read, whatever ``st_size`` says (a file that
     grows, or lies about its size), and more than ``cap`` raises ``too_large``. I/O errors
     raise the error of :func:`unreadable`."""
     parts: List[bytes] = []
     total = 0
     try:
-        want = min(os.fstat(fd).st_size, cap) + 1  # one read, plus one that sees the end
+        size = os.fstat(fd).st_size
+        held = f"{size} bytes, more than {cap}" if size > cap else f"more than {cap}"
+        total = size if size > cap else 0  # too large by its size: refused unread
+        want = min(size, cap) + 1  # one read, plus one that sees the end
         while total <= cap:
             part = os.pread(fd, min(want, cap + 1 - total), total)
             if not part:
@@ -364,7 +368,7 @@ def read_capped(fd: int, cap: int, path: str, *, what: str = "file",
     except OSError as e:
         raise unreadable(e, path, what) from None
     if total > cap:
-        raise too_large(f"{what} {path!r} holds more than {cap} bytes, the most uckpt reads "
-                        f"for a {what}", path=path,
+        raise too_large(f"{what} {path!r} holds {held} bytes, the most uckpt reads for a "
+                        f"{what}", path=path,
                         hint="it is not a file uckpt wrote; restore an earlier checkpoint")
     return b"".join(parts)  # one part (the usual case) is returned as is, not copied

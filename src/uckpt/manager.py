@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from .api import load_from
+from .api import damage_behind, load_from
 from .commit import check_metadata
 from .codecs import compression_of
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
@@ -40,8 +40,8 @@ from .comm import get_communicator
 from .costs import CostRecorder
 from .engine import AsyncSaver, SaveHandle, SerialRunner
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
-                     DistributedError, ManifestError, NotACheckpointError, ObjectStoreError,
-                     StorageAccessError, StorageUnavailableError, UckptError)
+                     DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
+                     ObjectStoreError, StorageAccessError, StorageUnavailableError, UckptError)
 from .leases import claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
@@ -440,12 +440,20 @@ class CheckpointManager:
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
-                strict: bool = True) -> Optional[int]:
+                strict: bool = True, max_bytes: Optional[int] = None) -> Optional[int]:
         """Restore ``state`` in place; returns the step restored, or None if there is none.
 
         With ``step=None`` the newest checkpoint that reads back intact is
         used, the first tier's copy first; damaged copies are skipped with a
         warning naming them and why. State mismatches are raised, not skipped.
+
+        ``max_bytes``: as for :func:`uckpt.load`, the most bytes of new arrays a restore
+        allocates (arrays of ``state`` are filled in place). A checkpoint refused for
+        memory (:class:`~uckpt.errors.MemoryLimitError`) is verified, streaming: if it is
+        damaged (a hostile manifest declaring more than its frames hold), it is skipped
+        like any damaged copy; if it is intact, it is genuinely too large for this
+        process, and the MemoryLimitError is raised (an older checkpoint is not silently
+        restored instead).
         """
         self._check_open()
         self.wait()
@@ -479,9 +487,16 @@ class CheckpointManager:
             start = time.perf_counter()
             try:
                 load_from(lambda: tier.store.source(name), state, strict, self.comm,
-                          f"restore of step {s} from tier {tier.name!r}")
-            except (DistributedError,) + _DAMAGE as e:
-                if isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
+                          f"restore of step {s} from tier {tier.name!r}", max_bytes)
+            except (DistributedError, MemoryLimitError) + _DAMAGE as e:
+                if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
+                                                       e.failed_with(MemoryLimitError)):
+                    damage = damage_behind(lambda: tier.store.source(name), self.comm,
+                                           f"verify of step {s}, refused for memory")
+                    if damage is None:
+                        raise  # intact, too large for this process: not damage
+                    e = damage
+                elif isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
                     raise
                 if not tier.store.has(name):  # retention deleted it meanwhile
                     log.info("step %d on tier %r was deleted while being restored; "

@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import codec_stream, codecs, dtypes, fsutil, hashing, knobs
+from . import codec_stream, codecs, dtypes, fsutil, hashing, knobs, memory
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
@@ -67,8 +67,11 @@ class CheckpointReader:
     """
 
     def __init__(self, directory, manifest: Optional[Manifest] = None, *,
-                 storage_options=None) -> None:
-        """``manifest``: one already read (e.g. the source's, for a copy not yet committed)."""
+                 storage_options=None, max_bytes: Optional[int] = None) -> None:
+        """``manifest``: one already read (e.g. the source's, for a copy not yet committed);
+        ``max_bytes``: the most bytes of new arrays :meth:`read_arrays` allocates (None: the
+        memory available, :mod:`uckpt.memory`)."""
+        self.max_bytes = max_bytes
         self.source = open_source(directory, storage_options)
         self.directory = self.source.directory if hasattr(self.source, "directory") \
             else self.source.where
@@ -168,7 +171,15 @@ class CheckpointReader:
         files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
         for base, name in files:
             self._open(name, base)  # open and size-check files before any allocation or thread
-        self._check_allocation([p[0] for p in plan if p[1] is None], files)
+        new = [p[0] for p in plan if p[1] is None]
+        memory.check(self._check_allocation(new, files), self.max_bytes,
+                     ", ".join(repr(e.path) for e in new[:3]) + (", ..." if len(new) > 3 else ""),
+                     self.source.where, leaf=new[0].path if len(new) == 1 else None)
+        with memory.mapped("reading arrays from", self.source.where):
+            return self._read_planned(plan)
+
+    def _read_planned(self, plan: list) -> Dict[str, np.ndarray]:
+        """Allocate the new arrays of ``plan`` (checked by :meth:`read_arrays`) and read."""
         out: Dict[str, np.ndarray] = {}
         pieces: List[Piece] = []
         jobs: List[tuple] = []  # (entry, chunk, dest, origin): chunks read on their own
@@ -191,11 +202,12 @@ class CheckpointReader:
                      "uckpt-read")
         return out
 
-    def _check_allocation(self, entries: List[ArrayEntry], files) -> None:
+    def _check_allocation(self, entries: List[ArrayEntry], files) -> int:
         """Refuse, before allocating, new arrays larger than the data files being read
         (already open and size-checked) can hold: chunks of a valid checkpoint never share
         bytes, so its arrays always fit in its files, each compressed byte counting as at
-        most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3)."""
+        most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3). Returns their
+        bytes."""
         need = sum(e.nbytes for e in entries)
         have = sum(self._sizes[key] for key in files) + (MAX_RATIO - 1) * sum(
             c.length for e in entries for c in e.chunks
@@ -208,6 +220,7 @@ class CheckpointReader:
                 path=self.source.where, leaf=entries[0].path if len(entries) == 1 else None,
                 hint="the manifest is damaged (chunks share bytes); restore an earlier "
                      "checkpoint")
+        return need
 
     def _read_run(self, run: List[Piece]) -> None:
         """Read adjacent pieces (:mod:`uckpt.readruns`) of one file with one vectored read
@@ -369,7 +382,8 @@ class CheckpointReader:
                 if progress:
                     progress(done[0])
 
-        parallel_map(check, jobs, self.source.verify_threads, "uckpt-verify")
+        with memory.mapped("verifying", self.source.where):
+            parallel_map(check, jobs, self.source.verify_threads, "uckpt-verify")
         if hashed and files is None:
             self._check_roots(digests)
         return done[0]

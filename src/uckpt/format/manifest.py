@@ -23,7 +23,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from .. import dtypes, hashing, knobs
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
-from ..errors import FormatVersionError, ManifestError, UnsafePathError
+from ..errors import FormatVersionError, ManifestError, MemoryLimitError, UnsafePathError
 from . import grid, integrity, table
 from .strict_json import loads as strict_json_loads
 from .tiling import find_defect
@@ -218,10 +218,17 @@ class Manifest:
         """Check and read a manifest of any version this uckpt reads (raises ManifestError)."""
         checksum = integrity.check(data, where)  # first: damage is told as damage
         try:
-            doc = strict_json_loads(data)
-        except ValueError as e:  # UnicodeDecodeError is one
-            raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}", path=where) from None
-        return _Parser(where).manifest(doc, checksum, data)
+            try:
+                doc = strict_json_loads(data)
+            except ValueError as e:  # UnicodeDecodeError is one
+                raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}",
+                                    path=where) from None
+            return _Parser(where).manifest(doc, checksum, data)
+        except MemoryError:
+            raise MemoryLimitError(
+                f"{where}: out of memory parsing a manifest of {len(data)} bytes", path=where,
+                hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
+                     "memory.max)") from None
 
 
 _CHUNK_KEYS = frozenset(_CHUNK_FIELDS)

@@ -1,0 +1,200 @@
+"""Reading in bounded memory (DESIGN invariant 9, issue 25 section 3): decompression bombs
+under verify / inspect / ls, declared sizes beyond the memory a process may use, the
+``max_bytes`` limit of load and restore, and an oversized manifest refused unread.
+
+Peak memory is measured in a fresh process (``VmHWM`` after ``clear_refs``, so Zstandard's
+own allocations count too), each operation on its own."""
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import uckpt
+from uckpt.errors import ManifestError, MemoryLimitError
+from bombs import write_bomb
+from conftest import REPO
+
+GiB = 1 << 30
+#: resident memory a streaming operation may add, whatever the sizes declared: read
+#: blocks, Zstandard's windows and buffers, the interpreter's slack
+STREAMING_BOUND = 64 << 20
+
+_ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(  # the uckpt this test imported
+    [str(Path(uckpt.__file__).resolve().parent.parent), str(REPO / "adapters"),
+     str(REPO / "tests")]))
+
+_PEAKS = r"""
+import json, os, resource, subprocess, sys
+import uckpt, uckpt.cli.main
+from uckpt.reader import CheckpointReader
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+
+def cli(*argv):
+    from contextlib import redirect_stdout
+    import io
+    with redirect_stdout(io.StringIO()):
+        return uckpt.cli.main.main(list(argv))
+
+path, root, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if limit:
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+ops = {"verify": lambda: uckpt.verify(path), "manifest": lambda: uckpt.manifest(path),
+       "cli_verify": lambda: cli("verify", path), "cli_verify_all": lambda: cli("verify", "--all", root),
+       "inspect": lambda: cli("inspect", path), "ls": lambda: cli("ls", "--json", root),
+       "load": lambda: uckpt.load(path)}
+out = {}
+for name in sys.argv[4:]:
+    open("/proc/self/clear_refs", "w").write("5")
+    before = status("VmRSS")
+    try:
+        result = ops[name]()
+        out[name] = {"ok": result if isinstance(result, int) else 0}
+    except BaseException as e:
+        out[name] = {"error": type(e).__name__, "uckpt": isinstance(e, uckpt.errors.UckptError),
+                     "memory": isinstance(e, MemoryError), "message": str(e)[:400]}
+    out[name]["peak"] = status("VmHWM") - before
+print(json.dumps(out))
+"""
+
+
+def peaks(path, *ops, limit: int = 0):
+    """Each operation's outcome and peak resident memory beyond what the process held
+    before it, in a fresh process (with ``RLIMIT_AS`` = ``limit`` when given)."""
+    r = subprocess.run([sys.executable, "-c", _PEAKS, str(path), str(path.parent), str(limit),
+                        *ops], capture_output=True, text=True, env=_ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_decompression_bomb_is_verified_inspected_and_listed_in_bounded_memory(tmp_path):
+    """A 32 KiB checkpoint whose one chunk decodes to 1 GiB (32,768x) is valid: verify
+    (API and CLI, and --all), inspect and ls go through it in a constant, never holding
+    the decoded chunk (today's verify held all 1 GiB of it)."""
+    ckpt = write_bomb(tmp_path / "step_00000001", GiB, step=1)
+    assert os.path.getsize(ckpt / "data-00000.bin") <= 33 << 10
+    got = peaks(ckpt, "verify", "cli_verify", "cli_verify_all", "inspect", "ls", "manifest")
+    for op, r in got.items():
+        assert "error" not in r, (op, r)
+        assert r["peak"] < STREAMING_BOUND, (op, r["peak"] >> 20)
+    assert got["cli_verify"]["ok"] == got["cli_verify_all"]["ok"] == 0
+    # a frame that declares 256 MiB but holds half of it (padded to a valid length):
+    # verify streams until it ends early and reports the chunk as damaged
+    hostile = write_bomb(tmp_path / "step_00000002", 256 << 20, hostile=True, step=2)
+    r = peaks(hostile, "verify")["verify"]
+    assert r["error"] == "CorruptCheckpointError", r
+    assert "compressed chunk of leaf 'w' at byte offset 0 (zstd) is damaged" in r["message"]
+    assert r["peak"] < STREAMING_BOUND, r["peak"] >> 20
+
+
+def test_a_byte_grouped_bomb_is_verified_in_bounded_memory(tmp_path):
+    """The same for a zstd+bytegroup chunk of float64 (256 MiB), whose content hash is of
+    the elements, not of the planes: one streaming decoder per plane."""
+    ckpt = write_bomb(tmp_path / "step_00000001", 256 << 20, dtype="float64",
+                      codec="zstd+bytegroup", step=1)
+    r = peaks(ckpt, "verify")["verify"]
+    assert "error" not in r, r
+    assert r["peak"] < STREAMING_BOUND, r["peak"] >> 20
+
+
+def test_4_gib_declared_under_rlimit_as(tmp_path):
+    """A 128 KiB checkpoint declaring 4 GiB, read by a process limited to 2 GiB of
+    address space: load is refused up front with a MemoryLimitError (today: NumPy's
+    _ArrayMemoryError); ``uckpt verify`` streams it and finds it intact."""
+    ckpt = write_bomb(tmp_path / "step_00000001", 4 * GiB, step=1)
+    assert os.path.getsize(ckpt / "data-00000.bin") <= 129 << 10
+    got = peaks(ckpt, "load", "cli_verify", limit=2 * GiB)
+    load = got["load"]
+    assert load["error"] == "MemoryLimitError" and load["uckpt"] and load["memory"], load
+    assert f"declares {4 * GiB} bytes of new arrays ('w'), more than the memory available " \
+           "to this process" in load["message"]
+    assert "max_bytes=" in load["message"]
+    assert got["cli_verify"] == {"ok": 0, "peak": got["cli_verify"]["peak"]}, got
+
+
+def test_cli_reports_memory_refusal_without_traceback(tmp_path):
+    """``uckpt verify`` of a hostile 4 GiB declaration under ``ulimit -v`` 2 GiB: exit 1,
+    one error line naming the chunk, no traceback (today: a NumPy traceback)."""
+    ckpt = write_bomb(tmp_path / "step_00000001", 4 * GiB, hostile=True, step=1)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+            "from uckpt.cli.main import main; sys.exit(main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "verify", str(ckpt)], capture_output=True,
+                       text=True, env=_ENV, timeout=300)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert "uckpt: error:" in r.stderr and "leaf 'w'" in r.stderr and "damaged" in r.stderr
+
+
+def test_load_refuses_more_than_max_bytes_and_names_the_remedy(tmp_path):
+    ckpt = write_bomb(tmp_path / "c", 64 << 20)
+    with pytest.raises(MemoryLimitError) as info:
+        uckpt.load(ckpt, max_bytes=1 << 20)
+    e = info.value
+    assert isinstance(e, MemoryError)
+    assert e.need == 64 << 20 and e.limit == 1 << 20
+    assert f"declares {64 << 20} bytes of new arrays ('w'), more than max_bytes " \
+           f"({1 << 20} bytes); refused before allocating" in str(e)
+    assert "max_bytes=" in e.hint
+    # the remedies the hint names work: a larger limit, or an in-place load
+    assert not uckpt.load(ckpt, max_bytes=64 << 20)["w"].any()
+    target = np.ones(64 << 20, np.uint8)
+    uckpt.load(ckpt, {"w": target}, max_bytes=1 << 20)  # allocates nothing new
+    assert not target.any()
+
+
+def test_restore_falls_back_past_a_hostile_declaration(tmp_path):
+    """The newest step declares 1 GiB its frame does not hold: refused for memory, then
+    verified (streaming), found damaged, skipped; the step before is restored."""
+    root = tmp_path / "root"
+    with uckpt.CheckpointManager(root) as m:
+        m.save(1, {"w": np.arange(64, dtype=np.uint8)})
+    write_bomb(root / "step_00000002", GiB, hostile=True, step=2)
+    state = {"w": None}
+    with uckpt.CheckpointManager(root) as m, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert m.restore(state, max_bytes=1 << 20) == 1
+    assert np.array_equal(state["w"], np.arange(64, dtype=np.uint8))
+    said = [str(w.message) for w in caught]
+    assert any("skipping checkpoint step 2" in s and "damaged" in s for s in said), said
+
+
+def test_restore_raises_for_an_intact_checkpoint_too_large_for_the_process(tmp_path):
+    """The rule: an intact checkpoint that is only too large is not damage. restore
+    raises the MemoryLimitError rather than silently restoring an older step."""
+    root = tmp_path / "root"
+    with uckpt.CheckpointManager(root) as m:
+        m.save(1, {"w": np.arange(64, dtype=np.uint8)})
+    write_bomb(root / "step_00000002", GiB, step=2)
+    state = {"w": None}
+    with uckpt.CheckpointManager(root) as m, pytest.raises(MemoryLimitError) as info:
+        m.restore(state, max_bytes=1 << 20)
+    assert "step_00000002" in str(info.value) and "max_bytes" in str(info.value)
+    assert state["w"] is None
+
+
+def test_an_oversized_manifest_is_refused_by_its_size_unread(tmp_path):
+    """A 2 GiB (sparse) manifest.json is refused from the size fstat reports, before a
+    byte of it is read (today: 1 GiB + 1 bytes read first)."""
+    ckpt = tmp_path / "c"
+    uckpt.save(ckpt, {"w": np.zeros(4)})
+    with open(ckpt / "manifest.json", "r+b") as f:
+        f.truncate(2 * GiB)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError) as info:
+            uckpt.manifest(ckpt)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f"holds {2 * GiB} bytes, more than {1 << 30} bytes, the most uckpt reads for a " \
+        "manifest" in str(info.value)
+    assert peak < 1 << 20, peak
