@@ -13,8 +13,9 @@ target), ``uckpt.load`` into a state of the right structure, ``uckpt.verify``,
 The oracle (``fuzz_common.judge``): an operation either returns exactly the
 saved values (bitwise) or raises a UckptError; never another exception, a hang
 (each operation has OP_SECONDS; a worker that does not answer is killed), a
-traceback from the CLI, or a peak memory above twice the declared data plus
-RSS_SLACK. Where a mutation damaged what an operation reads, it must raise, and
+traceback from the CLI, or a peak memory above its bound (DESIGN invariant 9:
+RSS_SLACK for verify, inspect, ls and the manifest, whatever the sizes declared;
+the arrays a manifest declares plus RSS_SLACK for load and restore). Where a mutation damaged what an operation reads, it must raise, and
 the manager must fall back to step 1. A manifest changed and then re-sealed
 (its integrity check recomputed) is a different valid-looking checkpoint: it may
 load, but then as the reader of docs/format.md reads it, and restores agree with
@@ -23,7 +24,10 @@ extension, emptied), manifest bytes, manifest JSON (fields retyped, huge and
 negative integers, deletions, extra and duplicate keys, lone surrogates, deep
 nesting, other dtypes; equivalent re-chunkings, which must load exactly as
 saved), hand-made hostile manifests (2**40 to 2**64 elements, 65+ dimensions,
-int64 overflows, 5,000-digit int keys, ...), and directory entries (FIFOs,
+int64 overflows, 5,000-digit int keys, ...), decompression bombs (an array
+replaced by one Zstandard chunk of RLE blocks decoding to up to 64 MiB, 32,768
+times its size: valid, holding half what it declares, or declaring another
+size than its frame), and directory entries (FIFOs,
 directories, sockets, symlinks to /dev/zero, /dev/null, outside, inside, to
 themselves, dangling; no permissions; extra files; the checkpoint itself a
 symlink, a file, a FIFO; odd entries in the root).
@@ -749,6 +753,67 @@ def test_hostile_manifests(sources, worker, fuzz_dir, name):
             continue
         text = dumps(HOSTILE[name](copy.deepcopy(source.doc), source.path)).encode()
         problems += run_manifest_cases(worker, source, name, text, fuzz_dir / "case")
+    check(problems)
+
+
+# --- decompression bombs and oversized declarations ---------------------------------------------
+BOMB_KINDS = ("valid", "half", "header lies")
+
+
+def bomb(raw: int, dtype: str, codec: str, kind: str):
+    """The target array of the fresh source replaced by one compressed chunk of ``raw``
+    zero bytes of ``dtype`` (a frame of 128 KiB RLE blocks appended to its data file):
+    ``valid``; ``half``: the frame holds half what it declares, padded to its length;
+    ``header lies``: the manifest declares half the frame's content."""
+    from bombs import rle_frame, zeros_hash
+
+    def mutate(source: Source, d: Path) -> bytes:
+        frame = rle_frame(raw)
+        if kind == "half":
+            half = rle_frame(raw, raw // (1 << 17) // 2)
+            frame = half + bytes(len(frame) - len(half))
+        doc = copy.deepcopy(source.doc)
+        path = _target_array(doc)
+        a, item = doc["arrays"][path], dtypes.itemsize(dtype)
+        data = d / a["chunks"][0]["file"]
+        at = -(-data.stat().st_size // 64) * 64
+        with open(data, "r+b") as f:
+            f.seek(at)
+            f.write(frame)
+        size = raw // 2 if kind == "header lies" else raw
+        a["dtype"], a["shape"] = dtype, [size // item]
+        a["chunks"] = [dict(a["chunks"][0], offset=at, length=len(frame), start=[0],
+                            shape=[size // item], codec=codec,
+                            checksum=f"crc32c:{crc32c.crc32c(frame):08x}",
+                            hash=zeros_hash(size))]
+        doc["files"][a["chunks"][0]["file"]]["size"] = at + len(frame)
+        _merkle_roots(doc)
+        return seal_manifest(dumps(doc).encode(), source.manifest)
+    return mutate
+
+
+def test_decompression_bombs(sources, worker, fuzz_dir):
+    """A chunk of a few KB declaring up to 64 MiB: every streaming operation stays within
+    its constant bound, a load within what it declares (or is refused with a
+    MemoryLimitError), and nothing raises outside uckpt.errors."""
+    problems = []
+    source = sources["fresh"]
+
+    @fuzz_settings(6)
+    @given(st.sampled_from(BOMB_KINDS), st.sampled_from([1, 16, 64]),
+           st.sampled_from([("uint8", "zstd"), ("float32", "zstd+bytegroup"),
+                            ("float64", "zstd+bytegroup")]))
+    def run(kind, mib, how):
+        make = bomb(mib << 20, *how, kind)
+
+        def mutate(d: Path) -> None:
+            (d / MANIFEST).write_bytes(make(source, d))
+
+        case = Case(source, f"{kind} bomb of {mib} MiB, {how[0]} {how[1]}",
+                    "weak" if kind == "valid" else "fail", "weak")
+        problems.extend(run_case(worker, case, mutate, fuzz_dir / "case"))
+
+    run()
     check(problems)
 
 

@@ -16,7 +16,9 @@ R = TypeVar("R")
 
 def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: str = "uckpt") -> List[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads, the caller's one of them
-    (so a short map starts one thread fewer); re-raises the first error."""
+    (so a short map starts one thread fewer); re-raises the first error. A thread that
+    cannot be started (no address space left for its stack) is done without: the items
+    are shared by those that run."""
     n = min(threads, len(items))
     if n <= 1:
         return [fn(x) for x in items]
@@ -39,10 +41,14 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: s
                     errors.append(e)
                 return
 
-    workers = [threading.Thread(target=worker, name=f"{name}-{k}", daemon=True)
-               for k in range(1, n)]
-    for w in workers:
-        w.start()
+    workers = []
+    for k in range(1, n):
+        w = threading.Thread(target=worker, name=f"{name}-{k}", daemon=True)
+        try:
+            w.start()
+        except RuntimeError:  # "can't start new thread"
+            break
+        workers.append(w)
     try:
         worker()
     finally:
