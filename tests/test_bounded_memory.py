@@ -198,3 +198,41 @@ def test_an_oversized_manifest_is_refused_by_its_size_unread(tmp_path):
     assert f"holds {2 * GiB} bytes, more than {1 << 30} bytes, the most uckpt reads for a " \
         "manifest" in str(info.value)
     assert peak < 1 << 20, peak
+
+
+_RESTORE = r"""
+import resource, sys, warnings
+import uckpt
+root, headroom = sys.argv[1], int(sys.argv[2])
+vm = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmSize:")][0]
+resource.setrlimit(resource.RLIMIT_AS, (vm + headroom, vm + headroom))
+state = {"n": None}
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        step = uckpt.CheckpointManager(root).restore(state)
+    except BaseException as e:
+        print("raised", type(e).__name__, str(e)[:300])
+        raise SystemExit(0)
+print("restored", step, state["n"].tolist() if hasattr(state["n"], "tolist") else state["n"])
+for w in caught:
+    print("warning", str(w.message)[:300])
+"""
+
+
+def test_restore_falls_back_past_a_manifest_too_large_to_parse(tmp_path):
+    """Step 2's manifest (a version-6 table of 20,000 arrays, 1.8 MB) cannot be parsed in
+    the memory the process has left: it is refused before parsing (MemoryLimitError,
+    today a bare MemoryError out of json), and restore falls back to step 1."""
+    root = tmp_path / "root"
+    with uckpt.CheckpointManager(root) as m:
+        m.save(1, {"n": np.arange(3)})
+        m.save(2, {"n": {f"a{i}": np.full(2, i, np.int16) for i in range(20_000)}})
+    size = os.path.getsize(root / "step_00000002" / "manifest.json")
+    assert size > 1_700_000
+    r = subprocess.run([sys.executable, "-c", _RESTORE, str(root), str(24 << 20)],
+                       capture_output=True, text=True, env=_ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("restored 1 [0, 1, 2]"), r.stdout
+    assert "skipping checkpoint step 2" in r.stdout
+    assert f"parsing this manifest of {size} bytes may take up to" in r.stdout, r.stdout

@@ -112,6 +112,29 @@ def check(need: int, max_bytes: Optional[int], what: str, where: str, leaf=None)
                            leaf=leaf, need=need, limit=limit, hint=_MAX_HINT)
 
 
+#: the most resident memory parsing a manifest takes, per byte of it (measured, see
+#: docs/benchmarks.md: up to 38 for a version-6 table of many small arrays)
+PARSE_FACTOR = 40
+
+
+def check_manifest(size: int, where: str) -> None:
+    """Refuse (MemoryLimitError) parsing a manifest of ``size`` bytes at ``where`` when
+    ``PARSE_FACTOR`` times that is more than the memory available (for manifests over
+    ``UNCHECKED_BYTES`` / ``PARSE_FACTOR``): a process under a cgroup limit would be
+    killed, not given a MemoryError."""
+    need = PARSE_FACTOR * size
+    if need <= UNCHECKED_BYTES:
+        return
+    limit = available_bytes()
+    if limit is not None and need > limit:
+        raise MemoryLimitError(
+            f"{where}: parsing this manifest of {size} bytes may take up to {need} bytes, "
+            f"more than the memory available to this process ({limit} bytes); refused "
+            "before parsing", path=where, need=need, limit=limit,
+            hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
+                 "memory.max, free memory)")
+
+
 @contextlib.contextmanager
 def mapped(what: str, where: str) -> Iterator[None]:
     """Raise a MemoryError of the block as a MemoryLimitError naming ``what`` and ``where``."""

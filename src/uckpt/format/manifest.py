@@ -20,7 +20,7 @@ import numpy as np
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from .. import dtypes, hashing, knobs
+from .. import dtypes, hashing, knobs, memory
 from ..checksum import FORM as _CHECKSUM
 from ..checksum import parse_checksum
 from ..errors import FormatVersionError, ManifestError, MemoryLimitError, UnsafePathError
@@ -217,6 +217,7 @@ class Manifest:
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
         """Check and read a manifest of any version this uckpt reads (raises ManifestError)."""
         checksum = integrity.check(data, where)  # first: damage is told as damage
+        memory.check_manifest(len(data), where)
         try:
             try:
                 doc = strict_json_loads(data)
