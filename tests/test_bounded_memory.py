@@ -236,3 +236,33 @@ def test_restore_falls_back_past_a_manifest_too_large_to_parse(tmp_path):
     assert r.stdout.startswith("restored 1 [0, 1, 2]"), r.stdout
     assert "skipping checkpoint step 2" in r.stdout
     assert f"parsing this manifest of {size} bytes may take up to" in r.stdout, r.stdout
+
+
+def test_the_frame_walk_finds_the_frame_end_however_the_bytes_arrive():
+    """Streaming verify follows a frame's block headers as its bytes pass
+    (codec_stream.FrameWalk); a header split across reads is followed exactly as the
+    in-memory walk of the loader does."""
+    import random
+
+    import zstandard
+    from uckpt import codecs
+    from uckpt.codec_stream import FrameWalk
+
+    rng = np.random.default_rng(1)
+    data = np.concatenate([rng.integers(0, 4, 300_000, dtype=np.uint8),
+                           np.zeros(400_000, np.uint8)]).tobytes()
+    frame = zstandard.ZstdCompressor(level=1, write_content_size=True).compress(data)
+    params, header = zstandard.get_frame_parameters(frame), zstandard.frame_header_size(frame)
+    want = codecs._frame_end(frame, header, params.has_checksum, 1000)
+    assert want == len(frame)
+    pick = random.Random(5)
+    for trial in range(100):
+        walk = FrameWalk(header, params.has_checksum, 1000, ValueError)
+        at = 0
+        while at < len(frame):
+            n = pick.randint(1, 5) if trial % 2 else pick.randint(1, 70_000)
+            walk.feed(memoryview(frame)[at:at + n])
+            at += n
+        assert walk.end == want and walk.blocks > 3
+    with pytest.raises(ValueError, match="more than 2 blocks"):
+        FrameWalk(header, params.has_checksum, 2, ValueError).feed(frame)
