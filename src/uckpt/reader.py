@@ -7,10 +7,13 @@ then decoded (:func:`uckpt.codecs.decode_into`) straight into the destination wh
 the box is a contiguous part of it, else into one chunk-sized buffer.
 
 A checkpoint directory may be hostile: only regular files directly inside it are
-read, never through a symlink and never blocking (``fsutil.open_regular``); the
-manifest read stops at ``MAX_MANIFEST_BYTES`` + 1 bytes; data files are checked
-to hold their declared sizes before any array is allocated; and every failure is
-a :class:`~uckpt.errors.UckptError` (so ``CheckpointManager.restore`` falls back).
+read, never through a symlink and never blocking (``fsutil.open_regular``); a
+manifest over ``MAX_MANIFEST_BYTES`` is refused by its size, and no read of it goes
+past that + 1 bytes; data files are checked to hold their declared sizes before any
+array is allocated, and the arrays to allocate against ``max_bytes`` or the memory
+available (:mod:`uckpt.memory`); verification streams (:mod:`uckpt.codec_stream`);
+and every failure is a :class:`~uckpt.errors.UckptError` (so
+``CheckpointManager.restore`` falls back).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def manifest_at(dir_fd: int, directory) -> Manifest:
     """Read and validate the manifest of the checkpoint directory open at ``dir_fd``
     (``directory``: its path, for messages). A manifest that is not a regular file (a FIFO,
     a device, a directory, a symlink) raises NotACheckpointError; one over
-    ``MAX_MANIFEST_BYTES`` ManifestError, after reading at most one byte more."""
+    ``MAX_MANIFEST_BYTES`` ManifestError (unread when its size says so)."""
     mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
     return Manifest.parse(manifest_bytes_at(dir_fd, directory), where=mpath)
 

@@ -40,7 +40,8 @@ def manifest_bytes_at(dir_fd: int, directory) -> bytes:
     """The manifest's bytes of the checkpoint directory open at ``dir_fd`` (``directory``:
     its path, for messages). A manifest that is not a regular file (a FIFO, a device, a
     directory, a symlink) raises NotACheckpointError; one over ``MAX_MANIFEST_BYTES``
-    ManifestError, after reading at most one byte more."""
+    ManifestError: unread when its ``fstat`` size says so, else after reading at most one
+    byte more."""
     mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
 
     def missing(_message, path):
