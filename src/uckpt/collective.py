@@ -215,10 +215,12 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
         def commit() -> None:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
+            data = manifest().to_bytes()
             try:
-                sink.commit(manifest().to_bytes(), p.overwrite)
+                sink.commit(data, p.overwrite)
             except BaseException as e:
-                raise_save_failure(e, f"{p.what} (commit)", where)
+                raise_save_failure(e, f"{p.what} (commit)", where,
+                                   f": writing its manifest of {len(data)} bytes")
             total = sum(w["size"] for w in written)
             log.info("committed %s: step %s, %d bytes in %d file(s), %.3f s", where,
                      "-" if p.step is None else p.step, total, len(gp.plan.file_sizes),

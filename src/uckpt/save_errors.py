@@ -15,10 +15,17 @@ from .errors import SaveError, StorageAccessError, StorageFullError, UckptError
 
 
 def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> BaseException:
-    """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one)."""
+    """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one).
+    A full disk names ``directory`` and, for a local one, the bytes still free there."""
     if fsutil.is_enospc(e):
-        return StorageFullError(f"no space left on the device while {doing}{detail}",
-                                path=str(directory),
+        where = str(directory)
+        text = f"no space left on the device while {doing}{detail}"
+        if where not in text:
+            text += f" in {where!r}"
+        free = _free_bytes(where)
+        if free is not None:
+            text += f"; {free} bytes free there"
+        return StorageFullError(text, path=where,
                                 hint="free space or choose another location; earlier "
                                      "checkpoints are intact")
     if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and \
@@ -32,6 +39,21 @@ def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> B
     if isinstance(e, OSError) and not isinstance(e, UckptError):
         return SaveError(f"{doing} failed: {e}", path=str(directory))
     return e
+
+
+def _free_bytes(where: str) -> "int | None":
+    """Bytes free to this user on the file system of ``where`` (a path; its nearest
+    existing parent), or None for a URL or where it cannot be told."""
+    if "://" in where:
+        return None
+    path = os.path.abspath(where)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
 
 
 def raise_save_failure(e: BaseException, doing: str, where, detail: str = "") -> None:

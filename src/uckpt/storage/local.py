@@ -166,7 +166,11 @@ def publish(tmp: Path, directory: Path, overwrite: bool) -> None:
         if not fsutil.exchange(tmp, directory):
             old = directory.parent / f".{directory.name}{OLD_MARK}{secrets.token_hex(4)}"
             os.rename(directory, old)
-            os.rename(tmp, directory)
+            try:
+                os.rename(tmp, directory)
+            except BaseException:
+                os.rename(old, directory)  # the committed checkpoint stays where it was
+                raise
             tmp = old
         fsutil.fsync_dir(directory.parent)
         fsutil.remove_tree(tmp)  # now holds the replaced checkpoint
@@ -291,17 +295,20 @@ class LocalSink(CheckpointSink):
             self.lease = None
 
     def abort(self) -> None:
-        """Remove what this rank made (best effort; debris is also removed by the root's
-        writer once no live save holds it)."""
+        """Remove what this rank made: the temporary directory it created (whatever the
+        commit left in it: a manifest cut short by a full disk, or whole but never renamed
+        into place; it is hidden, so never a committed checkpoint), else its own files.
+        Best effort: what cannot be removed now is debris the root's writer removes
+        once no live save holds it."""
         try:
-            if self.created_tmp and self.tmp.exists() and \
-                    not (self.tmp / MANIFEST_NAME).exists():
+            if self.created_tmp and self.tmp.exists():
                 fsutil.remove_tree(self.tmp)
             else:
                 for f in self.files:
                     f.unlink(missing_ok=True)
-        except OSError:
-            pass
+        except OSError as e:
+            log.warning("could not remove %s after a failed save (%s); the root's writer "
+                        "removes it at its next start", self.tmp, e)
         finally:
             self.release()
 

@@ -1,0 +1,131 @@
+"""A save that fails at its commit (the manifest, its fsync, the rename into place) cleans up
+after itself: its own temporary directory is gone when the error is raised, the last
+committed checkpoint is untouched and loads, and the error is the specific uckpt one."""
+import errno
+import hashlib
+import os
+
+import numpy as np
+import pytest
+
+import uckpt
+import uckpt.fsutil as fsutil
+from uckpt import errors
+from conftest import mount_tmpfs
+
+FIRST = {"w": np.ones(1000, np.float32)}
+SECOND = {"w": np.arange(16384, dtype=np.float32)}  # one data file of 64 KiB
+
+
+def digest(directory) -> str:
+    h = hashlib.sha256()
+    for root, _, files in sorted(os.walk(directory)):
+        for f in sorted(files):
+            p = os.path.join(root, f)
+            h.update(p.encode() + open(p, "rb").read())
+    return h.hexdigest()
+
+
+def leftovers(root) -> list:
+    """Hidden entries of saves under ``root`` (temporary or replaced checkpoints)."""
+    return sorted(p.name for p in root.iterdir() if p.name.startswith(".step_"))
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    """A 1 MiB tmpfs (needs root); skipped where mounting is not allowed."""
+    yield from mount_tmpfs(tmp_path / "tiny", "1m")
+
+
+def fill_but(fs, free: int) -> None:
+    """Fill the file system ``fs`` with a file, then give back ``free`` bytes of it."""
+    fd = os.open(fs / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block, size = b"\1" * 4096, 0
+        try:
+            while True:
+                size += os.write(fd, block)
+        except OSError as e:
+            assert e.errno == errno.ENOSPC, e
+        os.ftruncate(fd, size - free)
+    finally:
+        os.close(fd)
+
+
+def test_disk_full_at_the_manifest_leaves_no_debris(tiny_fs):
+    """Room for the data file but not for the manifest: the failing save removes its
+    temporary directory (with the manifest cut short in it) itself, not a later writer."""
+    root = tiny_fs / "root"
+    m = uckpt.CheckpointManager(root, keep=uckpt.KeepLast(3))
+    first = m.save(1, FIRST)
+    before = digest(first)
+    fill_but(tiny_fs, SECOND["w"].nbytes)  # exactly the data file's pages
+    with pytest.raises(errors.StorageFullError) as ei:
+        m.save(2, SECOND)
+    assert leftovers(root) == []  # no .step_00000002.uckpt-tmp-* with a 0-byte manifest
+    text = str(ei.value)
+    assert "(commit): writing its manifest of" in text and "bytes free there" in text
+    assert str(root / "step_00000002") in text and ei.value.errno == errno.ENOSPC
+    assert m.steps() == [1] and digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
+    m.close()
+
+
+def _fail_once(monkeypatch, module, name, err, when=lambda *a: True):
+    real = getattr(module, name)
+
+    def failing(*args, **kw):
+        if when(*args):
+            monkeypatch.setattr(module, name, real)
+            raise OSError(err, os.strerror(err), str(args[0]) if args else None)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, failing)
+
+
+def _is_tmp(path, *_):
+    return ".uckpt-tmp-" in os.fspath(path)
+
+
+@pytest.mark.parametrize("where, err, message", [
+    ("fsync of the directory", errno.EIO, r"save of step 2 \(commit\) failed: .*Input/output"),
+    ("rename into place", errno.EIO, r"could not commit .*step_00000002.*Input/output"),
+    ("manifest write", errno.EDQUOT, r"no space left .* save of step 2 \(commit\)"),
+], ids=["fsync-EIO", "rename-EIO", "write-EDQUOT"])
+def test_commit_failure_removes_its_temporary_directory(tmp_path, monkeypatch, where, err,
+                                                        message):
+    """Every way out of the commit after the manifest was (partly) written: the error is
+    uckpt's, the save's temporary directory is gone, the checkpoint before it intact."""
+    root = tmp_path / "root"
+    m = uckpt.CheckpointManager(root, keep=uckpt.KeepLast(3))
+    first = m.save(1, FIRST)
+    before = digest(first)
+    if where == "fsync of the directory":
+        _fail_once(monkeypatch, fsutil, "fsync_dir", err, _is_tmp)
+    elif where == "rename into place":
+        _fail_once(monkeypatch, os, "rename", err, _is_tmp)
+    else:
+        _fail_once(monkeypatch, fsutil, "write_all", err)  # the manifest's bytes
+    expected = errors.StorageFullError if err == errno.EDQUOT else errors.SaveError
+    with pytest.raises(expected, match=message):
+        m.save(2, SECOND)
+    assert leftovers(root) == []
+    assert m.steps() == [1] and digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
+    m.save(2, SECOND)  # the same writer saves the step again
+    assert m.steps() == [1, 2]
+    m.close()
+
+
+def test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
+    """Without an atomic exchange, an overwrite renames the committed checkpoint aside
+    first; when moving the new one in then fails, the old one is put back at once."""
+    first = uckpt.save(tmp_path / "ck", FIRST)
+    before = digest(first)
+    monkeypatch.setattr(fsutil, "exchange", lambda a, b: False)
+    _fail_once(monkeypatch, os, "rename", errno.EIO, _is_tmp)
+    with pytest.raises(errors.SaveError, match="Input/output error"):
+        uckpt.save(tmp_path / "ck", SECOND, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
