@@ -41,6 +41,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..errors import CorruptCheckpointError
+
 STEP_NAME = re.compile(r"^step_(\d+)$")
 #: the most bytes read for a manifest (one more is read to tell); a larger one is refused
 MAX_MANIFEST_BYTES = 1 << 30
@@ -101,7 +103,8 @@ class CheckpointSource:
     def sibling(self, name: str) -> "CheckpointSource":
         """The checkpoint ``name`` beside this one (same parent directory or prefix): a
         base of an incremental checkpoint (docs/format.md section 14). Only its data
-        files are read. Raises CheckpointNotFoundError if it does not exist,
+        files are read, once its manifest was seen to exist (:func:`uncommitted_base`
+        if not). Raises CheckpointNotFoundError if it does not exist,
         NotACheckpointError if it is not a directory (a symlink included)."""
         raise NotImplementedError
 
@@ -265,3 +268,13 @@ class Store:
 def step_of(name: str) -> Optional[int]:
     m = STEP_NAME.match(name)
     return int(m.group(1)) if m else None
+
+
+def uncommitted_base(where: str, why: str) -> CorruptCheckpointError:
+    """The error for a base of an incremental checkpoint that is not committed (``why``:
+    what is missing); only committed checkpoints may be bases (docs/format.md 14.1)."""
+    return CorruptCheckpointError(
+        f"the base checkpoint {where!r} that the manifest refers to is not committed: {why}",
+        path=where, hint="a checkpoint can only be read with all its bases committed; restore "
+                         "an earlier checkpoint (CheckpointManager.restore() falls back to one "
+                         "by itself)")

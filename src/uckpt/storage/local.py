@@ -91,7 +91,17 @@ class LocalSource(CheckpointSource):
                                  follow_symlinks=False)
         finally:
             os.close(parent)
-        return LocalSource(self.directory.parent / name, dir_fd=fd)
+        where = str(self.directory.parent / name)
+        try:
+            fsutil.stat_regular(fd, MANIFEST_NAME, what="manifest",
+                                path=os.path.join(where, MANIFEST_NAME), missing=lambda *_a, **_k: base.uncommitted_base(
+                                    where, f"it has no {MANIFEST_NAME}"),
+                                wrong_type=lambda message, **_k: base.uncommitted_base(
+                                    where, message))
+        except BaseException:
+            os.close(fd)
+            raise
+        return LocalSource(where, dir_fd=fd)
 
     def manifest_bytes(self) -> bytes:
         return manifest_bytes_at(self.dir_fd, self.directory)

@@ -114,7 +114,10 @@ class ObjectSource(CheckpointSource):
         """The checkpoint under prefix ``name`` beside this one (a base of an incremental
         checkpoint)."""
         parent = self.prefix.rsplit("/", 1)[0] if "/" in self.prefix else ""
-        return ObjectSource(self.client, join_key(parent, name))
+        prefix = join_key(parent, name)
+        if not self.client.exists(join_key(prefix, MANIFEST_NAME)):
+            raise base.uncommitted_base(self.client.url(prefix), "it has no manifest object")
+        return ObjectSource(self.client, prefix)
 
     def open_file(self, name: str) -> int:
         try:
