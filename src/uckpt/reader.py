@@ -33,6 +33,7 @@ from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .readruns import Piece, plan_runs, split_whole
 from .storage import open_source
+from .storage.base import wrong_size
 from .storage.local import manifest_bytes_at
 
 
@@ -136,6 +137,8 @@ class CheckpointReader:
                 f"records {expected}{at}", path=path, offset=actual,
                 leaf=cut[0] if cut else None,
                 hint="the file was damaged after commit; restore an earlier checkpoint")
+        if actual > expected:
+            raise wrong_size(path, actual, expected)
         self._sizes[(base, name)] = actual
 
     def _first_chunk_beyond(self, name: str, base: Optional[str], size: int):

@@ -37,6 +37,16 @@ class Found:
         return self.url or str(self.path.absolute())
 
 
+def size_reason(name: str, actual: int, expected: int) -> str:
+    """Why a data file of ``actual`` bytes, whose manifest records ``expected``, makes its
+    checkpoint damaged ("" if the sizes are equal, as they must be)."""
+    if actual < expected:
+        return f"data file {name} is truncated: {actual} of {expected} bytes"
+    if actual > expected:
+        return f"data file {name} is longer than its manifest records: {actual} of {expected} bytes"
+    return ""
+
+
 def order_found(found: List[Found]) -> List[Found]:
     """By step (unnumbered last), then status, then name."""
     order = {COMMITTED: 0, DAMAGED: 1, STALE: 2, INCOMPLETE: 3}

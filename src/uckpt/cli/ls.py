@@ -19,8 +19,8 @@ holding checkpoint directories; or an s3://bucket/prefix URL of an object store)
 or ROOT itself if it is a checkpoint.
 
 Status: "committed" (the manifest is valid and every data file is present),
-"damaged" (the manifest is missing or invalid, or a data file is missing or
-short, or one of them is not a regular file; also a symlink named like a
+"damaged" (the manifest is missing or invalid, or a data file is missing,
+short or longer than recorded, or one of them is not a regular file; also a symlink named like a
 checkpoint, which is not followed), "incomplete" (the temporary directory of a save or copy in progress or
 interrupted; in an object store: the objects of a step_N prefix without a
 manifest), "stale" (left by an interrupted delete or overwrite).

@@ -15,7 +15,7 @@ from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..storage import is_remote, open_store
 from ..storage.base import step_of
-from .found import COMMITTED, DAMAGED, INCOMPLETE, Found, order_found
+from .found import COMMITTED, DAMAGED, INCOMPLETE, Found, order_found, size_reason
 
 ENV_HELP = ("s3:// URLs: the endpoint and credentials come from these options, else from "
             "the standard AWS environment variables (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
@@ -104,8 +104,8 @@ def _examine(store, name: str, files: Dict[str, Any]) -> Found:
         if f.name not in files:
             item.reason = f"data file {f.name} is missing"
             return item
-        if files[f.name][0] < f.size:
-            item.reason = f"data file {f.name} is truncated: {files[f.name][0]} of {f.size} bytes"
+        item.reason = size_reason(f.name, files[f.name][0], f.size)
+        if item.reason:
             return item
     item.status = COMMITTED
     return item

@@ -5,10 +5,11 @@ renames anything: it is safe on a root another process is saving into.
 
 A child directory of the root is
   * ``committed``: it holds a manifest that parses and validates, and every data
-    file the manifest lists exists at (at least) its recorded size;
+    file the manifest lists exists at its recorded size;
   * ``damaged``: it is named like a step (``step_00000042``) or holds a
     ``manifest.json``, but the manifest is missing, invalid or not a regular file,
-    or a data file is missing, short or not a regular file (``reason`` says which);
+    or a data file is missing, short, too long or not a regular file (``reason``
+    says which);
     a symlink named like a checkpoint is listed as damaged too, and not followed;
   * ``incomplete``: the temporary directory of a save that is in progress or
     was interrupted (``.step_00000042.uckpt-tmp-1a2b3c4d``);
@@ -31,7 +32,8 @@ from ..format import MANIFEST_NAME
 from ..fsutil import kind_of, link_kind, open_dir, stat_regular
 from ..reader import manifest_at
 from ..storage import is_remote
-from .found import COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, order_found  # noqa: F401
+from .found import (COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, order_found,  # noqa: F401
+                    size_reason)
 
 _STEP = re.compile(r"^step_(\d+)$")
 _HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
@@ -102,7 +104,7 @@ def _classify(path: Path) -> Optional[Found]:
 
 def examine(path: Path, follow_symlinks: bool = True) -> Found:
     """Classify one checkpoint directory (reads and validates only its manifest; data files
-    are only ``lstat``-ed: regular files of at least their recorded size). Never follows a
+    are only ``lstat``-ed: regular files of their recorded size). Never follows a
     symlink inside the directory, nor at ``path`` itself without ``follow_symlinks``."""
     path = Path(path)
     m = _STEP.match(path.name)
@@ -149,8 +151,8 @@ def _examine_at(dir_fd: int, item: Found) -> None:
         except UckptError as e:
             item.reason = _relative(str(e), path)
             return
-        if actual < f.size:
-            item.reason = f"data file {f.name} is truncated: {actual} of {f.size} bytes"
+        item.reason = size_reason(f.name, actual, f.size)
+        if item.reason:
             return
     item.status = COMMITTED
 

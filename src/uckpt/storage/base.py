@@ -41,7 +41,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError, TruncatedDataError
 
 STEP_NAME = re.compile(r"^step_(\d+)$")
 #: the most bytes read for a manifest (one more is read to tell); a larger one is refused
@@ -278,3 +278,17 @@ def uncommitted_base(where: str, why: str) -> CorruptCheckpointError:
         path=where, hint="a checkpoint can only be read with all its bases committed; restore "
                          "an earlier checkpoint (CheckpointManager.restore() falls back to one "
                          "by itself)")
+
+
+def wrong_size(where: str, actual: int, expected: int) -> CorruptCheckpointError:
+    """The error for data file ``where`` of ``actual`` bytes where the manifest records
+    ``expected`` (they must be equal, docs/format.md section 7): a TruncatedDataError if
+    shorter, else a CorruptCheckpointError."""
+    if actual < expected:
+        return TruncatedDataError(f"data file {where!r} is truncated: {actual} bytes, the "
+                                  f"manifest records {expected}", path=where, offset=actual)
+    return CorruptCheckpointError(
+        f"data file {where!r} is longer than the manifest records: {actual} bytes, the "
+        f"manifest records {expected}", path=where,
+        hint="the file was changed after its checkpoint was committed; restore an earlier "
+             "checkpoint")

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 from .. import fsutil, knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
-                      NotACheckpointError, SaveError, TruncatedDataError)
+                      NotACheckpointError, SaveError)
 from ..format import MANIFEST_NAME
 from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
     remove_debris
@@ -273,17 +273,17 @@ class LocalSink(CheckpointSink):
     def copy_file(self, source: CheckpointSource, name: str, size: int) -> None:
         """Copy ``size`` bytes (in the kernel where it can), fsync, and drop the copy from
         the page cache (so a read-back comes from storage)."""
+        actual = source.open_file(name)
+        if actual != size:
+            raise base.wrong_size(source.file_where(name), actual, size)
         dst = self._new(name)
         with open(dst, "xb") as fout:
             if isinstance(source, LocalSource):
                 copied = fsutil.copy_range(source.fd(name), fout.fileno(), size)
             else:
                 copied = copy_through(source, name, size, fout.fileno())
-            if copied < size:
-                where = source.file_where(name)
-                raise TruncatedDataError(f"data file {where!r} is truncated: {copied} bytes, "
-                                         f"the manifest records {size}", path=where,
-                                         offset=copied)
+            if copied < size:  # cut short while it was copied
+                raise base.wrong_size(source.file_where(name), copied, size)
             os.fsync(fout.fileno())
             _drop_cache(fout.fileno())
 

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from .. import knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
-                      NotACheckpointError, RootLockedError, TruncatedDataError)
+                      NotACheckpointError, RootLockedError)
 from ..format import MANIFEST_NAME
 from . import base
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store, WriterLock
@@ -181,10 +181,8 @@ class ObjectSink(CheckpointSink):
 
         key = self._key(name)
         actual = source.open_file(name)
-        if actual < size:
-            where = source.file_where(name)
-            raise TruncatedDataError(f"data file {where!r} is truncated: {actual} bytes, the "
-                                     f"manifest records {size}", path=where, offset=actual)
+        if actual != size:
+            raise base.wrong_size(source.file_where(name), actual, size)
         if isinstance(source, LocalSource):
             self.client.upload(key, source.fd(name), size)  # parallel preads of the file
         else:
