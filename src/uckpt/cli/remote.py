@@ -74,7 +74,17 @@ def scan_remote(root: str, options=None) -> List[Found]:
         return [_examine(up, name, listing[name])]
     found = [_examine(store, name, files) for name, files in store._listing().items()
              if step_of(name) is not None or MANIFEST_NAME in files]
-    return order_found(found)
+    return order_found([f for f in found  # not those deleted while they were examined
+                        if f.status != DAMAGED or store.has(f.name)])
+
+
+def remote_gone(url: str, options=None) -> bool:
+    """Whether the checkpoint at ``url`` is no longer committed (its manifest object is
+    gone: a deletion removes it first)."""
+    from ..storage import locate
+
+    store, name = locate(url, options)
+    return not store.has(name)
 
 
 def _objects(store, prefix: str) -> Dict[str, Any]:

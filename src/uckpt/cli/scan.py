@@ -17,6 +17,10 @@ A child directory of the root is
     retention (``.uckpt-del-``) or overwrite (``.uckpt-old-``).
 Other entries are ignored. Nothing is ever read through a symlink below the root
 (the root itself may be one) and nothing is opened that could block (a FIFO).
+
+A checkpoint that the root's writer deletes (retention) or replaces while it is
+examined is not damaged: it is gone, and not listed, as ``CheckpointManager.restore``
+treats it (:func:`gone`).
 """
 from __future__ import annotations
 
@@ -68,7 +72,10 @@ def scan(root, storage_options=None) -> List[Found]:
             if e.is_symlink():
                 item = _symlink(Path(e.path))
             elif e.is_dir(follow_symlinks=False):
+                before = identity(e.path)
                 item = _classify(Path(e.path))
+                if item is not None and item.status == DAMAGED and gone(item.path, before):
+                    continue  # deleted or replaced while it was examined
             else:
                 continue
         except FileNotFoundError:  # vanished while scanning (a save committed, a delete ran)
@@ -76,6 +83,29 @@ def scan(root, storage_options=None) -> List[Found]:
         if item is not None:
             found.append(item)
     return order_found(found)
+
+
+def identity(path) -> Optional[tuple]:
+    """(device, inode) of the entry at ``path`` (not followed), None if there is none."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def gone(target, before: Optional[tuple], storage_options=None) -> bool:
+    """Whether checkpoint ``target`` (a path or an ``s3://`` URL) listed as ``before`` (its
+    :func:`identity` then; None: not known) was deleted or replaced since: a local one
+    renamed away (retention hides a checkpoint by renaming it before removing its files)
+    or another directory there now; in an object store, its manifest gone (a deletion
+    removes it first)."""
+    if is_remote(str(target)):
+        from .remote import remote_gone
+
+        return remote_gone(str(target), storage_options)
+    now = identity(target)
+    return now is None or (before is not None and now != before)
 
 
 def _symlink(path: Path) -> Optional[Found]:

@@ -15,7 +15,7 @@ from .common import bytes_text, human_bytes, print_error
 from . import foreign
 from .inspect import add_from_argument
 from .remote import add_storage_arguments, options_for
-from .scan import COMMITTED, DAMAGED, scan
+from .scan import COMMITTED, DAMAGED, gone, identity, scan
 
 HELP = "re-check every checksum of checkpoints"
 DESCRIPTION = """\
@@ -26,7 +26,8 @@ leaf and byte offset) of the first damage in each damaged checkpoint and exits
 1. A checkpoint of format version 1 has no manifest checksum: it is verified
 as far as it can be, with a note saying so. With --all, each argument is a
 root directory (e.g. a CheckpointManager's) and every checkpoint under it is
-verified; temporary directories of interrupted saves are skipped. A CKPT or
+verified; temporary directories of interrupted saves are skipped, and so is a
+checkpoint that the root's writer deletes (retention) while it is verified. A CKPT or
 ROOT may be an s3://bucket/prefix URL. A CKPT in another format (NPZ,
 torch.save, HDF5, safetensors, .keras, Hugging Face, DCP) is parsed fully and
 every array read, with the checks and limits of uckpt convert; the OK line says
@@ -113,12 +114,17 @@ def run(args) -> int:
             failed += 1
             print_error(path)
             continue
+        before = None if is_remote(str(path)) else identity(path)
         try:
             if not args.all and foreign.is_foreign(str(path)):
                 print(foreign.verify(str(path), args.src_format), flush=True)
             else:
                 print(verify_one(path, options_for(path, args)), flush=True)
         except (UckptError, OSError) as e:
+            if args.all and gone(path, before, options_for(path, args)):
+                print(f"skipped: {path}: deleted while it was verified (the root's writer "
+                      "removed it)", flush=True)
+                continue
             failed += 1
             print_error(e)
     if failed and len(paths) > 1:
