@@ -309,7 +309,9 @@ MANIFEST_EDITS = ("flip", "flip", "flip", "insert", "delete", "truncate", "overw
 def data_verdicts(source: Source, name: str, old: bytes, new: bytes):
     """(verdict of the operations reading every array, of in-place restores, which skip
     ``source.skip``): "ok" when every chunk they read is intact and the file's size is as
-    recorded; "either" when bytes were only added past it; "fail" otherwise."""
+    recorded; "fail" when a chunk they read changed or the size differs (a file longer
+    than recorded is damage too, docs/format.md section 7), except that a restore that
+    may not open the file at all gets "either" for bytes added past its end."""
     size = source.doc["files"][name]["size"]
     if len(new) < size:
         return "fail", "fail"
@@ -318,7 +320,7 @@ def data_verdicts(source: Source, name: str, old: bytes, new: bytes):
                != old[c["offset"]:c["offset"] + c["length"]]}
     whole = "ok" if len(new) == size else "either"
     if not damaged:
-        return whole, whole
+        return ("ok" if whole == "ok" else "fail"), whole
     items = source.doc["tree"]["items"]
     read = set().union(*(_arrays_under(n) for k, n in items.items() if k not in source.skip))
     return "fail", ("fail" if damaged & read else whole)
