@@ -2,7 +2,6 @@
 after itself: its own temporary directory is gone when the error is raised, the last
 committed checkpoint is untouched and loads, and the error is the specific uckpt one."""
 import errno
-import hashlib
 import os
 
 import numpy as np
@@ -12,18 +11,10 @@ import uckpt
 import uckpt.fsutil as fsutil
 from uckpt import errors
 from conftest import mount_tmpfs
+from test_bad_inputs import digest
 
 FIRST = {"w": np.ones(1000, np.float32)}
 SECOND = {"w": np.arange(16384, dtype=np.float32)}  # one data file of 64 KiB
-
-
-def digest(directory) -> str:
-    h = hashlib.sha256()
-    for root, _, files in sorted(os.walk(directory)):
-        for f in sorted(files):
-            p = os.path.join(root, f)
-            h.update(p.encode() + open(p, "rb").read())
-    return h.hexdigest()
 
 
 def leftovers(root) -> list:
