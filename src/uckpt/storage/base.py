@@ -42,6 +42,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptCheckpointError, TruncatedDataError
+from ..readback import SourceReader
 
 STEP_NAME = re.compile(r"^step_(\d+)$")
 #: the most bytes read for a manifest (one more is read to tell); a larger one is refused
@@ -99,6 +100,12 @@ class CheckpointSource:
     def file_where(self, name: str) -> str:
         """The path or URL of data file ``name``, for messages."""
         raise NotImplementedError
+
+    def medium_reader(self, name: str):
+        """A reader of data file ``name`` from the storage medium, not a cache, where the
+        store allows (:mod:`uckpt.readback`): ``read(buf, offset) -> int``, ``close()``
+        and ``how``. Here: :meth:`read_into` (an object store's ranged GET)."""
+        return SourceReader(self, name)
 
     def sibling(self, name: str) -> "CheckpointSource":
         """The checkpoint ``name`` beside this one (same parent directory or prefix): a

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .. import fsutil, knobs
+from ..readback import FileReader
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
                       NotACheckpointError, SaveError)
 from ..format import MANIFEST_NAME
@@ -123,6 +124,12 @@ class LocalSource(CheckpointSource):
                                                   path=self.file_where(name),
                                                   missing=missing_data_file)
         return self._fds[name]
+
+    def medium_reader(self, name: str):
+        """O_DIRECT reads, or reads after the cached pages are dropped (see
+        :mod:`uckpt.readback`)."""
+        self.fd(name)  # a regular file, opened without following a symlink
+        return FileReader(self.dir_fd, name)
 
     def read_into(self, name: str, buf, offset: int) -> int:
         return fsutil.pread_into(self._fds[name], buf, offset)
