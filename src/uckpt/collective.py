@@ -36,7 +36,7 @@ from . import knobs
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
-from .errors import CheckpointExistsError, CheckpointNotFoundError
+from .errors import CheckpointExistsError, CheckpointNotFoundError, DamagedBaseError
 from .format import Chunk, Manifest
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
@@ -73,7 +73,7 @@ def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
     except Exception as e:  # noqa: BLE001 - reported to the other ranks in the write step
         staged = e
-    return finish_collective(prepared, staged, comm)
+    return finish_or_redo(prepared, staged, comm)
 
 
 def flatten_shared(state, comm: Communicator) -> Union[Flat, BaseException]:
@@ -236,6 +236,24 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
     return where
 
 
+def finish_or_redo(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):
+    """:func:`finish_collective`; in one process, an incremental save that was committed
+    referring to bytes found damaged meanwhile (:class:`~uckpt.errors.DamagedBaseError`,
+    raised by ``on_commit``) is saved again over itself, from the same ``staged`` data;
+    ``p.baseline()`` gives nothing to refer to then. Several ranks raise it."""
+    try:
+        return finish_collective(p, staged, comm)
+    except DamagedBaseError as e:
+        if comm.size > 1 or isinstance(staged, BaseException):
+            raise
+        log.warning("%s; saving it again, in full", e)
+        again = prepare_collective(p.store, p.name, staged, comm, step=p.step,
+                                   metadata=p.metadata, overwrite=True, what=p.what,
+                                   compression=p.compression, baseline=p.baseline,
+                                   on_commit=p.on_commit)
+        return finish_collective(again, staged, comm)
+
+
 def _compact(c: Chunk) -> tuple:
     """What a rank tells the others of one of its chunks (its box is in the plan)."""
     return (c.file, c.offset, c.length, c.codec, c.checksum, c.hash, c.base)
@@ -272,7 +290,7 @@ def submit_async_share(saver, prepared: PreparedSave, comm: Communicator, backgr
     :class:`~uckpt.engine.SaveHandle`. ``guard``: see :mod:`uckpt.late`."""
     def job(staged):
         try:
-            path = finish_collective(prepared, staged, background)
+            path = finish_or_redo(prepared, staged, background)
         except BaseException:
             if failed is not None:
                 failed()

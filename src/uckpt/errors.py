@@ -99,6 +99,13 @@ class TruncatedDataError(CorruptCheckpointError):
     """A data file is shorter than the chunks it should hold."""
 
 
+class DamagedBaseError(CorruptCheckpointError):
+    """An incremental save was committed referring to stored bytes that the background
+    verification found damaged while it was written (:mod:`uckpt.reverify`). In one
+    process the save is written again, in full, over itself; with several ranks it is
+    raised and the save is not reported as done (the next one writes in full)."""
+
+
 class ManifestChecksumError(ManifestError, CorruptCheckpointError):
     """A manifest's bytes do not match the checksum it records (format version 2), or a
     version-2 manifest does not end in its checksum. ``stored`` and ``computed`` are the

@@ -48,6 +48,7 @@ from .format import Manifest
 from .gcpause import pausing
 from .incremental import Baseline
 from .reader import read_manifest
+from .reverify import Verifier
 from .storage.base import step_of
 from .tiers import Tier, as_tier
 
@@ -129,6 +130,17 @@ class CheckpointManager:
         the first of a manager, and an overwrite) writes everything. Retention never
         deletes a checkpoint that a kept one refers to, and deletes newest first;
         copies to durable tiers bring the checkpoints they refer to along.
+    reverify_every
+        with ``incremental=True`` a save refers only to chunks that were read back from
+        the storage medium (O_DIRECT, or after the page cache dropped them) and matched
+        their checksums, on a background thread after the save that wrote them was
+        committed; a base is read again, on a background thread at idle I/O priority,
+        once every ``reverify_every`` saves that refer to it (default 10). Damage found
+        is logged at WARNING with every committed step that refers to it, and the next
+        save writes in full. Left at risk: the saves that refer to a chunk damaged after
+        its last read, until the next read finds it (at most ``reverify_every`` saves,
+        plus those committed while that read runs); restore falls back past them
+        (docs/architecture.md, "Incremental saves refer only to verified bytes").
 
     A tier may be an ``s3://bucket/prefix`` URL of an S3-compatible object store
     (``pip install 'uckpt[s3]'``), e.g. ``tiers=["/local/nvme/run1",
@@ -145,7 +157,8 @@ class CheckpointManager:
                  compression: Optional[str] = None,
                  compression_level: Optional[int] = None,
                  late_snapshot: Any = None,
-                 incremental: bool = False, full_every: int = 10) -> None:
+                 incremental: bool = False, full_every: int = 10,
+                 reverify_every: int = 10) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -160,6 +173,9 @@ class CheckpointManager:
         self.late_snapshot = late_snapshot
         if not isinstance(full_every, int) or isinstance(full_every, bool) or full_every < 1:
             raise ValueError(f"full_every must be a positive int, got {full_every!r}")
+        if not isinstance(reverify_every, int) or isinstance(reverify_every, bool) or \
+                reverify_every < 1:
+            raise ValueError(f"reverify_every must be a positive int, got {reverify_every!r}")
         if incremental and concurrent_writers:
             raise ValueError("incremental saves need an exclusive writer: another writer's "
                              "retention could delete the checkpoints this one refers to")
@@ -201,6 +217,9 @@ class CheckpointManager:
         self.full_every = full_every
         self._baseline: Optional[Baseline] = None  # chunks of this manager's last save
         self._chain = 0  # incremental saves since the last full one
+        # which chunks of this rank the next save may refer to (read back, re-read)
+        self._verifier = Verifier(self.tiers[0].store, self.comm.rank, reverify_every,
+                                  step_dir_name) if self.incremental else None
         self._bases: Dict[tuple, Optional[List[int]]] = {}  # (tier, step) -> steps it refers to
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
@@ -228,6 +247,8 @@ class CheckpointManager:
         finally:
             self._closed = True
             self.save_policy.close()
+            if self._verifier is not None:
+                self._verifier.close()
             _open_managers.discard(self)
             for lock in self._locks:
                 lock.release()
@@ -404,14 +425,17 @@ class CheckpointManager:
     # -- incremental saves ------------------------------------------------------------------
     def _next_baseline(self, overwrite: bool) -> Baseline:
         """What the save being written compares with (runs when it writes, after the
-        saves before it committed): the last save's chunks, or nothing (a full save)."""
-        if self._baseline is None or overwrite or self._chain + 1 >= self.full_every:
-            return Baseline("")
-        return self._baseline
+        saves before it committed): the last save's verified chunks, or nothing (a full
+        save)."""
+        full = self._baseline is None or overwrite or self._chain + 1 >= self.full_every
+        assert self._verifier is not None
+        return self._verifier.usable(None if full else self._baseline)
 
     def _committed_baseline(self, manifest: Manifest, name: str) -> None:
         self._chain = self._chain + 1 if manifest.bases else 0
         self._baseline = Baseline.of(manifest, name)
+        assert self._verifier is not None
+        self._verifier.committed(manifest, name)  # raises if it refers to damage found
 
     def _refuse_overwriting_a_base(self, step: int) -> None:
         store = self.tiers[0].store
