@@ -8,6 +8,7 @@ import platform
 import sys
 import threading
 
+import numpy as np
 import pytest
 
 import uckpt
@@ -256,3 +257,28 @@ def test_a_save_committed_after_the_damage_was_recorded_is_saved_again_in_full(
     for s in (3, 4):
         got, out = restored(mgr, s)
         check(out, s)
+
+
+def test_medium_reads_check_unaligned_chunks_across_blocks(tmp_path, monkeypatch):
+    """The read-back's aligned block reads (O_DIRECT where the file system takes them)
+    give the CRC of exactly a chunk's bytes, at any offset and length, across blocks;
+    a chunk past the end of the file reads as None (truncated)."""
+    from uckpt import readback
+    from uckpt.checksum import of
+    from uckpt.storage.local import LocalSource
+
+    monkeypatch.setattr(knobs, "read_block_bytes", 2 * readback.ALIGN)
+    data = np.random.default_rng(0).integers(0, 256, 5 * readback.ALIGN + 123, np.uint8)
+    (tmp_path / "data-00000.bin").write_bytes(data.tobytes())
+    with LocalSource(tmp_path) as source:
+        reader = source.medium_reader("data-00000.bin")
+        buf = readback.block_buffer()
+        try:
+            assert reader.how in ("O_DIRECT", "fadvise(DONTNEED) read")
+            for offset, length in [(0, 1), (5, 4091), (4095, 2), (100, 3 * readback.ALIGN + 7),
+                                   (0, len(data)), (len(data) - 10, 10)]:
+                assert readback.stored_checksum(reader, offset, length, buf) == \
+                    of(data[offset:offset + length])
+            assert readback.stored_checksum(reader, len(data) - 10, 11, buf) is None
+        finally:
+            reader.close()

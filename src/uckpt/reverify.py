@@ -179,8 +179,12 @@ class Verifier:
         """Read ``chunks`` of checkpoint ``name`` back; record the intact ones as verified
         and the damaged ones as damage; ``done.set()`` at the end, whatever happens."""
         try:
+            start = time.perf_counter()
             good, damaged = self._read(name, chunks)
             with self._lock:
+                self.bytes_read += sum(c.length for _, c, _ in damaged) + sum(
+                    c.length for _, c in chunks if (c.file, c.offset, c.checksum) in good)
+                self.read_seconds += time.perf_counter() - start
                 self._rereading.discard(name)
                 if damaged:
                     self._damaged(name, damaged)
@@ -201,7 +205,6 @@ class Verifier:
             return good, damaged
         if self.before_read is not None:
             self.before_read(name, self.file)
-        start = time.perf_counter()
         try:
             with self.store.source(name) as source:
                 reader = source.medium_reader(self.file)
@@ -211,7 +214,6 @@ class Verifier:
                         if self._stop.is_set():
                             break
                         got = stored_checksum(reader, c.offset, c.length, buf)
-                        self.bytes_read += c.length
                         if got == c.checksum:
                             good.add((c.file, c.offset, c.checksum))
                         else:
@@ -223,7 +225,6 @@ class Verifier:
         except (UckptError, OSError) as e:  # deleted meanwhile, unreadable: left unverified
             log.info("%s/%s could not be read back (%s: %s): later saves write its chunks "
                      "anew", self.store.location(name), self.file, type(e).__name__, e)
-        self.read_seconds += time.perf_counter() - start
         return good, damaged
 
     def _damaged(self, name: str, damaged) -> None:
