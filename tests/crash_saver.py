@@ -4,17 +4,54 @@
     crash_saver.py FAST DURABLE --async       async saves, copied to a durable tier
     crash_saver.py ROOT --incremental         incremental saves (a few rows change each
                                               step), keep_last=2, a full save every 3
+    crash_saver.py ROOT --bitrot              incremental saves, keep_last=6, bases re-read
+                                              every 2 saves; after every 4th save a bit of a
+                                              chunk it refers to is flipped ("damaging BASE
+                                              FILE OFFSET", printed first); prints each
+                                              damage found ("detected BASE FILE OFFSET
+                                              [STEPS]") and each save refused for
+                                              referring to it ("refused STEP"), then
+                                              saved again in full
 """
+import logging
+import os
+import random
+import re
 import sys
 
 import numpy as np
 
 import uckpt
 
+
+def say(*words) -> None:
+    """One line to stdout in one write (the verifier's thread prints too)."""
+    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.flush()
+
+
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 asynchronous = "--async" in sys.argv
-incremental = "--incremental" in sys.argv
-if incremental:
+bitrot = "--bitrot" in sys.argv
+incremental = "--incremental" in sys.argv or bitrot
+if bitrot:
+    import incremental_common
+
+    class Detected(logging.Handler):
+        def emit(self, record):
+            redo = re.search(r"step_(\d+) was committed referring to", record.getMessage())
+            if redo:  # saved again in full: not reported as committed before that is done
+                say("refused", int(redo.group(1)))
+                return
+            found = re.search(r"damaged data in .*?/(step_\d+)/(data-\d+\.bin): .*? byte offset "
+                              r"(\d+) .*refer to it \(they may not restore\): (.*?);",
+                              record.getMessage())
+            say("detected", *found.groups()[:3], found.group(4).replace(" ", ""))
+
+    logging.getLogger("uckpt.reverify").addHandler(Detected(logging.WARNING))
+    logging.getLogger("uckpt.collective").addHandler(Detected(logging.WARNING))
+    mgr = uckpt.CheckpointManager(args[0], keep_last=6, incremental=True, reverify_every=2)
+elif incremental:
     import incremental_common
 
     mgr = uckpt.CheckpointManager(args[0], keep_last=2, incremental=True, full_every=3)
@@ -24,7 +61,8 @@ else:
     mgr = uckpt.CheckpointManager(tiers=[uckpt.Tier(args[0], keep=2), uckpt.Tier(args[1], keep=3)],
                                   async_save=asynchronous, max_inflight=2)
 step = (mgr.latest_step() or 0) + 1
-print("ready", flush=True)
+rot = random.Random(step)
+say("ready")
 pending = []
 while True:
     state = incremental_common.state(step) if incremental else \
@@ -36,6 +74,16 @@ while True:
         if not isinstance(r, uckpt.SaveHandle) or r.done():
             if isinstance(r, uckpt.SaveHandle):
                 r.wait()
-            print("committed", s, flush=True)
+            say("committed", s)
             pending.remove((s, r))
+    if bitrot and step % 4 == 0:  # bit rot in a base this step refers to
+        referred = [c for c in mgr.manifest(step).arrays["table"].chunks if c.base]
+        if referred:
+            c = rot.choice(referred)
+            say("damaging", c.base, c.file, c.offset)  # first: a kill may follow
+            fd = os.open(os.path.join(args[0], c.base, c.file), os.O_RDWR)
+            at = c.offset + rot.randrange(c.length)
+            os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ (1 << rot.randrange(8))]), at)
+            os.fsync(fd)
+            os.close(fd)
     step += 1
