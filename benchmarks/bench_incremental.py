@@ -17,9 +17,18 @@ steps, a blocking save after each; the first save of an incremental manager is f
                of an incremental save against a plain one (target <= 1.05x).
 ``hash``       XXH3-128 throughput of uckpt.hashing over 64 MiB pieces, 1 and 2 threads
                (target >= 2 GB/s on 2 cores).
+``verify``     the cost of reading back what incremental saves refer to (uckpt.reverify):
+               a ``--rows`` x 256 float32 table, 1% of its rows changed per step (NumPy),
+               saved after each step, synchronously and asynchronously, with the
+               verification as shipped and with it disabled (saves refer to unverified
+               chunks, as before issue 25): the save's time (async: the stall, and the
+               time to commit), the seconds saves waited for a read-back, and the bytes
+               read back per save; ``--gap`` seconds of training between saves (default:
+               none, back to back, the worst case).
 
     .venv/bin/python benchmarks/bench_incremental.py                    # everything, full size
     .venv/bin/python benchmarks/bench_incremental.py --small            # a quick run
+    .venv/bin/python benchmarks/bench_incremental.py --only verify --name incremental_verify
 
 Results go to stdout and ``benchmarks/results/incremental.{md,json}``.
 """
@@ -172,6 +181,82 @@ def full_training(tmp: Path, steps: int, repeat: int) -> dict:
             "incremental_s_median": inc, "ratio": inc / plain}
 
 
+class _Unverified:
+    """A stand-in for uckpt.reverify.Verifier that verifies nothing (for the baseline)."""
+
+    def __init__(self, *args) -> None:
+        self.bytes_read, self.read_seconds, self.waited_seconds = 0, 0.0, 0.0
+
+    def committed(self, manifest, name) -> None:
+        pass
+
+    def usable(self, baseline):
+        from uckpt.incremental import Baseline
+
+        return baseline if baseline is not None else Baseline("")
+
+    def join(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def verification(tmp: Path, steps: int, rows: int, repeat: int, gap: float) -> dict:
+    """Save times with and without the read-back verification, sync and async; ``gap``
+    seconds of (simulated) training between the end of a save and the next."""
+    import uckpt
+    import uckpt.knobs as knobs
+    import uckpt.manager as manager
+    from uckpt.reverify import Verifier
+
+    knobs.incremental_chunk_bytes = 64 << 10
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((rows, 256), dtype=np.float32)
+    out: Dict[str, dict] = {}
+    for r in range(repeat):  # the modes interleaved, so drift hits them alike
+        for mode in ("sync", "async"):
+            for verified in (True, False) if r % 2 == 0 else (False, True):
+                manager.Verifier = Verifier if verified else _Unverified
+                key = f"{mode}, {'verified' if verified else 'unverified'}"
+                rec = out.setdefault(key, {"stall": [], "commit": [], "read": 0, "waited": 0.0,
+                                           "read_s": 0.0, "saves": 0, "first_read": 0})
+                root = tmp / f"v{r}{mode}{verified}"
+                with uckpt.CheckpointManager(root, incremental=True, full_every=10 ** 9,
+                                             keep_last=2, async_save=mode == "async") as mgr:
+                    for s in range(1, steps + 2):
+                        time.sleep(gap if s > 1 else 0)
+                        ids = rng.integers(0, rows, max(1, rows // 100))
+                        table[ids] += 1.0
+                        start = time.perf_counter()
+                        mgr.save(s, {"table": table})
+                        stall = time.perf_counter() - start
+                        mgr.wait()
+                        if s == 1:  # a full save; its read-back runs during the next step
+                            mgr._verifier.join()
+                            rec["first_read"] = mgr._verifier.bytes_read
+                            continue
+                        rec["stall"].append(stall)
+                        rec["commit"].append(time.perf_counter() - start)
+                    mgr._verifier.join()
+                    v = mgr._verifier
+                    rec["read"] += v.bytes_read - rec["first_read"]
+                    rec["waited"] += v.waited_seconds
+                    rec["read_s"] += v.read_seconds
+                    rec["saves"] += steps
+                shutil.rmtree(root)
+    manager.Verifier = Verifier
+    return {"rows": rows, "table_bytes": rows * 256 * 4, "steps": steps, "repeat": repeat,
+            "gap_s": gap,
+            "modes": {k: {"stall_s_median": statistics.median(v["stall"]),
+                          "commit_s_median": statistics.median(v["commit"]),
+                          "waited_s_per_save": v["waited"] / v["saves"],
+                          "read_bytes_per_save": v["read"] / v["saves"],
+                          "read_s_per_save": v["read_s"] / v["saves"],
+                          "first_save_read_bytes": v["first_read"]}
+                      for k, v in out.items()}}
+
+
 def hash_throughput(total: int) -> dict:
     from uckpt import hashing
 
@@ -227,6 +312,20 @@ def report(results: dict) -> str:
                                    [[C.fmt_bytes(f["bytes"]), C.fmt_s(f["plain_s_median"]),
                                      C.fmt_s(f["incremental_s_median"]), f"{f['ratio']:.3f}x"]]),
                   ""]
+    if "verify" in results:
+        v = results["verify"]
+        lines += [f"## Read-back verification: {v['rows']} x 256 float32 "
+                  f"({C.fmt_bytes(v['table_bytes'])}), 1% random rows per step, "
+                  f"{v['steps']} saves x {v['repeat']}, {v['gap_s']} s between saves", "",
+                  C.markdown_table(["mode", "save() (median)", "save() + wait() (median)",
+                                    "waited for read-back / save", "read back / save",
+                                    "reading / save (background)", "read back after 1st save"],
+                                   [[k, C.fmt_s(m["stall_s_median"]), C.fmt_s(m["commit_s_median"]),
+                                     C.fmt_s(m["waited_s_per_save"]),
+                                     C.fmt_bytes(m["read_bytes_per_save"]),
+                                     C.fmt_s(m["read_s_per_save"]),
+                                     C.fmt_bytes(m["first_save_read_bytes"])]
+                                    for k, m in v["modes"].items()]), ""]
     if "hash" in results:
         h = results["hash"]
         lines += ["## XXH3-128 throughput (uckpt.hashing.digests, 64 MiB pieces)", "",
@@ -239,10 +338,14 @@ def report(results: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="a quick run (small table, few steps)")
-    ap.add_argument("--only", default="finetune,embedding,full,hash")
+    ap.add_argument("--only", default="finetune,embedding,full,hash,verify")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--dir", default=None, help="where to save (default: a temporary directory)")
+    ap.add_argument("--gap", type=float, default=0.0,
+                    help="verify: seconds of simulated training between saves")
+    ap.add_argument("--name", default=None, help="results/NAME.{md,json} (default: "
+                    "incremental, or incremental_small with --small)")
     args = ap.parse_args(argv)
     steps = args.steps or (3 if args.small else 10)
     rows = args.rows or (1 << 16 if args.small else 1 << 20)
@@ -258,9 +361,12 @@ def main(argv=None) -> int:
             results["full"] = full_training(tmp / "full", steps, 1 if args.small else 3)
         if "hash" in only:
             results["hash"] = hash_throughput((256 if args.small else 1024) << 20)
+        if "verify" in only:
+            results["verify"] = verification(tmp / "verify", steps, rows,
+                                             2 if args.small else 4, args.gap)
     text = report(results)
     print(text)
-    name = "incremental_small" if args.small else "incremental"
+    name = args.name or ("incremental_small" if args.small else "incremental")
     (C.RESULTS_DIR / f"{name}.md").write_text(text + "\n")
     C.write_json(C.RESULTS_DIR / f"{name}.json", results)
     return 0
