@@ -154,10 +154,11 @@ class Verifier:
                 return Baseline("")
             chunks = {k: c for k, c in baseline.chunks.items()
                       if (c.file, c.offset, c.checksum) in self._verified.get(c.base or "", ())}
-        if len(chunks) < len(baseline.chunks):
-            log.info("%d of %d chunks of %s's baseline are not verified (another rank's, or "
-                     "not read back): written anew", len(baseline.chunks) - len(chunks),
-                     len(baseline.chunks), baseline.name)
+        mine = sum(1 for c in baseline.chunks.values() if c.file == self.file)
+        if len(chunks) < mine:  # (another rank's chunks are that rank's to refer to)
+            log.info("%d of %d chunks of %s's baseline in %s are not verified (not read "
+                     "back, or unreadable): written anew", mine - len(chunks), mine,
+                     baseline.name, self.file)
         return Baseline(baseline.name, chunks, baseline.sizes)
 
     def join(self) -> None:
