@@ -12,7 +12,7 @@ import stat
 import struct
 import zipfile
 import zlib
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..errors import (CheckpointNotFoundError, ChecksumMismatchError, CorruptChe
                       TruncatedDataError, UnsupportedObjectError)
 from ..fsutil import pread_into
 from .errors import UnsafeInputError, UnsafeNameError
+from .limits import check_ratio, current
 
 #: the most a deflate stream can expand (about 1032:1); a compressed entry declaring more
 #: than this many times its stored size is refused
@@ -163,8 +164,9 @@ class ZipArchive:
     inflated in pieces of 1 MiB straight into the caller's array, never past the size the
     member declares (a member that inflates to more, or less, than it declares, or whose
     CRC-32 differs, is refused when read to its end). A member may declare at most 1032
-    times its compressed size (the most deflate can expand); other compression methods
-    and encrypted members are refused.
+    times its compressed size (the most deflate can expand), or ``max_ratio`` times where
+    the limits in force when the archive is opened set less; other compression methods
+    and encrypted members are refused. :meth:`pieces` streams a whole member.
     """
 
     def __init__(self, raf: RandomAccessFile, base: int = 0, length: Optional[int] = None,
@@ -172,6 +174,7 @@ class ZipArchive:
         self.raf, self.base = raf, base
         self.window = Window(raf, base, length)
         self.where = where or raf.path
+        self.limits = current()
         try:
             zf = zipfile.ZipFile(self.window)
             infos = zf.infolist()
@@ -212,12 +215,24 @@ class ZipArchive:
         elif info.compress_type == zipfile.ZIP_DEFLATED:
             require_fits(info.compress_size, self.window.length - info.header_offset, what,
                          self.where)
-            require_fits(info.file_size, max(info.compress_size, 1) * MAX_DEFLATE_RATIO,
-                         what + " (compressed)", self.where)
+            self._check_ratio(info)
         else:
             self._fail(info, f"uses compression method {info.compress_type}; uckpt reads "
                              "stored and deflated members only (recompress the archive with "
                              "deflate)", UnsupportedObjectError)
+
+    def _check_ratio(self, info: zipfile.ZipInfo) -> None:
+        """Refuse a deflated member declaring more than 1032 bytes per compressed byte (more
+        than deflate can make), or more than a lower ``max_ratio`` in force."""
+        stored = max(info.compress_size, 1)
+        if info.file_size > stored * MAX_DEFLATE_RATIO:
+            raise CorruptCheckpointError(
+                f"{self.where}: zip member {info.filename!r} declares {info.file_size} bytes "
+                f"from {info.compress_size} compressed, {info.file_size / stored:.0f} per byte; "
+                f"deflate cannot expand more than {MAX_DEFLATE_RATIO} per byte", path=self.where,
+                hint="the archive is damaged or was crafted; nothing was inflated")
+        check_ratio(info.file_size, info.compress_size, f"zip member {info.filename!r}",
+                    self.where, self.limits)
 
     def data_offset(self, info: zipfile.ZipInfo) -> int:
         """Where a member's (stored or compressed) bytes start in the file."""
@@ -255,11 +270,32 @@ class ZipArchive:
         self._inflate(info, start, skip, arr.reshape(-1).view(np.uint8))
         return arr
 
+    def pieces(self, info: zipfile.ZipInfo) -> Iterator[bytes]:
+        """The member's bytes in order, in pieces of at most 1 MiB (stored or inflated), never
+        more than it declares; read to its end, a deflated member's size and CRC-32 are
+        checked as by :meth:`read_into`."""
+        self._check(info)
+        start = self.data_offset(info)
+        if info.compress_type == zipfile.ZIP_STORED:
+            for at in range(0, info.file_size, _PIECE):
+                yield self.raf.pread(min(_PIECE, info.file_size - at), start + at)
+            return
+        yield from self._inflated(info, start, info.file_size)
+
     def _inflate(self, info: zipfile.ZipInfo, start: int, skip: int, out: np.ndarray) -> None:
         """Inflate the member into ``out`` (its bytes ``[skip, skip + len(out))``), never
-        holding more than a piece beyond ``out``; read to its end, the member must end
-        exactly at its declared size with its CRC-32."""
-        want = skip + out.nbytes
+        holding more than a piece beyond ``out``."""
+        made = 0
+        for piece in self._inflated(info, start, skip + out.nbytes):
+            lo, hi = max(skip - made, 0), len(piece)
+            if hi > lo:
+                at = made + lo - skip
+                out[at:at + hi - lo] = np.frombuffer(piece, np.uint8, hi - lo, lo)
+            made += len(piece)
+
+    def _inflated(self, info: zipfile.ZipInfo, start: int, want: int) -> Iterator[bytes]:
+        """The member's first ``want`` bytes, inflated a piece at a time; read to its end
+        (``want`` its declared size), the member must end exactly there with its CRC-32."""
         whole = want == info.file_size
         inflater = zlib.decompressobj(-15)
         pos, end = start, start + info.compress_size
@@ -286,11 +322,8 @@ class ZipArchive:
                     continue
                 if whole:
                     crc = zlib.crc32(piece, crc)
-                lo, hi = max(skip - made, 0), len(piece)
-                if hi > lo:
-                    at = made + lo - skip
-                    out[at:at + hi - lo] = np.frombuffer(piece, np.uint8, hi - lo, lo)
                 made += len(piece)
+                yield piece
             while whole and not inflater.eof:  # nothing may follow the declared bytes
                 data = feed()
                 if inflater.decompress(data, 1):

@@ -2,7 +2,8 @@
 and ``model.weights.h5``.
 
 Reading: the weights file is copied out of the archive (stored or deflated, with the zip
-checks of :class:`~.fileio.ZipArchive`) into a private temporary file and read as HDF5;
+checks of :class:`~.fileio.ZipArchive`: at most 1032 bytes, or ``max_ratio``, per byte
+stored) 1 MiB at a time into a private temporary file and read as HDF5;
 ``config.json`` and ``metadata.json`` are kept as text in ``Tree.extras[""]["keras.archive"]``
 (never parsed or run). Writing: the tree as an HDF5 weights file, zipped (stored, as Keras
 writes it) with the kept config and metadata; without them (a ``.weights.h5`` source) the
@@ -19,10 +20,9 @@ import zipfile
 from pathlib import Path
 from typing import Dict
 
-import numpy as np
-
 from .._version import __version__
 from ..errors import CorruptCheckpointError
+from ..fsutil import write_all
 from . import hdf5, skeleton
 from .fileio import RandomAccessFile, ZipArchive
 from .model import Tree, reading
@@ -33,16 +33,13 @@ WEIGHTS = "model.weights.h5"
 TEXT_MEMBERS = ("config.json", "metadata.json")
 KEPT = "keras.archive"  # Tree.extras[""] key: member name -> text
 MAX_TEXT = 64 << 20
-_PIECE = 64 << 20
 
 
 def _copy_member(archive: ZipArchive, info: zipfile.ZipInfo, fd: int) -> None:
-    if info.compress_type == zipfile.ZIP_STORED:
-        for at in range(0, info.file_size, _PIECE):
-            n = min(_PIECE, info.file_size - at)
-            os.write(fd, archive.read_into(info, at, np.empty(n, dtype=np.uint8)).data)
-        return
-    os.write(fd, archive.read_into(info, 0, np.empty(info.file_size, dtype=np.uint8)).data)
+    """Copy a member into ``fd`` a bounded piece at a time (one ``os.write`` copies at most
+    about 2 GiB on Linux; :func:`~uckpt.fsutil.write_all` loops until all is written)."""
+    for piece in archive.pieces(info):
+        write_all(fd, piece)
 
 
 def read(path, fmt: str = "keras") -> Tree:
