@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.manifest import strict_json_loads
+from ..format.values import key as show_key, show
 from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
 from .detect import detect
 from .hf_names import WEIGHTS
@@ -92,19 +93,42 @@ def _flat(part: Tree, where: str) -> Dict[str, Any]:
     return root
 
 
-def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
+def _index(index: Path) -> Tuple[Dict[str, str], Dict[str, Any]]:
+    """The ``weight_map`` (tensor name -> shard file name) and ``metadata`` of an index,
+    each field checked: a field of the wrong type is a CorruptCheckpointError naming it."""
     doc = _json(index, MAX_INDEX)
     where = str(index)
+
+    def bad(field: str, value: Any, want: str, leaf=None) -> CorruptCheckpointError:
+        return CorruptCheckpointError(
+            f"{where}: {field} is {show(value)}, not {want}", path=where, leaf=leaf,
+            hint="the index is damaged; write it again (save_pretrained), or convert the "
+                 "weights file itself")
+
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise CorruptCheckpointError(f"{where}: not a Hugging Face index (no weight_map)",
                                      path=where)
-    meta = doc.get("metadata")
-    if isinstance(meta, dict):
-        kept = {k: v for k, v in meta.items() if k != "total_size"}
-        if kept:
-            tree.extras.setdefault("", {})[INDEX_META] = kept
+    weight_map = doc["weight_map"]
+    for name, file in weight_map.items():
+        if not isinstance(file, str):
+            raise bad(f"weight_map[{show_key(name)}]", file, "the name of a shard file", name)
+    meta = doc.get("metadata", {})
+    if not isinstance(meta, dict):
+        raise bad("metadata", meta, "an object")
+    total = meta.get("total_size", 0)
+    if isinstance(total, bool) or not isinstance(total, (int, float)) or not total >= 0:
+        raise bad("metadata.total_size", total, "a number of bytes")
+    return weight_map, meta
+
+
+def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
+    where = str(index)
+    weight_map, meta = _index(index)
+    kept = {k: v for k, v in meta.items() if k != "total_size"}
+    if kept:
+        tree.extras.setdefault("", {})[INDEX_META] = kept
     by_file: Dict[str, List[str]] = {}
-    for name, file in doc["weight_map"].items():
+    for name, file in weight_map.items():
         by_file.setdefault(file, []).append(name)
     out: Dict[str, Any] = {}
     for file, wanted in by_file.items():
@@ -120,14 +144,14 @@ def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
             raise CorruptCheckpointError(f"{where}: maps {missing[0]!r} to {file}, which does "
                                          f"not hold it ({len(missing)} such name(s))",
                                          path=str(path), leaf=missing[0])
-        unlisted = [n for n in stored if n not in doc["weight_map"]]
+        unlisted = [n for n in stored if n not in weight_map]
         if unlisted:
             tree.notes.append(f"{path}: {len(unlisted)} tensor(s) the index does not name are "
                               f"skipped, as transformers skips them: {', '.join(unlisted[:5])}")
         for n in stored:
-            if n in doc["weight_map"]:
+            if n in weight_map:
                 out[n] = stored[n]
-    return {n: out[n] for n in doc["weight_map"] if n in out}
+    return {n: out[n] for n in weight_map if n in out}
 
 
 def _weights(directory: Path, tree: Tree) -> Optional[Dict[str, Any]]:
@@ -191,9 +215,7 @@ def read(path, fmt: str = "hf") -> Tree:
         used = {n for single, index, _ in WEIGHTS.values() for n in (single, index)}
         for _, index, _ in WEIGHTS.values():
             if (p / index).is_file():
-                doc = _json(p / index, MAX_INDEX)
-                weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-                used.update(v for v in (weight_map or {}).values() if isinstance(v, str))
+                used.update(_index(p / index)[0].values())
         parts: Dict[str, Any] = {}
         for key, name in TRAINER.items():
             if (p / name).is_file():
