@@ -1,6 +1,11 @@
 """uckpt checkpoints as a source (every chunk checksummed as it is read) and as a target,
 written leaf by leaf.
 
+Read, an array is allocated whole (its compressed chunks decoded into it), one at a time;
+an array larger than ``max_ratio`` times all the source's data files is refused when the
+source is opened (:func:`check_held`), so a conversion's memory is bounded by the input's
+size, not by what its manifest declares.
+
 The writer lays arrays out as uckpt's single-process save does (docs/format.md
 sections 6.1 and 7: 64-byte alignment, slabs along the first axis for large
 arrays), but reads, checksums and writes one array at a time, so a conversion
@@ -30,6 +35,7 @@ from ..fsutil import fsync_dir, preallocate, pwritev_all, write_file_durably
 from ..reader import CheckpointReader
 from ..writer import encode_chunks
 from . import skeleton
+from .limits import Limits, check_ratio, current
 from .model import Leaf, Tree, reading
 from .progress import Progress
 from .zipout import write_pieces
@@ -38,10 +44,26 @@ META_KEY = "uckpt_convert"
 STEP, METADATA = "uckpt.step", "uckpt.metadata"
 
 
+def stored_bytes(m: Manifest) -> int:
+    """Bytes of the data files a manifest's arrays are stored in (its own and its bases')."""
+    return sum(f.size for f in m.files.values()) + \
+        sum(size for files in m.bases.values() for size in files.values())
+
+
+def check_held(m: Manifest, where: str, limits: Limits) -> None:
+    """Refuse, before reading anything, a checkpoint whose largest array is more than
+    ``max_ratio`` times the bytes of all its data files (a small checkpoint of Zstandard
+    frames that each expand up to 32,768 times)."""
+    largest = max(m.arrays.values(), key=lambda e: e.nbytes, default=None)
+    if largest is not None:
+        check_ratio(largest.nbytes, stored_bytes(m), f"array {largest.path!r}", where, limits)
+
+
 def read(path, fmt: str = "uckpt") -> Tree:
     reader = CheckpointReader(path)
     with reading(fmt, reader.close) as tree:
         m = reader.manifest
+        check_held(m, str(reader.directory), current())
         cache: Dict[str, Leaf] = {}
 
         def leaf_of(name: str) -> Leaf:
