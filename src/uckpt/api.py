@@ -7,7 +7,6 @@ from typing import Any, Dict, Mapping, Optional, Union
 from .codecs import compression_of
 from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
 from .comm import background_communicator, get_communicator
-from .commit import write_checkpoint
 from .engine import SaveHandle, default_saver
 from .errors import (CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError,
                      UnsafePathError)
@@ -17,7 +16,6 @@ from .incremental import Baseline
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
 from .storage import locate, open_source
-from .tree import Flat
 
 
 @pausing
@@ -193,14 +191,15 @@ def consolidate(src, dst, *, overwrite: bool = False,
     incremental checkpoint is self-contained (no ``bases``: every chunk read through its
     references).
     ``compression`` and ``compression_level`` as for :func:`save`.
-    ``storage_options`` apply to whichever of them is an ``s3://`` URL."""
+    ``storage_options`` apply to whichever of them is an ``s3://`` URL.
+    Arrays are read and written one at a time: memory is the largest array plus a few
+    pieces being written (:mod:`uckpt.consolidation`)."""
+    from .consolidation import consolidate as rewrite
+
     codec = compression_of(compression, compression_level)
     with CheckpointReader(src, storage_options=_for(src, storage_options)) as reader:
-        m = reader.manifest
-        arrays = reader.read_arrays({p: None for p in m.arrays})
-    return write_checkpoint(dst, Flat(m.tree, arrays), step=m.step, metadata=m.metadata,
-                            overwrite=overwrite, storage_options=_for(dst, storage_options),
-                            compression=codec)
+        return rewrite(reader, dst, overwrite=overwrite,
+                       storage_options=_for(dst, storage_options), compression=codec)
 
 
 def _for(target, storage_options):

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from ._version import __version__ as _version
 from .errors import ManifestError
 from .format import ArrayEntry, FileEntry, Manifest
-from .plan import SavePlan, metas, plan_save
+from .plan import SavePlan, WriteItem, metas, plan_save
 from .save_errors import raise_save_failure
 from .storage import locate
 from .tree import Flat
 from .codecs import Compression
-from .writer import file_end, write_data_file
+from .writer import file_end, write_data_file, write_read_pieces
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     if metadata is None:
@@ -43,10 +43,13 @@ def check_step(step) -> None:
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     storage_options=None, compression: Optional[Compression] = None):
+                     storage_options=None, compression: Optional[Compression] = None,
+                     read_piece: Optional[Callable[[WriteItem], Any]] = None):
     """Write every data file of ``flat``'s plan (default: one file) from this process, its
     chunks compressed with ``compression`` if given, and commit; returns the checkpoint's
-    location (a Path, or a URL)."""
+    location (a Path, or a URL). With ``read_piece(item) -> raw bytes`` each item's bytes
+    are fetched only when it is written (a few at a time); ``flat.arrays`` then need only
+    ``dtype`` and ``shape``."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
@@ -57,10 +60,15 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         sink = store.sink(name, overwrite)
         chunks, sizes = {}, []
         for rank, (file, size) in enumerate(plan.file_sizes):
-            written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
-                                      image=flat.images.get(file), compression=compression)
+            if read_piece is not None:
+                written = write_read_pieces(sink, file, plan.for_rank(rank), read_piece,
+                                            compression)
+            else:
+                written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
+                                          image=flat.images.get(file), compression=compression)
             chunks.update(written)
-            sizes.append(file_end(written.values()) if compression is not None else size)
+            sizes.append(size if compression is None and read_piece is None
+                         else file_end(written.values()))
         manifest = assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step,
                                      metadata, sizes)
         sink.commit(manifest.to_bytes(), overwrite)

@@ -324,6 +324,18 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     return dict(zip(items, chunks))
 
 
+def write_read_pieces(sink, file: str, items: List[WriteItem], read,
+                      compression: "Optional[codecs.Compression]" = None
+                      ) -> Dict[WriteItem, Chunk]:
+    """Write data file ``file`` of ``items`` as :func:`write_data_file` does, each item's
+    raw bytes (flat uint8) from ``read(item)``, called only when the item is encoded (a
+    few items ahead of the writing, :func:`write_encoded`), never for all at once."""
+    items = sorted(items, key=lambda it: it.offset)
+    return write_encoded(sink, file, [(it.path, it, it.length) for it in items],
+                         lambda k, memory: encode_piece(compression, read(items[k]), items[k],
+                                                        memory=memory))
+
+
 def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, box,
                  content: Optional[str] = None, memory: Optional[EncodeMemory] = None) -> tuple:
     """``(codec, stored bytes, checksum, content hash)`` of one chunk's raw bytes (flat

@@ -1,0 +1,60 @@
+"""``uckpt.consolidate``: a checkpoint rewritten as a single-process one, a piece at a time.
+
+The target's plan is made from the source manifest's dtypes and shapes alone; each piece
+of it (an array, or a slab of ``knobs.chunk_bytes`` of a large one) is read from the source
+only when it is written (:func:`uckpt.writer.write_read_pieces`): just the source chunks
+that hold it, every one checksummed, a compressed one decoded (one at a time). Peak memory:
+the pieces being encoded ahead of the writing (:func:`uckpt.writer.write_encoded`) plus one
+source chunk (at most the largest array), whatever the number or total size of the arrays;
+:class:`~uckpt.reader.CheckpointReader` refuses, before allocating, a chunk larger than its
+data file can hold.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+from . import dtypes
+from .codecs import Compression
+from .commit import write_checkpoint
+from .plan import WriteItem
+from .reader import CheckpointReader
+from .tree import Flat
+
+
+@dataclass(frozen=True)
+class _Declared:
+    """An array of the source as its manifest declares it (what the planner needs)."""
+
+    dtype: np.dtype
+    shape: Tuple[int, ...]
+    nbytes: int
+
+
+class _Pieces:
+    """The raw bytes of a target piece, read from the source when it is asked for."""
+
+    def __init__(self, reader: CheckpointReader) -> None:
+        self.reader = reader
+        self.lock = threading.Lock()
+
+    def __call__(self, item: WriteItem) -> np.ndarray:
+        entry = self.reader.manifest.arrays[item.path]
+        out = np.empty(item.shape, dtype=dtypes.to_numpy(entry.dtype))
+        with self.lock:  # one source chunk decoded at a time
+            self.reader.read_arrays({item.path: (out, item.start)})
+        return out.reshape(-1).view(np.uint8)
+
+
+def consolidate(reader: CheckpointReader, dst, *, overwrite: bool, storage_options,
+                compression: Optional[Compression]) -> Union[str, object]:
+    """Write the checkpoint ``reader`` reads as a single-process one at ``dst``."""
+    m = reader.manifest
+    declared = {p: _Declared(dtypes.to_numpy(e.dtype), tuple(e.shape), e.nbytes)
+                for p, e in m.arrays.items()}
+    return write_checkpoint(dst, Flat(m.tree, declared), step=m.step, metadata=m.metadata,
+                            overwrite=overwrite, storage_options=storage_options,
+                            compression=compression, read_piece=_Pieces(reader))
