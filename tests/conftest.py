@@ -52,6 +52,7 @@ SLOW_TESTS = (
     "tests/test_bounded_memory.py::test_4_gib_declared_under_rlimit_as",
     "tests/test_bounded_memory.py::test_cli_reports_memory_refusal_without_traceback",
     "tests/test_bounded_memory.py::test_restore_falls_back_past_a_manifest_too_large_to_parse",
+    "tests/test_convert_bounds.py::test_keras_weights_member_over_2_gib_is_copied_whole",
 )
 #: modules whose tests start several processes (marked ``multiproc`` as well)
 MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",
