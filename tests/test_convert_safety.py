@@ -21,6 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
+from bombs import npy_header, raw_zip
 from convert_common import assert_error, cli, leftovers
 from uckpt.conversion import (LimitExceededError, Limits, RefusedGlobalError, UnsafeInputError,
                               UnsafeNameError, convert, diff, open_checkpoint)
@@ -149,7 +150,9 @@ def test_zip_member_expanding_beyond_deflate_is_refused(tmp_path):
     central = data.rindex(b"PK\x01\x02")
     data[central + 24:central + 28] = (1 << 31).to_bytes(4, "little")  # uncompressed size
     (tmp_path / "a.npz").write_bytes(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match=r"\(compressed\) declares 2147483648"):
+    with pytest.raises(CorruptCheckpointError, match=r"zip member 'a.npy' declares 2147483648 "
+                                                     r"bytes from \d+ compressed, \d+ per byte; "
+                                                     "deflate cannot expand more than 1032"):
         convert(tmp_path / "a.npz", tmp_path / "out")
 
 
@@ -461,28 +464,6 @@ def deflate_zeros(n: int, head: bytes = b"") -> Tuple[bytes, int]:
         crc = zlib.crc32(zero, crc)
     parts.append(z.flush())
     return b"".join(parts), crc
-
-
-def raw_zip(path, members):
-    """Write a zip archive by hand: ``members`` are (name bytes, data as stored, CRC-32,
-    declared size, method, flags), so sizes and names may lie."""
-    out, central = bytearray(), bytearray()
-    for name, data, crc, size, method, flags in members:
-        fields = struct.pack("<HHHHHIIIHH", 20, flags, method, 0, 0x21, crc, len(data), size,
-                             len(name), 0)
-        central += b"PK\x01\x02" + struct.pack("<H", 20) + fields + \
-            struct.pack("<HHHII", 0, 0, 0, 0, len(out)) + name
-        out += b"PK\x03\x04" + fields + name + data
-    end = struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(members), len(members),
-                      len(central), len(out), 0)
-    path.write_bytes(bytes(out + central + end))
-
-
-def npy_header(shape, descr="|u1") -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False,
-                                               "shape": shape})
-    return buf.getvalue()
 
 
 BOMB = 256 << 20  # bytes of zeros in the deflate streams below (about 260 KB compressed)

@@ -27,11 +27,13 @@ import pickle
 import pickletools
 import re
 import select
+import shutil
 import subprocess
 import sys
 import time
 import warnings
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -79,28 +81,33 @@ def run_case(case: dict) -> dict:
     import shutil
     import traceback
 
-    from uckpt.conversion import ConvertWarning, convert, diff
+    from uckpt.conversion import ConvertWarning, Limits, convert, diff
     from uckpt.errors import UckptError
 
     src, dst = Path(case["src"]), Path(case["dst"])
+    limits = Limits(max_ratio=case["max_ratio"]) if case.get("max_ratio") else None
     measured = _peak_reset()
     base = _status("VmRSS")
     out = {"outcome": "ok"}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvertWarning)
-            convert(src, dst, src_format=case.get("src_format"), force=True)
-            report = diff(src, dst, a_format=case.get("src_format"))
+            try:
+                convert(src, dst, src_format=case.get("src_format"), force=True, limits=limits)
+            finally:
+                out["convert_peak"] = _status("VmHWM") - base if measured else 0
+            report = diff(src, dst, a_format=case.get("src_format"), limits=limits)
         if not report.identical:
             out = {"outcome": "mismatch",
                    "differences": [d.text() for d in report.differences[:5]]}
     except UckptError as e:
-        out = {"outcome": "error", "type": type(e).__name__, "message": str(e)[:300]}
+        out.update(outcome="error", type=type(e).__name__, message=str(e)[:300])
     except Exception as e:  # what the test exists to catch
-        out = {"outcome": "foreign", "type": f"{type(e).__module__}.{type(e).__qualname__}",
-               "message": str(e)[:300], "traceback": traceback.format_exc()[-3000:]}
+        out.update(outcome="foreign", type=f"{type(e).__module__}.{type(e).__qualname__}",
+                   message=str(e)[:300], traceback=traceback.format_exc()[-3000:])
     out["peak"] = _status("VmHWM") - base if measured else 0
-    out["leftovers"] = [p.name for p in dst.parent.iterdir() if ".uckpt-tmp-" in p.name]
+    out["leftovers"] = [p.name for p in dst.parent.iterdir()
+                        if ".uckpt-tmp-" in p.name or p.name.startswith("uckpt-keras-")]
     if dst.is_dir():
         shutil.rmtree(dst)
     elif dst.exists():
@@ -127,12 +134,13 @@ def worker() -> None:
 class Worker:
     """The worker process, seen from the test: ``run(case)`` with a hard timeout."""
 
-    def __init__(self, log: Path) -> None:
-        self.log = log
+    def __init__(self, log: Path, tmp: Path) -> None:
+        self.log, self.tmp = log, tmp
         self.proc = None
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(sys.path))
+        env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join(sys.path),
+                   TMPDIR=str(self.tmp))  # so that temporary files left behind are seen
         self.proc = subprocess.Popen([sys.executable, __file__, "--worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=open(self.log, "ab"), env=env)
@@ -467,15 +475,25 @@ def fuzz(tmp_path_factory):
     seeds = make_seeds(directory)
     cases = directory / "cases"
     cases.mkdir()
-    w = Worker(directory / "worker.log")
+    w = Worker(directory / "worker.log", cases)
     yield seeds, cases, w
     w.stop()
 
 
-def check(result: dict, src: Path) -> None:
+def size_of(src: Path) -> int:
+    """Bytes of an input: a file, or every file of a directory."""
+    if src.is_dir():
+        return sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
+    return src.stat().st_size
+
+
+def check(result: dict, src: Path, held: int = 0) -> None:
     """The outcome is a conversion or a uckpt error, with nothing left behind and bounded
-    memory; a failing input is kept beside ``src`` (``*.failing``) to reproduce it."""
-    limit = MEMORY_SLACK + 2 * src.stat().st_size
+    memory: the conversion within ``MEMORY_SLACK`` plus twice the input plus ``held``, the
+    largest array the input really holds (docs/convert.md, "Memory and progress"), the
+    whole case (the diff holds an array of each side) within one more ``held``. A failing
+    input is kept beside ``src`` (``*.failing``) to reproduce it."""
+    limit = MEMORY_SLACK + 2 * size_of(src) + held
     problem = None
     if result["outcome"] not in ("ok", "error"):
         problem = (f"{result['outcome']}: {result.get('type', '')} {result.get('message', '')}"
@@ -483,15 +501,25 @@ def check(result: dict, src: Path) -> None:
                    f"{result.get('stderr', '')}")
     elif result["leftovers"]:
         problem = f"left behind: {result['leftovers']}"
-    elif result["peak"] > limit:
-        problem = f"the case took {result['peak']} bytes more memory, over {limit}: {result}"
+    elif result.get("convert_peak", 0) > limit:
+        problem = f"the conversion took {result['convert_peak']} bytes, over {limit}: {result}"
+    elif result["peak"] > limit + held:
+        problem = f"the case took {result['peak']} bytes more memory, over {limit + held}: " \
+                  f"{result}"
     if problem:
-        kept = src.with_suffix(".failing")
-        kept.write_bytes(src.read_bytes())
+        kept = src.with_name(src.name + ".failing")
+        keep(src, kept)
         if os.environ.get("UCKPT_FUZZ_KEEP"):  # a directory the developer names, to keep them
-            other = Path(os.environ["UCKPT_FUZZ_KEEP"]) / f"{src.stem}-{time.time_ns()}.failing"
-            other.write_bytes(src.read_bytes())
+            keep(src, Path(os.environ["UCKPT_FUZZ_KEEP"]) / f"{src.stem}-{time.time_ns()}.failing")
         pytest.fail(f"{problem}\n(input kept as {kept})", pytrace=False)
+
+
+def keep(src: Path, to: Path) -> None:
+    if src.is_dir():
+        shutil.rmtree(to, ignore_errors=True)
+        shutil.copytree(src, to)
+    else:
+        to.write_bytes(src.read_bytes())
 
 
 @pytest.mark.timeout(1800 if LONG else 600)
@@ -557,6 +585,158 @@ def test_the_worker_reports_foreign_errors_hangs_and_memory(fuzz, tmp_path):
     assert bad["outcome"] == "error" and bad["type"] == "CheckpointNotFoundError"
     foreign = w.run({"src": str(src), "dst": str(tmp_path / "out.npz"), "src_format": 3})
     assert foreign["outcome"] == "foreign" and "AttributeError" in foreign["type"]
+
+
+# -- memory bounds: decompression bombs and hostile indexes (issue 25, section 3) ----------------
+BOMB_EXAMPLES = 400 if LONG else 20
+BOMB_FUZZ = settings(FUZZ, max_examples=BOMB_EXAMPLES)
+MIB = 1 << 20
+
+
+def _json_values():
+    atoms = (st.none() | st.booleans() | st.integers(-2, 1 << 40) | st.floats(allow_nan=False)
+             | st.text(max_size=4) | st.just("model.safetensors"))
+    return st.recursive(atoms, lambda inner: st.lists(inner, max_size=3)
+                        | st.dictionaries(st.text(max_size=3), inner, max_size=3), max_leaves=6)
+
+
+@st.composite
+def uckpt_bomb(draw, where: Path):
+    """A uckpt checkpoint of 1-128 MiB of zeros (or a short ramp) in Zstandard frames, its
+    declared shape sometimes multiplied (the manifest re-sealed), read with the default
+    ratio or a raised one. Held: the array, where its shape is true and within the ratio."""
+    import uckpt
+
+    from fuzz_common import seal_manifest
+
+    n = draw(st.sampled_from([1, 3, 24, 24, 128]), label="MiB") * MIB  # 128: past the slack
+    arr = np.zeros(n, np.uint8) if draw(st.booleans(), label="zeros") else \
+        (np.arange(n) % 251).astype(np.uint8)
+    factor = draw(st.sampled_from([1, 1, 1, 2, 1 << 12, 1 << 40]), label="shape factor")
+    raised = draw(st.booleans(), label="max_ratio raised")
+    shutil.rmtree(where, ignore_errors=True)
+    uckpt.save(where, {"w": arr, "b": np.arange(3.0)}, compression="zstd")
+    stored = sum(p.stat().st_size for p in where.glob("data-*.bin"))
+    if factor != 1:
+        like = (where / "manifest.json").read_bytes()
+        doc = json.loads(like)
+        doc.pop("manifest_checksum", None)
+        entry = doc["arrays"]["w"]
+        entry["shape"][0] *= factor
+        entry["chunks"][0]["shape"][0] *= factor
+        text = json.dumps(doc, separators=(",", ":")).encode()
+        (where / "manifest.json").write_bytes(seal_manifest(text, like))
+    held = n if factor == 1 and (raised or n <= 1032 * stored) else 0
+    return {"src": str(where), "max_ratio": (1 << 20) if raised else None}, held
+
+
+@st.composite
+def npz_bomb(draw, where: Path):
+    """An NPZ of one deflated member of 1-24 MiB of zeros, whose .npy header and zip
+    entry declare its true size or lie. Held: the array, when nothing lies."""
+    from bombs import deflated_zeros, npy_header, raw_zip
+
+    n = draw(st.integers(1, 24), label="MiB") * MIB
+    shape = draw(st.sampled_from([n, n, 32, 4 * n]), label="npy shape")
+    stream, crc, size = deflated_zeros(n // MIB, head=npy_header((shape,)))
+    declared = draw(st.sampled_from([size, size, 32, size + MIB, 2 * size]), label="declared")
+    raw_zip(where, [(b"w.npy", stream, crc, declared, 8, 0)])
+    return {"src": str(where)}, n if shape == n and declared == size else 0
+
+
+@st.composite
+def torch_bomb(draw, where: Path):
+    """A torch.save zip whose storage member is deflated (1-16 MiB of zeros) and declares
+    its true size or lies. Held: the tensor, when its size is true."""
+    import torch
+
+    from bombs import deflated_zeros, raw_zip
+
+    n = draw(st.integers(1, 16), label="MiB") * MIB
+    buf = io.BytesIO()
+    torch.save({"w": torch.zeros(n, dtype=torch.uint8)}, buf)
+    members, honest = [], True
+    for info in zipfile.ZipFile(buf).infolist():
+        content = zipfile.ZipFile(buf).read(info)
+        name = info.filename.encode()
+        if info.filename.endswith("/data/0"):
+            stream, crc, size = deflated_zeros(n // MIB)
+            declared = draw(st.sampled_from([size, size, size - 1, size + 1, 16]),
+                            label="declared")
+            honest = declared == size
+            members.append((name, stream, crc, declared, 8, 0))
+        else:
+            members.append((name, content, zlib.crc32(content), len(content), 0, 0))
+    raw_zip(where, members)
+    return {"src": str(where)}, n if honest else 0
+
+
+@st.composite
+def keras_bomb(draw, where: Path):
+    """A .keras archive whose deflated weights member is 1-128 MiB of HDF5 user block (zeros)
+    then a small HDF5 file, declaring its true size or lying. Held: nothing large (the
+    zeros are copied to disk a piece at a time, never held)."""
+    from bombs import keras_archive
+
+    mib = draw(st.sampled_from([1, 2, 16, 16, 128]), label="MiB")  # 128: past the slack
+    keras_archive(where, mib, draw(st.sampled_from([0, 0, -1, 1, -MIB, 1 << 31]), label="lie"))
+    return {"src": str(where)}, 0
+
+
+@st.composite
+def hf_index(draw, where: Path):
+    """A Hugging Face directory (or its index file alone) whose index has any JSON values
+    in ``weight_map`` and ``metadata``; sometimes both kinds of index."""
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir()
+    header = json.dumps({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
+    (where / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header +
+                                              np.ones(2, "<f4").tobytes())
+    values = _json_values()
+    weight_map = draw(st.one_of(values, st.dictionaries(
+        st.sampled_from(["w", "b", "zz"]), st.just("model.safetensors") | values,
+        max_size=3)), label="weight_map")
+    doc = {"weight_map": weight_map}
+    if draw(st.booleans(), label="has metadata"):
+        doc["metadata"] = draw(values | st.fixed_dictionaries({"total_size": values}),
+                               label="metadata")
+    index = where / "model.safetensors.index.json"
+    index.write_text(json.dumps(doc))
+    if draw(st.booleans(), label="other index"):
+        other = draw(values, label="other weight_map")
+        (where / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": other}))
+    src = index if draw(st.booleans(), label="index file alone") else where
+    return {"src": str(src), "src_format": draw(st.sampled_from([None, "hf"]))}, 0
+
+
+BOMBS = {"uckpt_zstd": (uckpt_bomb, ""), "npz_deflate": (npz_bomb, ".npz"),
+         "torch_deflate": (torch_bomb, ".pt"), "keras_deflate": (keras_bomb, ".keras"),
+         "hf_index": (hf_index, "")}
+
+
+@pytest.mark.timeout(1800 if LONG else 600)
+@pytest.mark.parametrize("kind", sorted(BOMBS))
+def test_bombs_and_hostile_indexes_stay_within_their_bound(fuzz, kind):
+    """Every generated input converts within MEMORY_SLACK + 2 x its size + the largest array
+    it really holds (the conversion alone; the diff may hold one more), or fails with a
+    UckptError; both outcomes occur."""
+    _, cases, w = fuzz
+    generate, suffix = BOMBS[kind]
+    where = cases / f"{kind}{suffix}"
+
+    @BOMB_FUZZ
+    @given(data=st.data())
+    def case(data):
+        spec, held = data.draw(generate(where), label=kind)
+        target = data.draw(st.sampled_from(TARGETS), label="target")
+        result = w.run({**spec, "dst": str(cases / ("out" + EXT[target]))})
+        check(result, Path(spec["src"]), held)
+        seen[result["outcome"]] = seen.get(result["outcome"], 0) + 1
+
+    seen = {}
+    case()
+    print(f"{kind}: {seen}")
+    assert "error" in seen and ("ok" in seen or kind == "hf_index"), seen
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
