@@ -192,8 +192,9 @@ def consolidate(src, dst, *, overwrite: bool = False,
     references).
     ``compression`` and ``compression_level`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL.
-    Arrays are read and written one at a time: memory is the largest array plus a few
-    pieces being written (:mod:`uckpt.consolidation`)."""
+    Each piece of the output is read from the source when it is written: memory is one
+    source chunk (at most the largest array) plus a few pieces (:mod:`uckpt.consolidation`),
+    not the whole checkpoint."""
     from .consolidation import consolidate as rewrite
 
     codec = compression_of(compression, compression_level)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Tuple, Union
 
 import numpy as np
@@ -50,7 +51,7 @@ class _Pieces:
 
 
 def consolidate(reader: CheckpointReader, dst, *, overwrite: bool, storage_options,
-                compression: Optional[Compression]) -> Union[str, object]:
+                compression: Optional[Compression]) -> Union[Path, str]:
     """Write the checkpoint ``reader`` reads as a single-process one at ``dst``."""
     m = reader.manifest
     declared = {p: _Declared(dtypes.to_numpy(e.dtype), tuple(e.shape), e.nbytes)
