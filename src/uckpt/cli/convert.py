@@ -112,9 +112,10 @@ def add_limit_options(p: argparse.ArgumentParser) -> None:
                         "(default: 100000 or 4 per byte of the pickle or HDF5 file, whichever "
                         "is more; env UCKPT_CONVERT_MAX_NODES)")
     g.add_argument("--max-ratio", type=_positive, metavar="R",
-                   help="most bytes made per byte stored by a compressed HDF5 dataset or a "
-                        "tensor whose strides repeat elements (default 1032; env "
-                        "UCKPT_CONVERT_MAX_RATIO)")
+                   help="most bytes made per byte stored by a compressed HDF5 dataset, a "
+                        "tensor whose strides repeat elements, a deflated zip member (1032 at "
+                        "most), or a uckpt source's largest array per byte of its data files "
+                        "(default 1032; env UCKPT_CONVERT_MAX_RATIO)")
 
 
 def limits_of(args):

@@ -12,9 +12,10 @@ thousandfold. Readers check these *before* doing the work:
     that has no shared containers has at most about one node per byte.
 ``max_ratio``
     bytes a reader may produce per byte stored: a compressed HDF5 dataset, a
-    tensor whose strides repeat elements of its storage. Default 1032, the most
-    deflate can expand. (A deflated zip member is held to 1032 whatever this says:
-    deflate cannot produce more.)
+    tensor whose strides repeat elements of its storage, a deflated zip member, the
+    largest array of a uckpt source per byte of all its data files (Zstandard frames
+    expand up to 32,768 times). Default 1032, the most deflate can expand. (A deflated
+    zip member is held to 1032 whatever this says: deflate cannot produce more.)
 ``max_depth``
     nesting depth of the tree: 200, as uckpt checkpoints (not a knob).
 
