@@ -142,9 +142,16 @@ def _bits(arr: np.ndarray) -> np.ndarray:
     return flat.view(np.dtype(f"<u{size}"))
 
 
+def _equal(bx: np.ndarray, by: np.ndarray) -> bool:
+    """Whether the bits are equal, compared a block at a time (``np.array_equal`` of the
+    whole would allocate a bool per element: for bytes, a third array)."""
+    return all(np.array_equal(bx[i:i + _BLOCK], by[i:i + _BLOCK])
+               for i in range(0, len(bx), _BLOCK))
+
+
 def compare_arrays(path: str, x: np.ndarray, y: np.ndarray) -> Optional[Difference]:
     bx, by = _bits(x), _bits(y)
-    if np.array_equal(bx, by):
+    if _equal(bx, by):
         return None
     name = dtypes.name_of(x.dtype)
     wide = np.complex128 if name.startswith("complex") else np.float64
