@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import uckpt
-from bombs import MIB, keras_archive, npy_header, raw_zip
+from bombs import MIB, keras_archive, npy_header, raw_zip, write_bomb
 from convert_common import assert_error, cli, leftovers
 from test_convert_safety import baseline_kib, measured  # noqa: F401, F811 (a fixture)
 from uckpt.conversion import LimitExceededError, Limits, convert, open_checkpoint
@@ -24,11 +24,8 @@ from uckpt.errors import CorruptCheckpointError
 # -- a uckpt source: what its data files can hold ---------------------------------------------
 @pytest.fixture(scope="module")
 def zstd_bomb(tmp_path_factory):
-    """A uckpt checkpoint of 256 MiB of zeros in Zstandard frames: about 8 KB on disk."""
-    path = tmp_path_factory.mktemp("bomb") / "ckpt"
-    uckpt.save(path, {"w": np.zeros(256 * MIB, np.uint8), "b": np.ones(3, np.float32)},
-               compression="zstd")
-    return path
+    """A uckpt checkpoint of 256 MiB of zeros in one Zstandard frame: 8 KB on disk."""
+    return write_bomb(tmp_path_factory.mktemp("bomb") / "ckpt", 256 * MIB)
 
 
 def test_uckpt_source_larger_than_its_files_can_hold_is_refused(zstd_bomb, tmp_path,
@@ -196,3 +193,17 @@ def test_hf_other_index_with_a_list_for_weight_map(hf_dir, tmp_path):
     with pytest.raises(CorruptCheckpointError, match="pytorch_model.bin.index.json: not a "
                                                      "Hugging Face index"):
         convert(hf_dir, tmp_path / "out.npz")
+
+
+# -- diff: two arrays at a time ----------------------------------------------------------------
+def test_diff_holds_two_arrays_not_three(tmp_path, baseline_kib):
+    """Before: equal arrays were compared whole (a bool per element: for bytes, a third
+    array); found by the bombs of tests/test_fuzz_convert.py."""
+    w = np.zeros(96 * MIB, np.uint8)
+    w[-1] = 1
+    np.savez(tmp_path / "a.npz", w=w)
+    np.savez(tmp_path / "b.npz", w=w)
+    del w
+    code, err, kib = measured("diff", tmp_path / "a.npz", tmp_path / "b.npz")
+    assert code == 0, err
+    assert kib - baseline_kib < (2 * 96 + 32) << 10, (kib, baseline_kib)

@@ -602,25 +602,31 @@ def _json_values():
 
 @st.composite
 def uckpt_bomb(draw, where: Path):
-    """A uckpt checkpoint of 1-128 MiB of zeros (or a short ramp) in Zstandard frames, its
-    declared shape sometimes multiplied (the manifest re-sealed), read with the default
-    ratio or a raised one. Held: the array, where its shape is true and within the ratio."""
+    """A uckpt checkpoint of 1-128 MiB of zeros (or a short ramp) in Zstandard frames (saved,
+    or one frame of RLE blocks written by hand, which may hold only half of what it
+    declares), its declared shape sometimes multiplied (the manifest re-sealed), read with
+    the default ratio or a raised one. Held: the array, where its shape is true and within
+    the ratio (a frame holding half is refused once the array is allocated)."""
     import uckpt
 
-    from fuzz_common import seal_manifest
+    from fuzz_common import manifest_doc, seal_manifest
+
+    from bombs import write_bomb
 
     n = draw(st.sampled_from([1, 3, 24, 24, 128]), label="MiB") * MIB  # 128: past the slack
-    arr = np.zeros(n, np.uint8) if draw(st.booleans(), label="zeros") else \
-        (np.arange(n) % 251).astype(np.uint8)
+    made = draw(st.sampled_from(["zeros", "ramp", "rle", "rle holding half"]), label="made")
     factor = draw(st.sampled_from([1, 1, 1, 2, 1 << 12, 1 << 40]), label="shape factor")
     raised = draw(st.booleans(), label="max_ratio raised")
     shutil.rmtree(where, ignore_errors=True)
-    uckpt.save(where, {"w": arr, "b": np.arange(3.0)}, compression="zstd")
+    if made.startswith("rle"):  # one frame of RLE blocks, written by hand (32,768x)
+        write_bomb(where, n, hostile=made == "rle holding half")
+    else:
+        arr = np.zeros(n, np.uint8) if made == "zeros" else (np.arange(n) % 251).astype(np.uint8)
+        uckpt.save(where, {"w": arr, "b": np.arange(3.0)}, compression="zstd")
     stored = sum(p.stat().st_size for p in where.glob("data-*.bin"))
     if factor != 1:
         like = (where / "manifest.json").read_bytes()
-        doc = json.loads(like)
-        doc.pop("manifest_checksum", None)
+        doc = manifest_doc(like)  # a grid as a list of chunks
         entry = doc["arrays"]["w"]
         entry["shape"][0] *= factor
         entry["chunks"][0]["shape"][0] *= factor
