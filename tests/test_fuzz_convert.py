@@ -12,7 +12,11 @@ the run) under a hard timeout; the worker converts the case to a target format, 
 a successful conversion reads back identical to its source (``uckpt.conversion.diff``),
 that nothing is left behind, and reports the peak of its resident memory during the case
 (Linux ``/proc/self/clear_refs``), which must stay under ``MEMORY_SLACK`` plus twice the
-input's size. With ``UCKPT_FUZZ_KEEP=DIR`` failing inputs are also copied into DIR.
+input's size. Generated decompression bombs and Hugging Face indexes (issue 25: Zstandard
+in uckpt sources, deflate in NPZ, ``torch.save`` and ``.keras`` zips, non-string
+``weight_map`` values) are held to the stated bound of a conversion: that plus the largest
+array the input really holds. With ``UCKPT_FUZZ_KEEP=DIR`` failing inputs are also copied
+into DIR.
 
 The normal run is bounded (derandomized, ``NORMAL_EXAMPLES`` per input kind: well under a
 minute on two busy cores). ``UCKPT_FUZZ_LONG=1`` runs ``LONG_EXAMPLES`` per kind with a
