@@ -212,6 +212,15 @@ class WriterLock:
     def release(self) -> None:
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Raise :class:`~uckpt.errors.WriterLeaseLostError` if this holder lost the lock
+        (a lock with a lease); a lock the kernel holds for the process cannot be lost."""
+
+    def peek(self) -> Optional[Tuple[int, str]]:
+        """Without taking it: a logging level and a sentence on who holds the lock now
+        (None: nobody, or this kind of lock cannot be looked at without taking it)."""
+        return None
+
 
 class Store:
     """A root of checkpoints (a directory, or a prefix in a bucket)."""
