@@ -42,7 +42,7 @@ from .engine import AsyncSaver, SaveHandle, SerialRunner
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
                      ObjectStoreError, StorageAccessError, StorageUnavailableError, UckptError)
-from .leases import claim_roots
+from .leases import check_leases, check_roots, claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .gcpause import pausing
@@ -230,6 +230,8 @@ class CheckpointManager:
         _open_managers.add(self)
         if role == "writer":
             self._become_writer()
+        elif role == "auto":  # a writer of an object store root is named now, not at a save
+            check_roots([t.store for t in self.tiers], self.comm)
 
     # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> "CheckpointManager":
@@ -259,8 +261,10 @@ class CheckpointManager:
         return bool(self._locks)
 
     def _become_writer(self) -> None:
-        """Collective: take every tier's writer lock, then remove dead saves' debris."""
+        """Collective: take every tier's writer lock, then remove dead saves' debris; later
+        calls check that no lock's lease was lost."""
         if self._locks:
+            check_leases(self._locks, self.comm)
             return
         if self.role == "reader":
             raise PermissionError("this CheckpointManager was opened with role='reader': it "
