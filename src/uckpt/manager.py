@@ -115,13 +115,20 @@ class CheckpointManager:
         raises. Becoming the writer takes ``<tier>/.uckpt-writer.lock``
         (:class:`~uckpt.errors.RootLockedError`, naming the holder's host and pid,
         if another job holds it) and removes the debris of dead saves (never a
-        live save's). Readers never create, rename or delete anything: they see
-        only committed checkpoints, and a ``restore`` that races with the
-        writer's retention falls back to the next checkpoint.
+        live save's). On an ``s3://`` tier the lock holds a lease
+        (``knobs.lock_lease_s``) that the writer renews in the background: a new
+        writer waits at most the rest of a holder's lease and takes it over if it
+        was not renewed (its holder died), and a writer that lost its lease raises
+        :class:`~uckpt.errors.WriterLeaseLostError` at its next save. With
+        ``"auto"``, construction reads (never takes) an ``s3://`` tier's lock and
+        logs a warning naming a live writer. Readers never create, rename or
+        delete anything: they see only committed checkpoints, and a ``restore``
+        that races with the writer's retention falls back to the next checkpoint.
     concurrent_writers
         opt in to sharing the tiers with other writers that opted in too (each
         must save different steps; retention of each applies to every step of
-        the root). An exclusive writer and a concurrent one refuse each other.
+        the root). An exclusive writer and a concurrent one refuse each other, so
+        this is no way past an exclusive writer's lock.
     incremental, full_every
         with ``incremental=True`` a save writes only the chunks whose content hash
         differs from this manager's previous save (held in memory), and refers to the
