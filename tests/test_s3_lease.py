@@ -164,6 +164,7 @@ def test_construction_names_the_live_writer(s3_server, s3_bucket, s3_options, ca
                             "role='reader' to only read)")
     caplog.clear()
     uckpt.CheckpointManager(root, role="reader", storage_options=s3_options).close()
+    uckpt.CheckpointManager(root, storage_options=s3_options).close()  # told once per holder
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     first.close()
 
@@ -207,3 +208,64 @@ def test_expired_shared_lock_is_removed_by_an_exclusive_writer(s3_server, s3_buc
         f"removed the writer lock {root}/{CONCURRENT_DIR}/dead of process 78 on host gone-host "
         "(job dead, shared writer): its lease of 1 s") for r in caplog.records)
     assert not s3_server.client().list_objects_v2(Bucket=s3_bucket, Prefix=key).get("Contents")
+
+
+def test_writer_that_cannot_renew_stops_committing(s3_bucket, fault_proxy, caplog):
+    """The store refuses every renewal for a whole lease (503s): the writer can no longer
+    know that nobody took the root over, so it commits nothing more, even once the store
+    answers again."""
+    root = url(s3_bucket, "cut")
+    options = {**fault_proxy.storage_options, "max_attempts": 1}
+    m = uckpt.CheckpointManager(root, storage_options=options)
+    m.save(1, {"w": np.full(4, 1.0)})
+    fault_proxy.configure(rate=1.0, kinds=("503",), path_contains=LOCK_NAME)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(r.levelno == logging.ERROR
+                                                  for r in caplog.records):
+        time.sleep(0.1)  # renewals fail for a whole lease
+    fault_proxy.configure(rate=0.0)
+    with pytest.raises(errors.WriterLeaseLostError) as ei:
+        m.save(2, {"w": np.full(4, 2.0)})
+    assert f"this process lost the writer lock {root}/{LOCK_NAME} of checkpoint root " \
+           f"{root!r}: no renewal succeeded for {LEASE_S:g} s (last error: " in str(ei.value)
+    m.close()
+    assert uckpt.CheckpointManager(root, storage_options=options).steps() == [1]
+
+
+def test_two_writers_racing_for_an_expired_lock_one_wins(s3_server, s3_bucket, s3_options):
+    """Of two writers taking over the same dead holder's lock at once, exactly one gets it
+    (If-Match on the ETag both read); the other is refused, naming the winner."""
+    import threading
+
+    from uckpt.storage import open_store
+
+    root = url(s3_bucket, "race")
+    s3_server.client().put_object(Bucket=s3_bucket, Key=f"race/{LOCK_NAME}", Body=json.dumps(
+        {"host": "gone-host", "pid": 79, "job": "dead", "mode": "exclusive",
+         "since": "2026-01-01T00:00:00Z", "lease_s": 0.001, "nonce": "00"}).encode())
+    time.sleep(2.5)  # Last-Modified + lease + 1 s of granularity: expired on the store's clock
+    locks = [open_store(root, s3_options).writer_lock(job, False) for job in ("j1", "j2")]
+    results = [None, None]
+    go = threading.Barrier(2)
+
+    def take(i):
+        go.wait()
+        results[i] = locks[i].try_acquire()
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        assert sorted(r is None for r in results) == [False, True]
+        winner = results.index(None)
+        loser = locks[1 - winner]
+        assert results[1 - winner]["job"] == locks[winner].job
+        assert str(loser.refusal()).startswith(
+            f"checkpoint root {root!r} is held by process {os.getpid()} on host "
+            f"{socket.gethostname()} (exclusive writer since ")
+        assert lock_record(s3_server, s3_bucket, f"race/{LOCK_NAME}")["job"] == locks[winner].job
+    finally:
+        for lock in locks:
+            lock.release()

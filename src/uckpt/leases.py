@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 from . import fsutil, knobs
 from .errors import RootLockedError
 from .save_errors import raise_save_failure
+from .storage.base import WriterLock as LockBase
 
 log = logging.getLogger("uckpt.leases")
 
@@ -269,7 +270,7 @@ def _kind(st: os.stat_result) -> str:
             stat.S_IFREG: "a regular file"}.get(stat.S_IFMT(st.st_mode), "an odd entry")
 
 
-class WriterLock:
+class WriterLock(LockBase):
     """This process's hold on ``<root>/.uckpt-writer.lock`` (see the module docstring)."""
 
     one_per_job = False  # every rank locks the copy of the root it sees (node-local roots)

@@ -42,7 +42,7 @@ import os
 import socket
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 from .. import knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, RootLockedError,
@@ -54,6 +54,9 @@ log = logging.getLogger("uckpt.storage.object_lock")
 LOCK_NAME = ".uckpt-writer.lock"
 CONCURRENT_DIR = ".uckpt-writers"  # one object per concurrent writer (concurrent_writers=True)
 RECORD_CAP = 4096  # bytes read of a lock object at most
+# (root, holder's job, no lease, level) that peek() has reported at INFO or above
+_told: Set[Tuple[str, str, bool, int]] = set()
+_told_guard = threading.Lock()
 #: seconds added to a lease before it counts as expired: Last-Modified and Date are whole
 #: seconds, so the time between them is known to within one second
 GRANULARITY_S = 1.0
@@ -179,6 +182,9 @@ class ObjectWriterLock(WriterLock):
                 return "expired", seen
             if deadline is None:
                 deadline = time.monotonic() - seen.expired_for + 2 * GRANULARITY_S
+                log.info("%s holds the writer lock %s; waiting up to %.0f s for it to renew "
+                         "its lease (alive) or for the lease to run out (dead)",
+                         describe(seen.record), self.client.url(key), -seen.expired_for)
             elif time.monotonic() > deadline:  # the store's clock stands still?
                 return "live", seen
             time.sleep(min(max(0.2, seen.lease / 12), 2.0, -seen.expired_for + 0.05))
@@ -350,7 +356,9 @@ class ObjectWriterLock(WriterLock):
 
     def peek(self) -> Optional[Tuple[int, str]]:
         """A logging level and a sentence on who holds the root exclusively now, from one
-        read (no waiting, no writes); None if nobody does (or the store cannot be read)."""
+        read (no waiting, no writes); None if nobody does (or the store cannot be read).
+        A holder already reported by this process is reported again at DEBUG only (an
+        evaluation job may open a manager every minute)."""
         try:
             seen = self._look(self.exclusive_key)
         except UckptError as e:
@@ -358,6 +366,15 @@ class ObjectWriterLock(WriterLock):
             return None
         if seen is None:
             return None
+        level, text = self._verdict(seen)
+        told = (self.root, str(seen.record.get("job")), seen.lease is None, level)
+        with _told_guard:
+            if told in _told:
+                return logging.DEBUG, text
+            _told.add(told)
+        return level, text
+
+    def _verdict(self, seen: Seen) -> Tuple[int, str]:
         who, url = describe(seen.record), self.client.url(self.exclusive_key)
         if seen.lease is None:
             return logging.WARNING, (
