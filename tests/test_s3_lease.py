@@ -2,7 +2,7 @@
 real SeaweedFS server (tests/s3_server.py): a SIGKILLed writer's lock is taken over once
 its lease has expired; a live writer renews it and keeps others out; a writer that lost it
 commits nothing; a manager learns at construction who writes the root; every hint names a
-remedy that works. Leases are 2 s here (``knobs.lock_lease_s``, ``UCKPT_LOCK_LEASE_S``)."""
+remedy that works. Leases are 3 s here (``knobs.lock_lease_s``, ``UCKPT_LOCK_LEASE_S``)."""
 import json
 import logging
 import os
@@ -22,7 +22,7 @@ from uckpt import errors
 from uckpt.storage.objects import CONCURRENT_DIR, LOCK_NAME
 
 pytestmark = pytest.mark.timeout(300)
-LEASE_S = 2.0
+LEASE_S = 3.0
 # a writer that saves step 1, says its pid, then saves each step read from stdin until EOF
 WRITER = """\
 import os, sys, json, numpy as np, uckpt
@@ -243,7 +243,7 @@ def test_two_writers_racing_for_an_expired_lock_one_wins(s3_server, s3_bucket, s
     s3_server.client().put_object(Bucket=s3_bucket, Key=f"race/{LOCK_NAME}", Body=json.dumps(
         {"host": "gone-host", "pid": 79, "job": "dead", "mode": "exclusive",
          "since": "2026-01-01T00:00:00Z", "lease_s": 0.001, "nonce": "00"}).encode())
-    time.sleep(2.5)  # Last-Modified + lease + 1 s of granularity: expired on the store's clock
+    time.sleep(3.0)  # Last-Modified + lease + 1 s, in whole seconds: expired on the store's clock
     locks = [open_store(root, s3_options).writer_lock(job, False) for job in ("j1", "j2")]
     results = [None, None]
     go = threading.Barrier(2)

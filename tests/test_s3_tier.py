@@ -389,7 +389,7 @@ def test_readers_never_see_a_partial_checkpoint(tmp_path, s3_server, s3_bucket, 
 
 # --- the writer lock and debris --------------------------------------------------------------
 def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options, monkeypatch):
-    monkeypatch.setattr(knobs, "lock_lease_s", 2.0)  # a refusal waits for a renewal
+    monkeypatch.setattr(knobs, "lock_lease_s", 3.0)  # a refusal waits for a renewal
     root = url(s3_bucket, "locked")
     first = uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
     with pytest.raises(errors.RootLockedError, match=f"process {os.getpid()} on host") as ei:
@@ -421,8 +421,8 @@ def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options, monkeypa
 def test_lock_of_an_exited_writer(s3_server, s3_bucket, s3_options, monkeypatch, caplog):
     """A writer that exits without close() gives the lock up; one that dies (no exit
     handlers run) leaves it, and the next writer takes it over once its lease has expired."""
-    monkeypatch.setattr(knobs, "lock_lease_s", 2.0)
-    monkeypatch.setenv("UCKPT_LOCK_LEASE_S", "2")
+    monkeypatch.setattr(knobs, "lock_lease_s", 3.0)
+    monkeypatch.setenv("UCKPT_LOCK_LEASE_S", "3")
     root = url(s3_bucket, "exits")
     code = ("import os, sys, json, numpy as np, uckpt\n"
             "m = uckpt.CheckpointManager(sys.argv[1], storage_options=json.loads(sys.argv[2]))\n"

@@ -194,15 +194,16 @@ class ObjectWriterLock(WriterLock):
     def try_acquire(self) -> Optional[Dict[str, object]]:
         self._refused, self._lost = None, None
         self._since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        started = time.monotonic()
-        etag = None
+        etag, sent = None, 0.0  # the lease counts from when the write that took it was sent
         for _ in range(3):  # a lock removed while we watched it: try again
             try:
+                sent = time.monotonic()
                 etag = self.client.put(self.key, self._record(), if_absent=True)
                 break
             except CheckpointExistsError:
                 verdict, seen = self._watch(self.key)
                 if verdict == "expired":
+                    sent = time.monotonic()
                     etag = self._put_if_match(self.key, seen.etag)
                     if etag is not None:
                         self._took_over(self.key, seen, "took over")
@@ -212,7 +213,7 @@ class ObjectWriterLock(WriterLock):
                     return self._refuse(verdict, self.key, seen)
         if etag is None:
             return self._refuse("live", self.key, self._look(self.key))
-        self._start(etag, started)
+        self._start(etag, sent)
         # the other kind of writer: each side checks after making its own claim (and
         # renews it meanwhile), so at least one of two racing writers sees the other
         for key in self._blockers():
