@@ -18,7 +18,7 @@ import pytest
 import uckpt
 import uckpt.knobs as knobs
 from uckpt import errors
-from uckpt.storage.objects import LOCK_NAME
+from uckpt.storage.objects import CONCURRENT_DIR, LOCK_NAME
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20
@@ -388,12 +388,13 @@ def test_readers_never_see_a_partial_checkpoint(tmp_path, s3_server, s3_bucket, 
 
 
 # --- the writer lock and debris --------------------------------------------------------------
-def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options):
+def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options, monkeypatch):
+    monkeypatch.setattr(knobs, "lock_lease_s", 3.0)  # a refusal waits for a renewal
     root = url(s3_bucket, "locked")
     first = uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
     with pytest.raises(errors.RootLockedError, match=f"process {os.getpid()} on host") as ei:
         uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
-    assert LOCK_NAME in str(ei.value) and "concurrent_writers=True" in str(ei.value)
+    assert LOCK_NAME in str(ei.value) and "concurrent_writers" not in ei.value.hint
     assert ei.value.holder["pid"] == os.getpid()
     with pytest.raises(errors.RootLockedError):  # an exclusive writer keeps concurrent ones out
         uckpt.CheckpointManager(root, role="writer", concurrent_writers=True,
@@ -408,16 +409,20 @@ def test_second_writer_refused_naming_the_holder(s3_bucket, s3_options):
     b = uckpt.CheckpointManager(root, role="writer", concurrent_writers=True, storage_options=s3_options)
     a.save(1, arrays(1, mb=1))
     b.save(2, arrays(2, mb=1))
-    with pytest.raises(errors.RootLockedError, match="shared writer"):
+    with pytest.raises(errors.RootLockedError, match="shared writer") as ei:
         uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
+    assert "pass concurrent_writers=True to this writer too" in ei.value.hint
+    assert f"{CONCURRENT_DIR}/" in ei.value.path  # the object that holds it, not the exclusive one
     a.close()
     b.close()
     assert uckpt.CheckpointManager(root, storage_options=s3_options).steps() == [1, 2]
 
 
-def test_lock_of_an_exited_writer(s3_server, s3_bucket, s3_options):
+def test_lock_of_an_exited_writer(s3_server, s3_bucket, s3_options, monkeypatch, caplog):
     """A writer that exits without close() gives the lock up; one that dies (no exit
-    handlers run) leaves it, and the next writer is told whose it is and how to remove it."""
+    handlers run) leaves it, and the next writer takes it over once its lease has expired."""
+    monkeypatch.setattr(knobs, "lock_lease_s", 3.0)
+    monkeypatch.setenv("UCKPT_LOCK_LEASE_S", "3")
     root = url(s3_bucket, "exits")
     code = ("import os, sys, json, numpy as np, uckpt\n"
             "m = uckpt.CheckpointManager(sys.argv[1], storage_options=json.loads(sys.argv[2]))\n"
@@ -428,12 +433,10 @@ def test_lock_of_an_exited_writer(s3_server, s3_bucket, s3_options):
     subprocess.run(run + ["exit", "1"], check=True, timeout=120)
     uckpt.CheckpointManager(root, role="writer", storage_options=s3_options).close()
     died = subprocess.run(run + ["die", "2"], check=True, timeout=120, capture_output=True, text=True)
-    with pytest.raises(errors.RootLockedError, match=f"process {died.stdout.strip()} on host") as ei:
-        uckpt.CheckpointManager(root, role="writer", storage_options=s3_options)
-    assert f"aws s3 rm {root}/{LOCK_NAME}" in str(ei.value)
-    s3_server.client().delete_object(Bucket=s3_bucket, Key=f"exits/{LOCK_NAME}")  # by hand
     with uckpt.CheckpointManager(root, role="writer", storage_options=s3_options) as m:
         assert m.steps() == [1, 2]
+    assert any(f"took over the writer lock {root}/{LOCK_NAME} of process "
+               f"{died.stdout.strip()} on host" in r.getMessage() for r in caplog.records)
 
 
 def test_debris_removed_by_the_writer_only_when_old(s3_server, s3_bucket, s3_options, monkeypatch):

@@ -143,7 +143,11 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path):
     with pytest.raises(errors.RootLockedError) as ei:  # also a second manager in this process
         uckpt.CheckpointManager(tmp_path, role="writer")
     assert isinstance(ei.value, BlockingIOError) and ei.value.holder["pid"] == os.getpid()
-    assert "concurrent_writers=True" in str(ei.value)
+    # the holder is exclusive: concurrent_writers=True would be refused too, so no hint of it
+    assert "concurrent_writers" not in ei.value.hint
+    assert "hint: only one job may write to a root while an exclusive writer holds it: stop " \
+           "that writer (its lock goes with its process), use another root, or open this " \
+           "one read-only (role='reader')" in str(ei.value)
     assert uckpt.CheckpointManager(tmp_path).steps() == [1]  # nothing was removed or added
     first.close()
     second = uckpt.CheckpointManager(tmp_path, role="writer")  # free once the first closed
@@ -163,12 +167,15 @@ def test_concurrent_writers_opt_in(tmp_path):
     for s in range(40):
         assert (uckpt.load(tmp_path / f"step_{s:08d}")["w"] == s).all()
     shared = uckpt.CheckpointManager(tmp_path, concurrent_writers=True, role="writer")
-    with pytest.raises(errors.RootLockedError, match="shared writer"):
+    with pytest.raises(errors.RootLockedError, match="shared writer") as ei:
         uckpt.CheckpointManager(tmp_path, role="writer")  # exclusive refused by a shared one
+    assert "pass concurrent_writers=True to this writer too" in str(ei.value)  # that works:
+    uckpt.CheckpointManager(tmp_path, concurrent_writers=True, role="writer").close()
     shared.close()
     exclusive = uckpt.CheckpointManager(tmp_path, role="writer")
-    with pytest.raises(errors.RootLockedError, match="exclusive writer"):
+    with pytest.raises(errors.RootLockedError, match="exclusive writer") as ei:
         uckpt.CheckpointManager(tmp_path, concurrent_writers=True, role="writer")
+    assert "concurrent_writers" not in ei.value.hint
     exclusive.close()
 
 

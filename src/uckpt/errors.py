@@ -183,6 +183,11 @@ class RootLockedError(_OSFlavoured, BlockingIOError):
         super().__init__(message, **kw)
 
 
+class WriterLeaseLostError(RootLockedError):
+    """This writer's lease on an object store root's writer lock ran out unrenewed or was
+    taken over by another writer: it commits and deletes nothing more there."""
+
+
 # --- storage ---------------------------------------------------------------------------------
 class StorageUnavailableError(_OSFlavoured, ConnectionError):
     """The storage could not be reached, or kept failing (timeouts, connection resets,

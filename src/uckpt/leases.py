@@ -43,6 +43,7 @@ from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 from . import fsutil, knobs
 from .errors import RootLockedError
 from .save_errors import raise_save_failure
+from .storage.base import WriterLock as LockBase
 
 log = logging.getLogger("uckpt.leases")
 
@@ -269,7 +270,7 @@ def _kind(st: os.stat_result) -> str:
             stat.S_IFREG: "a regular file"}.get(stat.S_IFMT(st.st_mode), "an odd entry")
 
 
-class WriterLock:
+class WriterLock(LockBase):
     """This process's hold on ``<root>/.uckpt-writer.lock`` (see the module docstring)."""
 
     one_per_job = False  # every rank locks the copy of the root it sees (node-local roots)
@@ -339,12 +340,15 @@ class WriterLock:
         h = self.holder()
         who = (f"process {h.get('pid', '?')} on host {h.get('host', '?')} "
                f"({h.get('mode', '?')} writer since {h.get('since', '?')})") if h else "another process"
-        if self.shared:
-            hint = ("the holder is an exclusive writer; stop it first, or open this root "
-                    "read-only (role='reader') to restore from it")
+        # the kernel drops the lock when its holder dies: whoever holds it is alive
+        if self.shared or h.get("mode") != "shared":
+            hint = ("only one job may write to a root while an exclusive writer holds it: "
+                    "stop that writer (its lock goes with its process), use another root, or "
+                    "open this one read-only (role='reader') to restore from it")
         else:
-            hint = ("only one job may write to a root; stop the other writer, use another "
-                    "root, or pass concurrent_writers=True to every writer that should share it")
+            hint = ("concurrent writers hold this root: stop them, or pass "
+                    "concurrent_writers=True to this writer too (every writer of a root must "
+                    "opt in)")
         return RootLockedError(f"checkpoint root {str(self.root)!r} is held by {who}",
                                path=str(self.path), holder=h, hint=hint)
 
@@ -356,6 +360,33 @@ class WriterLock:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+
+def check_roots(stores: List[Any], comm: Any) -> None:
+    """What a manager that may become the writer (``role="auto"``) learns at construction:
+    on rank 0, log who holds each root whose lock can be looked at without taking it (an
+    object store's). Reads only; never raises (a store that cannot be read is left to the
+    first save)."""
+    if comm.rank != 0:
+        return
+    for store in (s for s in stores if s.remote):
+        seen = store.writer_lock("", False).peek()
+        if seen is not None:
+            log.log(seen[0], "%s", seen[1])
+
+
+def check_leases(locks: List[Any], comm: Any) -> None:
+    """Collective: raise :class:`~uckpt.errors.WriterLeaseLostError` (with several ranks a
+    :class:`~uckpt.errors.DistributedError` on every rank) if a lock of this writer job
+    lost its lease. Nothing to do, and no collective, for locks without leases."""
+    if not any(lock.one_per_job for lock in locks):
+        return
+    if comm.size == 1:
+        for lock in locks:
+            lock.check()
+    else:
+        comm.gather_outcomes(lambda: [lock.check() for lock in locks],
+                             "checking the writer locks")
 
 
 def new_job_id() -> str:

@@ -42,7 +42,7 @@ from .engine import AsyncSaver, SaveHandle, SerialRunner
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
                      ObjectStoreError, StorageAccessError, StorageUnavailableError, UckptError)
-from .leases import claim_roots
+from .leases import check_leases, check_roots, claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .gcpause import pausing
@@ -115,13 +115,20 @@ class CheckpointManager:
         raises. Becoming the writer takes ``<tier>/.uckpt-writer.lock``
         (:class:`~uckpt.errors.RootLockedError`, naming the holder's host and pid,
         if another job holds it) and removes the debris of dead saves (never a
-        live save's). Readers never create, rename or delete anything: they see
-        only committed checkpoints, and a ``restore`` that races with the
-        writer's retention falls back to the next checkpoint.
+        live save's). On an ``s3://`` tier the lock holds a lease
+        (``knobs.lock_lease_s``) that the writer renews in the background: a new
+        writer waits at most the rest of a holder's lease and takes it over if it
+        was not renewed (its holder died), and a writer that lost its lease raises
+        :class:`~uckpt.errors.WriterLeaseLostError` at its next save. With
+        ``"auto"``, construction reads (never takes) an ``s3://`` tier's lock and
+        logs a warning naming a live writer. Readers never create, rename or
+        delete anything: they see only committed checkpoints, and a ``restore``
+        that races with the writer's retention falls back to the next checkpoint.
     concurrent_writers
         opt in to sharing the tiers with other writers that opted in too (each
         must save different steps; retention of each applies to every step of
-        the root). An exclusive writer and a concurrent one refuse each other.
+        the root). An exclusive writer and a concurrent one refuse each other, so
+        this is no way past an exclusive writer's lock.
     incremental, full_every
         with ``incremental=True`` a save writes only the chunks whose content hash
         differs from this manager's previous save (held in memory), and refers to the
@@ -230,6 +237,8 @@ class CheckpointManager:
         _open_managers.add(self)
         if role == "writer":
             self._become_writer()
+        elif role == "auto":  # a writer of an object store root is named now, not at a save
+            check_roots([t.store for t in self.tiers], self.comm)
 
     # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> "CheckpointManager":
@@ -259,8 +268,10 @@ class CheckpointManager:
         return bool(self._locks)
 
     def _become_writer(self) -> None:
-        """Collective: take every tier's writer lock, then remove dead saves' debris."""
+        """Collective: take every tier's writer lock, then remove dead saves' debris; later
+        calls check that no lock's lease was lost."""
         if self._locks:
+            check_leases(self._locks, self.comm)
             return
         if self.role == "reader":
             raise PermissionError("this CheckpointManager was opened with role='reader': it "

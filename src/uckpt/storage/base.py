@@ -30,8 +30,9 @@ Who calls what, and in what order (DCP style):
   manifest bytes;
 * the writer of a root (:class:`uckpt.CheckpointManager`, from its first save):
   :meth:`Store.writer_lock` then ``try_acquire`` once, :meth:`Store.remove_debris`,
-  then saves and :meth:`Store.delete` (retention); readers call only
-  :meth:`Store.steps`, :meth:`Store.has` and :meth:`Store.source`.
+  then saves and :meth:`Store.delete` (retention), each save after ``check`` of the
+  lock (a lock with a lease can be lost); readers call only :meth:`Store.steps`,
+  :meth:`Store.has`, :meth:`Store.source` and, at construction, ``peek`` of a lock.
 
 Every method raises errors of :mod:`uckpt.errors`; those of reading a damaged or
 missing checkpoint are the ones ``CheckpointManager.restore`` falls back on.
@@ -193,7 +194,8 @@ class WriterLock:
     """A root's writer lock (see docs/architecture.md, "A root shared by many processes").
 
     Call order: :meth:`try_acquire` once (``None``: held; else the holder's record),
-    :meth:`refusal` to build the error when refused, :meth:`release` at the end."""
+    :meth:`refusal` to build the error when refused, :meth:`check` before each save,
+    :meth:`release` at the end. :meth:`peek` (a reader's look) needs none of these."""
 
     #: whether one rank of a job takes it for every rank (an object store, seen alike by
     #: all) rather than every rank for the copy it sees (local directories)
@@ -211,6 +213,15 @@ class WriterLock:
 
     def release(self) -> None:
         raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise :class:`~uckpt.errors.WriterLeaseLostError` if this holder lost the lock
+        (a lock with a lease); a lock the kernel holds for the process cannot be lost."""
+
+    def peek(self) -> Optional[Tuple[int, str]]:
+        """Without taking it: a logging level and a sentence on who holds the lock now
+        (None: nobody, or this kind of lock cannot be looked at without taking it)."""
+        return None
 
 
 class Store:

@@ -17,28 +17,27 @@ There is no rename and no lock in an object store, so (docs/format.md, section 3
   of another process from a dead one, so age decides. Incomplete multipart uploads under
   the root are aborted by the same rule.
 
-The writer lock of a root is an object, ``<root>/.uckpt-writer.lock``, created with a
-conditional PUT (``If-None-Match: *``) and holding the holder's host, pid, job id and
-start time (:class:`ObjectWriterLock`); see docs/architecture.md for what happens
-when its holder dies.
+The writer lock of a root is an object, ``<root>/.uckpt-writer.lock``, held under a
+lease that its holder renews and that another writer takes over once it has expired
+(:class:`~uckpt.storage.object_lock.ObjectWriterLock`). A writer that lost its lease
+commits and deletes nothing more: :class:`ObjectStore` checks it first.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import socket
 import threading
 import time
 from typing import Dict, List, Optional, Set, Tuple
 
 from .. import knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
-                      NotACheckpointError, RootLockedError)
+                      NotACheckpointError)
 from ..format import MANIFEST_NAME
 from . import base
-from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store, WriterLock
+from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
+from .object_lock import CONCURRENT_DIR, LOCK_NAME, ObjectWriterLock  # noqa: F401 (re-exported)
 from .s3 import S3Client
 from .s3_bodies import Gather, Readable
 from .s3_config import Connection, S3Options
@@ -46,8 +45,6 @@ from .s3_url import join_key, parse_url, url_of
 
 log = logging.getLogger("uckpt.storage.objects")
 
-LOCK_NAME = ".uckpt-writer.lock"
-CONCURRENT_DIR = ".uckpt-writers"  # one object per concurrent writer (concurrent_writers=True)
 #: what a data file of a step may be called (anything else in a step prefix is not ours)
 _DATA_FILE = re.compile(r"^data-\d+\.bin$")
 #: bytes a reader asks for in one ranged GET (each block is checksummed as it lands)
@@ -193,6 +190,7 @@ class ObjectSink(CheckpointSink):
 
     def commit(self, manifest_bytes: bytes, overwrite: bool = False) -> None:
         key = join_key(self.prefix, MANIFEST_NAME)
+        self.store.check_writer()
         try:
             self.client.put(key, manifest_bytes, if_absent=not overwrite)
         except CheckpointExistsError:
@@ -222,96 +220,6 @@ class ObjectSink(CheckpointSink):
             self.release()
 
 
-# -- the writer lock --------------------------------------------------------------------------
-class ObjectWriterLock(WriterLock):
-    """``<root>/.uckpt-writer.lock``, created only if absent; with ``shared``
-    (concurrent writers) ``<root>/.uckpt-writers/<job>`` instead, refused while an
-    exclusive lock exists (and an exclusive writer is refused while any exists)."""
-
-    one_per_job = True
-
-    def __init__(self, store: "ObjectStore", job: str, shared: bool) -> None:
-        self.store, self.client = store, store.client
-        self.job, self.shared = job, shared
-        self.root = store.where
-        self.exclusive_key = store.key(LOCK_NAME)
-        self.key = store.key(CONCURRENT_DIR, job) if shared else self.exclusive_key
-        self.path = self.client.url(self.key)
-        self._held = False
-        self._refused_by: Dict[str, object] = {}
-
-    def _record(self) -> bytes:
-        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job": self.job,
-                           "mode": "shared" if self.shared else "exclusive",
-                           "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                           "nonce": os.urandom(4).hex()}).encode()
-
-    def _read(self, key: str) -> Dict[str, object]:
-        try:
-            return json.loads(self.client.get(key, 4096, what="writer lock").decode() or "{}")
-        except (CheckpointNotFoundError, ValueError):
-            return {}
-
-    def _others(self) -> List[str]:
-        prefix = self.store.key(CONCURRENT_DIR) + "/"
-        return [k for k in self.client.list(prefix, delimiter=None).objects
-                if k != self.key]
-
-    def try_acquire(self) -> Optional[Dict[str, object]]:
-        try:
-            self.client.put(self.key, self._record(), if_absent=True)
-        except CheckpointExistsError:
-            self._refused_by = self._read(self.key)
-            return self._refused_by or {"pending": True}
-        self._held = True
-        # the other kind of writer: each side checks after making its own claim, so at
-        # least one of two racing writers sees the other
-        if self.shared:
-            blocker = self._read(self.exclusive_key) if \
-                self.client.exists(self.exclusive_key) else None
-        else:
-            others = self._others()
-            blocker = self._read(others[0]) if others else None
-        if blocker is not None:
-            self.release()
-            self._refused_by = blocker or {"pending": True}
-            return self._refused_by
-        log.info("writer of %s: %s", self.root, self._read(self.key))
-        return None
-
-    def holder(self) -> Dict[str, object]:
-        return self._refused_by or self._read(self.key)
-
-    def refusal(self) -> RootLockedError:
-        h = self.holder()
-        who = (f"process {h.get('pid', '?')} on host {h.get('host', '?')} "
-               f"({h.get('mode', '?')} writer since {h.get('since', '?')}, job "
-               f"{h.get('job', '?')})") if h and "pid" in h else "another writer"
-        lock = self.client.url(self.exclusive_key if not self.shared or h.get("mode") ==
-                               "exclusive" else self.store.key(CONCURRENT_DIR, str(h.get("job"))))
-        return RootLockedError(
-            f"checkpoint root {self.root!r} is held by {who}", path=lock, holder=h,
-            hint="only one job may write to a root. An object store cannot tell whether a "
-                 "writer on another host is still alive: if that writer is dead, delete "
-                 f"{lock} (e.g. `aws s3 rm {lock}`) and save again; or pass "
-                 "concurrent_writers=True to every writer that should share the root")
-
-    def release(self) -> None:
-        if not self._held:
-            return
-        self._held = False
-        try:
-            if self._read(self.key).get("job") == self.job:  # never another writer's
-                self.client.delete([self.key])
-        except Exception as e:  # noqa: BLE001 - best effort; say how to clean up
-            log.warning("could not remove the writer lock %s (%s); delete it by hand before "
-                        "another writer saves there", self.path, e)
-
-    @property
-    def held(self) -> bool:
-        return self._held
-
-
 # -- the root ---------------------------------------------------------------------------------
 class ObjectStore(Store):
     """A root ``s3://bucket/prefix`` (the prefix may be empty: the bucket's root)."""
@@ -322,6 +230,14 @@ class ObjectStore(Store):
         self.client = client
         self.prefix = prefix
         self.where = client.url(prefix)
+        #: the writer lock this process holds on the root, if any (set by the lock)
+        self.lease: Optional[ObjectWriterLock] = None
+
+    def check_writer(self) -> None:
+        """Raise WriterLeaseLostError if this process held the root's writer lock and lost
+        its lease: it must not commit or delete beside a new holder."""
+        if self.lease is not None:
+            self.lease.check()
 
     @classmethod
     def from_url(cls, url: str, storage_options=None) -> "ObjectStore":
@@ -403,6 +319,7 @@ class ObjectStore(Store):
         return ObjectSink(self, name)
 
     def delete(self, name: str) -> bool:
+        self.check_writer()
         key = self.key(name, MANIFEST_NAME)
         if not self.client.exists(key):
             return False

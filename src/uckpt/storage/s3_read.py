@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from email.utils import parsedate_to_datetime
 from typing import NamedTuple, Optional
 
 from .. import knobs
@@ -23,6 +25,17 @@ class ObjectInfo(NamedTuple):
     etag: str
     #: the store's ``x-amz-checksum-crc32c`` (base64; ``"...-N"`` for an N-part upload), or None
     checksum_crc32c: Optional[str]
+
+
+class Versioned(NamedTuple):
+    """A small object read whole, with what the server said about it and about its clock."""
+    data: bytes
+    etag: str
+    #: when the object was last written, on the server's clock (``Last-Modified``, seconds
+    #: since the epoch; whole seconds on most servers)
+    modified: float
+    #: the server's time when it answered (its ``Date`` header; whole seconds)
+    server_now: float
 
 
 class Reads:
@@ -81,6 +94,34 @@ class Reads:
                 raise short
             self._resumed(url, 0, attempt, short)
         raise AssertionError("unreachable")
+
+    def get_versioned(self, key: str, cap: int, *, what: str = "object") -> Versioned:
+        """The whole object ``key`` (at most ``cap`` bytes, else CorruptCheckpointError), its
+        ETag, when it was last written and the server's time now, both on the server's
+        clock (CheckpointNotFoundError if it does not exist)."""
+        url = self.url(key)
+        answer = self._call("get_object", key, "reading")
+        body, length = answer["Body"], answer.get("ContentLength") or 0
+        try:
+            if length > cap:
+                raise CorruptCheckpointError(f"{what} {url} holds {length} bytes, more than "
+                                             f"the {cap} uckpt reads for a {what}", path=url)
+            try:
+                data = body.read(cap + 1)
+            except Exception as e:
+                raise self._error(e, url, "reading") from e
+        finally:
+            body.close()
+        if len(data) > cap:
+            raise CorruptCheckpointError(f"{what} {url} holds more than {cap} bytes", path=url)
+        modified = answer.get("LastModified")
+        date = answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+        try:
+            now = parsedate_to_datetime(date).timestamp()
+        except (TypeError, ValueError, IndexError):  # no Date header: the client's clock
+            now = time.time()
+        return Versioned(data, answer.get("ETag", ""),
+                         modified.timestamp() if modified is not None else now, now)
 
     def get_range(self, key: str, offset: int, length: int, into, *,
                   if_match: Optional[str] = None) -> int:

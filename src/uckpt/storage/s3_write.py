@@ -6,6 +6,7 @@ import base64
 import concurrent.futures as cf
 import logging
 import time
+from typing import Optional
 
 from ..errors import CheckpointExistsError, CheckpointNotFoundError, UnsupportedObjectError
 from .s3_bodies import RangeBody, Source, open_source
@@ -23,11 +24,14 @@ class Writes:
     """put / upload; needs ``opts``, ``endpoint``, ``url``, ``head`` and ``_call`` of
     the client."""
 
-    def put(self, key: str, data, *, if_absent: bool = False) -> None:
-        """Writes ``data`` (a buffer) to ``key`` in one PUT. With ``if_absent``, only if no
-        object ``key`` exists (``If-None-Match: *``), else CheckpointExistsError; an
-        existing object with the same size and CRC-32C counts as this write (a retry of a
-        PUT whose answer was lost), so give objects created this way unique content."""
+    def put(self, key: str, data, *, if_absent: bool = False,
+            if_match: Optional[str] = None) -> str:
+        """Writes ``data`` (a buffer) to ``key`` in one PUT and returns the new ETag. With
+        ``if_absent``, only if no object ``key`` exists (``If-None-Match: *``), else
+        CheckpointExistsError; an existing object with the same size and CRC-32C counts as
+        this write (a retry of a PUT whose answer was lost), so give objects created this
+        way unique content. With ``if_match``, only if the object's ETag is still that
+        (``If-Match``), else ObjectStoreError with ``code == "PreconditionFailed"``."""
         url = self.url(key)
         try:
             size = memoryview(data).nbytes
@@ -35,7 +39,8 @@ class Writes:
             raise UnsupportedObjectError(f"put {url}: a {type(data).__name__} is not a "
                                          "buffer", path=url) from None
         with open_source(data, size, url) as view:
-            self._put_body(key, RangeBody(view, 0, size), if_absent=if_absent)
+            return self._put_body(key, RangeBody(view, 0, size), if_absent=if_absent,
+                                  if_match=if_match)
 
     def upload(self, key: str, source: Source, size: int) -> None:
         """Uploads the first ``size`` bytes of ``source`` (a buffer such as a NumPy array's
@@ -49,13 +54,17 @@ class Writes:
             else:
                 self._multipart(key, src, size)
 
-    def _put_body(self, key: str, body: RangeBody, *, if_absent: bool = False) -> None:
+    def _put_body(self, key: str, body: RangeBody, *, if_absent: bool = False,
+                  if_match: Optional[str] = None) -> str:
         start, crc = time.monotonic(), body.crc32c()
         params = dict(Body=body, ContentLength=len(body), ChecksumCRC32C=b64_crc32c(crc))
         if if_absent:
             params["IfNoneMatch"] = "*"
+        if if_match:
+            params["IfMatch"] = if_match
+        etag = ""
         try:
-            self._call("put_object", key, "writing", **params)
+            etag = self._call("put_object", key, "writing", **params).get("ETag", "")
         except ObjectStoreError as e:
             if not (if_absent and getattr(e, "code", None) in ("PreconditionFailed",
                                                                "ConditionalRequestConflict")):
@@ -68,8 +77,16 @@ class Writes:
                 raise CheckpointExistsError(f"{self.url(key)} already exists; it was not "
                                             "replaced (if_absent=True)", path=self.url(key),
                                             endpoint=self.endpoint) from None
+            etag = info.etag
         log.debug("put %s (%d bytes, %.3f s)", self.url(key), len(body),
                   time.monotonic() - start)
+        return etag
+
+    def delete_if_match(self, key: str, etag: str) -> None:
+        """Deletes ``key`` only if its ETag is still ``etag`` (``If-Match``), else
+        ObjectStoreError with ``code == "PreconditionFailed"``."""
+        self._call("delete_object", key, "deleting", IfMatch=etag)
+        log.debug("deleted %s (If-Match %s)", self.url(key), etag)
 
     def _multipart(self, key: str, src, size: int) -> None:
         start, part = time.monotonic(), self.opts.part_size_for(size)
