@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import itertools
 import math
 import zlib
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
 
@@ -125,26 +127,49 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
     cols = read_columns(p, g, at, n, files, bases, expected, max_ratio, _slab)
     full = shape[:axis] + (rows,) + shape[axis + 1:]
     before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
-    return tuple(map(
-        chunk_cls, cols.files, cols.offsets, cols.lengths,
-        [before + (k * rows,) + after for k in range(n)],
-        [full] * (n - 1) + [shape[:axis] + (last,) + shape[axis + 1:]],
-        cols.codecs, cols.checksums, cols.hashes, cols.bases))
+    shapes = itertools.chain(itertools.repeat(full, n - 1),
+                             (shape[:axis] + (last,) + shape[axis + 1:],))
+    return tuple(cols.chunks(chunk_cls, zip((before + (k * rows,) + after for k in range(n)),
+                                            shapes)))
 
 
 def _slab(k: int) -> str:
     return f"slab {k}"
 
 
+#: chunks made from the columns at a time (bounds the per-field lists made for them)
+_BLOCK = 4096
+
+
 class Columns(NamedTuple):
-    """The per-chunk fields the columns hold, as lists in row (slab) order."""
-    files: List[str]
-    offsets: List[int]
-    lengths: List[int]
-    codecs: List[str]
-    checksums: List[str]
-    hashes: List[str]
-    bases: List[Optional[str]]
+    """The per-chunk fields the columns hold, compact (NumPy arrays and bytes) in row (slab)
+    order; :meth:`chunks` makes the chunk objects from them."""
+    source: np.ndarray  # index into names / base_of
+    offset: np.ndarray
+    length: np.ndarray
+    codec: np.ndarray  # index into CODEC_NUMBERS
+    digests: bytes  # the decoded ``digests`` column
+    names: List[str]
+    base_of: List[Optional[str]]
+
+    def chunks(self, chunk_cls, boxes: Iterable[Tuple[tuple, tuple]]) -> Iterator:
+        """``chunk_cls`` of each row (slab), in order, of ``(start, shape)`` from ``boxes``;
+        made a block at a time, so no list of a field for every row is ever held."""
+        n = len(self.offset)
+        names, base_of, digests = self.names, self.base_of, self.digests
+        crcs = np.frombuffer(digests, "<u4", n)
+        boxes = iter(boxes)
+        for at in range(0, n, _BLOCK):
+            end = min(n, at + _BLOCK)
+            hexes = digests[4 * n + 16 * at:4 * n + 16 * end].hex()
+            for k, (s, off, ln, c, crc) in enumerate(zip(
+                    self.source[at:end].tolist(), self.offset[at:end].tolist(),
+                    self.length[at:end].tolist(), self.codec[at:end].tolist(),
+                    crcs[at:end].tolist())):
+                start, shape = next(boxes)
+                yield chunk_cls(names[s], off, ln, start, shape, CODEC_NUMBERS[c],
+                                "crc32c:%08x" % crc, "xxh3-128:" + hexes[32 * k:32 * k + 32],
+                                base_of[s])
 
 
 def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], np.ndarray],
@@ -170,8 +195,9 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     for name, width in _COLUMNS:
         planes = np.frombuffer(layout, np.uint8, width * n, pos).reshape(width, n)
         cols[name] = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(n).astype(
-            np.uint64)
+            np.uint64 if width == 8 else np.uint32 if width == 4 else np.uint8)
         pos += width * n
+    del layout, planes  # (decoded: not held while the chunks are made)
     offset, length, source, codec = (cols[c] for c, _ in _COLUMNS)
     _check_columns(p, at, offset, length, source, codec, len(names), p.codecs, label)
     # every chunk within its file (both terms below 2**63: their sum fits uint64)
@@ -186,13 +212,7 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     if unused.size:
         p.fail(at + f".sources[{int(unused[0])}]", f"no {unit} is stored there (a writer "
                                                    "lists exactly the sources it uses)")
-    hexes = digests[4 * n:].hex()
-    src = source.tolist()
-    return Columns([names[s] for s in src], offset.tolist(), length.tolist(),
-                   [CODEC_NUMBERS[c] for c in codec.tolist()],
-                   ["crc32c:%08x" % v for v in np.frombuffer(digests, "<u4", n).tolist()],
-                   ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)],
-                   [base_of[s] for s in src])
+    return Columns(source, offset, length, codec, digests, names, base_of)
 
 
 def _sources(p, obj, at: str, n: int, files, bases, unit: str):

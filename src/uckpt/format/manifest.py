@@ -12,6 +12,7 @@ file names that leave the checkpoint directory are all errors naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -54,7 +55,7 @@ _CHUNK_FIELDS_V4 = _CHUNK_FIELDS + ("hash",)
 _HASH = re.compile(hashing.PREFIX + "[0-9a-f]{32}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """A box of an array (``start`` and ``shape`` in the global index space) stored in ``file``."""
 
@@ -85,7 +86,7 @@ class Chunk:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArrayEntry:
     path: str
     dtype: str
@@ -126,7 +127,7 @@ class ArrayEntry:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     name: str
     rank: int
@@ -339,9 +340,8 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
             return None
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
-    return _new(Chunk, file=name, offset=offset, length=length, start=tuple(start),
-                shape=tuple(cshape), codec=obj["codec"], checksum=checksum, hash=content,
-                base=base)
+    return _chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
+                  content, base)
 
 
 def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
@@ -371,28 +371,37 @@ def _one_whole_chunk(chunks, shape) -> bool:
     return len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)
 
 
-def _chunk(file, offset, length, start, shape, codec, checksum, hash, base) -> Chunk:
-    """A checked Chunk, made as :func:`_new` makes one (the fields in their order)."""
+def _slot_setters(cls) -> tuple:
+    """The slot descriptors' setters of ``cls``'s fields, in order (they set a field of a
+    frozen instance without its ``__setattr__``)."""
+    return tuple(getattr(cls, f.name).__set__ for f in dataclasses.fields(cls))
+
+
+_CHUNK_SET = _slot_setters(Chunk)
+_ENTRY_SET = _slot_setters(ArrayEntry)
+
+
+def _chunk(*fields) -> Chunk:
+    """A checked Chunk from its fields in their order, without the frozen ``__init__``
+    (which sets each field through ``object.__setattr__``: a third of the time a manifest
+    of many small arrays takes to read)."""
     obj = object.__new__(Chunk)
-    obj.__dict__.update(file=file, offset=offset, length=length, start=start, shape=shape,
-                        codec=codec, checksum=checksum, hash=hash, base=base)
+    for put, value in zip(_CHUNK_SET, fields):
+        put(obj, value)
+    return obj
+
+
+def _entry(*fields) -> ArrayEntry:
+    """A checked ArrayEntry from its fields in their order (as :func:`_chunk`)."""
+    obj = object.__new__(ArrayEntry)
+    for put, value in zip(_ENTRY_SET, fields):
+        put(obj, value)
     return obj
 
 
 def _row_entry(path: str, dtype: str, shape: Tuple[int, ...], chunk: Chunk) -> ArrayEntry:
     """The entry of a checked table row (no recorded root: ``ArrayEntry.recorded_root``)."""
-    obj = object.__new__(ArrayEntry)
-    obj.__dict__.update(path=path, dtype=dtype, shape=shape, chunks=(chunk,), root="")
-    return obj
-
-
-def _new(cls, **fields):
-    """An instance of the frozen dataclass ``cls`` from checked fields, without its
-    ``__init__`` (which sets each field through ``object.__setattr__``: a third of the
-    time a manifest of many small arrays takes to read)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
+    return _entry(path, dtype, shape, (chunk,), "")
 
 
 class _Parser:
@@ -481,8 +490,9 @@ class _Parser:
         merkle = self.hash_text(doc["merkle_root"], "merkle_root") if version >= 4 else ""
         arrays = self.arrays(doc["arrays"], files, bases)
         if "table" in doc:
-            arrays.update(table.decode(self, doc["table"], arrays, files, bases, _chunk,
-                                       _row_entry, MAX_RATIO))
+            table.decode(self, doc["table"], arrays, files, bases, _chunk, _row_entry,
+                         MAX_RATIO)
+            del doc["table"]  # (its JSON lists and text, decoded: freed before the tree's check)
         self.bases_used(bases, arrays)
         tree = doc["tree"]
         self.need(tree, "tree", dict, "a node object")
@@ -566,8 +576,7 @@ class _Parser:
                 dtype, shape, chunks, root = fast
                 if not _one_whole_chunk(chunks, shape):
                     self.coverage(chunks, shape, f"arrays[{_key(path)}]")
-                out[path] = _new(ArrayEntry, path=path, dtype=dtype, shape=shape,
-                                 chunks=chunks, root=root)
+                out[path] = _entry(path, dtype, shape, chunks, root)
             else:
                 out[path] = self.checked_array(path, entry, files, bases)
         return out
@@ -760,7 +769,10 @@ class _Parser:
                 if not int_keys and depth < MAX_TREE_DEPTH and type(v) is dict and \
                         v.keys() == _ARRAY_NODE_KEYS and \
                         v["type"] == "array" and type(v["path"]) is str and v["path"] in arrays:
-                    continue  # a plain array leaf, valid (the common case, checked inline)
+                    # a plain array leaf, valid (the common case, checked inline); it keeps
+                    # the entry's path string and one "array", not copies of its own
+                    v["type"], v["path"] = "array", arrays[v["path"]].path
+                    continue
                 if int_keys:
                     if len(k) > MAX_KEY_DIGITS + k.startswith("-"):
                         self.fail(loc + ".items", f"an int key of {len(k)} characters; the "
