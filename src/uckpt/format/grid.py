@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import base64
 import binascii
-import itertools
 import math
 import zlib
+from collections.abc import Sequence as _Sequence
 from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
                     Sequence, Tuple)
 
@@ -125,16 +125,59 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
         return out
 
     cols = read_columns(p, g, at, n, files, bases, expected, max_ratio, _slab)
-    full = shape[:axis] + (rows,) + shape[axis + 1:]
-    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
-    shapes = itertools.chain(itertools.repeat(full, n - 1),
-                             (shape[:axis] + (last,) + shape[axis + 1:],))
-    return tuple(cols.chunks(chunk_cls, zip((before + (k * rows,) + after for k in range(n)),
-                                            shapes)))
+    return Slabs(cols, chunk_cls, shape, axis, rows)
 
 
 def _slab(k: int) -> str:
     return f"slab {k}"
+
+
+class Slabs(_Sequence):
+    """The chunks of a grid, in slab order: a read-only sequence equal to the tuple of
+    them, each chunk made from the compact columns when it is read and not kept (a chunk
+    object and its strings take ten times the bytes of its slab in the manifest)."""
+
+    __slots__ = ("_cols", "_make", "_shape", "_axis", "_rows")
+
+    def __init__(self, cols: "Columns", chunk_cls, shape: Tuple[int, ...], axis: int,
+                 rows: int) -> None:
+        self._cols, self._make = cols, chunk_cls
+        self._shape, self._axis, self._rows = shape, axis, rows
+
+    def __len__(self) -> int:
+        return len(self._cols.offset)
+
+    def _boxes(self, ks: Iterable[int]) -> Iterator[Tuple[tuple, tuple]]:
+        shape, axis, rows = self._shape, self._axis, self._rows
+        before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
+        full = shape[:axis] + (rows,) + shape[axis + 1:]
+        last = len(self) - 1
+        for k in ks:
+            yield before + (k * rows,) + after, full if k < last else \
+                _slab_shape(shape, axis, rows, k)
+
+    def __iter__(self) -> Iterator:
+        return self._cols.chunks(self._make, self._boxes(range(len(self))))
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(len(self))[k])
+        n = len(self)
+        k = k + n if -n <= k < 0 else k
+        if not 0 <= k < n:
+            raise IndexError("slab index out of range")
+        return self._cols.chunk(self._make, k, *next(self._boxes((k,))))
+
+    def __eq__(self, other):
+        if not isinstance(other, (tuple, Slabs)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Slabs({len(self)} chunks of an array of shape {list(self._shape)})"
 
 
 #: chunks made from the columns at a time (bounds the per-field lists made for them)
@@ -151,6 +194,15 @@ class Columns(NamedTuple):
     digests: bytes  # the decoded ``digests`` column
     names: List[str]
     base_of: List[Optional[str]]
+
+    def chunk(self, chunk_cls, k: int, start: tuple, shape: tuple):
+        """``chunk_cls`` of row (slab) ``k``, of box ``start``, ``shape``."""
+        n, digests, s = len(self.offset), self.digests, int(self.source[k])
+        return chunk_cls(self.names[s], int(self.offset[k]), int(self.length[k]), start, shape,
+                         CODEC_NUMBERS[int(self.codec[k])],
+                         "crc32c:%08x" % int.from_bytes(digests[4 * k:4 * k + 4], "little"),
+                         "xxh3-128:" + digests[4 * n + 16 * k:4 * n + 16 * k + 16].hex(),
+                         self.base_of[s])
 
     def chunks(self, chunk_cls, boxes: Iterable[Tuple[tuple, tuple]]) -> Iterator:
         """``chunk_cls`` of each row (slab), in order, of ``(start, shape)`` from ``boxes``;
