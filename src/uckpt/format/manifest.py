@@ -218,7 +218,7 @@ class Manifest:
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
         """Check and read a manifest of any version this uckpt reads (raises ManifestError)."""
         checksum = integrity.check(data, where)  # first: damage is told as damage
-        memory.check_manifest(len(data), where)
+        memory.check_manifest(data, where)
         try:
             try:
                 doc = strict_json_loads(data)
