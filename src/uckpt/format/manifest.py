@@ -91,6 +91,8 @@ class ArrayEntry:
     path: str
     dtype: str
     shape: Tuple[int, ...]
+    #: a tuple; read from a grid listing, a ``grid.Slabs``: a sequence equal to the tuple,
+    #: whose chunks are made from compact columns each time they are read
     chunks: Tuple[Chunk, ...]
     #: the Merkle root a version-4 manifest recorded ("" for older versions, and for a row
     #: of a version-6 table, which leaves it to be computed: :meth:`recorded_root`)
@@ -379,23 +381,25 @@ def _slot_setters(cls) -> tuple:
 
 _CHUNK_SET = _slot_setters(Chunk)
 _ENTRY_SET = _slot_setters(ArrayEntry)
+_new_object = object.__new__
 
 
-def _chunk(*fields) -> Chunk:
-    """A checked Chunk from its fields in their order, without the frozen ``__init__``
-    (which sets each field through ``object.__setattr__``: a third of the time a manifest
-    of many small arrays takes to read)."""
-    obj = object.__new__(Chunk)
-    for put, value in zip(_CHUNK_SET, fields):
-        put(obj, value)
+def _chunk(file, offset, length, start, shape, codec, checksum, hash, base) -> Chunk:
+    """A checked Chunk, without the frozen ``__init__`` (which sets each field through
+    ``object.__setattr__``: a third of the time a manifest of many small arrays takes to
+    read)."""
+    obj = _new_object(Chunk)
+    f, o, n, st, sh, c, ck, h, b = _CHUNK_SET
+    f(obj, file), o(obj, offset), n(obj, length), st(obj, start), sh(obj, shape)
+    c(obj, codec), ck(obj, checksum), h(obj, hash), b(obj, base)
     return obj
 
 
-def _entry(*fields) -> ArrayEntry:
-    """A checked ArrayEntry from its fields in their order (as :func:`_chunk`)."""
-    obj = object.__new__(ArrayEntry)
-    for put, value in zip(_ENTRY_SET, fields):
-        put(obj, value)
+def _entry(path, dtype, shape, chunks, root) -> ArrayEntry:
+    """A checked ArrayEntry (as :func:`_chunk`)."""
+    obj = _new_object(ArrayEntry)
+    p, d, s, c, r = _ENTRY_SET
+    p(obj, path), d(obj, dtype), s(obj, shape), c(obj, chunks), r(obj, root)
     return obj
 
 
