@@ -22,9 +22,9 @@ SLOW_MODULES = {
     "test_chainer_compat", "test_chainer_resume", "test_cli", "test_comm", "test_convert_cli",
     "test_convert_diff", "test_convert_frameworks", "test_convert_safety", "test_crash",
     "test_cuda", "test_demo", "test_distributed", "test_fuzz_checkpoint", "test_fuzz_convert",
-    "test_horovod_comm", "test_horovod_train", "test_keras_distributed", "test_preemption",
-    "test_readme", "test_rng_frameworks", "test_s3_lease", "test_s3_store", "test_s3_tier",
-    "test_shared_root",
+    "test_horovod_comm", "test_horovod_train", "test_keras_distributed", "test_manifest_memory",
+    "test_preemption", "test_readme", "test_rng_frameworks", "test_s3_lease", "test_s3_store",
+    "test_s3_tier", "test_shared_root",
     "test_tf_adapter", "test_tf_callback", "test_tf_resume", "test_torch_dtensor",
     "test_torch_e2e", "test_torch_restart",
     # added with issues 12-18: TensorFlow imports, training runs, several processes

@@ -112,25 +112,37 @@ def check(need: int, max_bytes: Optional[int], what: str, where: str, leaf=None)
                            leaf=leaf, need=need, limit=limit, hint=_MAX_HINT)
 
 
-#: the most resident memory parsing a manifest takes, per byte of it (measured, see
-#: docs/benchmarks.md: up to 38 for a version-6 table of many small arrays)
-PARSE_FACTOR = 40
+#: the most resident memory parsing a manifest takes: this many bytes per byte of it, plus
+#: the two below per JSON container ('[' or '{' byte) and per '"' byte in it (each a Python
+#: object however short its text; the bytes counted in strings too, so never less). Measured
+#: on every kind of manifest (tables, grids, chunk lists, metadata of empty or nested lists,
+#: short strings, small objects), each bound at least 20% above the most seen: see
+#: docs/benchmarks.md
+PARSE_PER_BYTE = 6
+PARSE_PER_CONTAINER = 150
+PARSE_PER_QUOTE = 40
 
 
-def check_manifest(size: int, where: str) -> None:
-    """Refuse (MemoryLimitError) parsing a manifest of ``size`` bytes at ``where`` when
-    ``PARSE_FACTOR`` times that is more than the memory available (for manifests over
-    ``UNCHECKED_BYTES`` / ``PARSE_FACTOR``): a process under a cgroup limit would be
-    killed, not given a MemoryError."""
-    need = PARSE_FACTOR * size
-    if need <= UNCHECKED_BYTES:
+def parse_bytes(data: bytes) -> int:
+    """The most memory parsing manifest ``data`` may take (see ``PARSE_PER_BYTE``)."""
+    return (PARSE_PER_BYTE * len(data) + PARSE_PER_QUOTE * data.count(b'"') +
+            PARSE_PER_CONTAINER * (data.count(b"[") + data.count(b"{")))
+
+
+def check_manifest(data: bytes, where: str) -> None:
+    """Refuse (MemoryLimitError) parsing manifest ``data`` at ``where`` when it may need
+    (:func:`parse_bytes`) more than the memory available (for manifests that may need
+    more than ``UNCHECKED_BYTES``): a process under a cgroup limit would be killed, not
+    given a MemoryError."""
+    if (PARSE_PER_BYTE + PARSE_PER_CONTAINER) * len(data) <= UNCHECKED_BYTES:
         return
     limit = available_bytes()
+    need = parse_bytes(data) if limit is not None else 0
     if limit is not None and need > limit:
         raise MemoryLimitError(
-            f"{where}: parsing this manifest of {size} bytes may take up to {need} bytes, "
-            f"more than the memory available to this process ({limit} bytes); refused "
-            "before parsing", path=where, need=need, limit=limit,
+            f"{where}: parsing this manifest of {len(data)} bytes may take up to {need} "
+            f"bytes, more than the memory available to this process ({limit} bytes); "
+            "refused before parsing", path=where, need=need, limit=limit,
             hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
                  "memory.max, free memory)")
 

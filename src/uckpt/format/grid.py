@@ -14,7 +14,9 @@ import base64
 import binascii
 import math
 import zlib
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from collections.abc import Sequence as _Sequence
+from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import numpy as np
 
@@ -123,28 +125,103 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
         return out
 
     cols = read_columns(p, g, at, n, files, bases, expected, max_ratio, _slab)
-    full = shape[:axis] + (rows,) + shape[axis + 1:]
-    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
-    return tuple(map(
-        chunk_cls, cols.files, cols.offsets, cols.lengths,
-        [before + (k * rows,) + after for k in range(n)],
-        [full] * (n - 1) + [shape[:axis] + (last,) + shape[axis + 1:]],
-        cols.codecs, cols.checksums, cols.hashes, cols.bases))
+    return Slabs(cols, chunk_cls, shape, axis, rows)
 
 
 def _slab(k: int) -> str:
     return f"slab {k}"
 
 
+class Slabs(_Sequence):
+    """The chunks of a grid, in slab order: a read-only sequence equal to the tuple of
+    them, each chunk made from the compact columns when it is read and not kept (a chunk
+    object and its strings take ten times the bytes of its slab in the manifest)."""
+
+    __slots__ = ("_cols", "_make", "_shape", "_axis", "_rows")
+
+    def __init__(self, cols: "Columns", chunk_cls, shape: Tuple[int, ...], axis: int,
+                 rows: int) -> None:
+        self._cols, self._make = cols, chunk_cls
+        self._shape, self._axis, self._rows = shape, axis, rows
+
+    def __len__(self) -> int:
+        return len(self._cols.offset)
+
+    def _boxes(self, ks: Iterable[int]) -> Iterator[Tuple[tuple, tuple]]:
+        shape, axis, rows = self._shape, self._axis, self._rows
+        before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
+        full = shape[:axis] + (rows,) + shape[axis + 1:]
+        last = len(self) - 1
+        for k in ks:
+            yield before + (k * rows,) + after, full if k < last else \
+                _slab_shape(shape, axis, rows, k)
+
+    def __iter__(self) -> Iterator:
+        return self._cols.chunks(self._make, self._boxes(range(len(self))))
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return tuple(self[i] for i in range(len(self))[k])
+        n = len(self)
+        k = k + n if -n <= k < 0 else k
+        if not 0 <= k < n:
+            raise IndexError("slab index out of range")
+        return self._cols.chunk(self._make, k, *next(self._boxes((k,))))
+
+    def __eq__(self, other):
+        if not isinstance(other, (tuple, Slabs)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"Slabs({len(self)} chunks of an array of shape {list(self._shape)})"
+
+
+#: chunks made from the columns at a time (bounds the per-field lists made for them)
+_BLOCK = 4096
+
+
 class Columns(NamedTuple):
-    """The per-chunk fields the columns hold, as lists in row (slab) order."""
-    files: List[str]
-    offsets: List[int]
-    lengths: List[int]
-    codecs: List[str]
-    checksums: List[str]
-    hashes: List[str]
-    bases: List[Optional[str]]
+    """The per-chunk fields the columns hold, compact (NumPy arrays and bytes) in row (slab)
+    order; :meth:`chunks` makes the chunk objects from them."""
+    source: np.ndarray  # index into names / base_of
+    offset: np.ndarray
+    length: np.ndarray
+    codec: np.ndarray  # index into CODEC_NUMBERS
+    digests: bytes  # the decoded ``digests`` column
+    names: List[str]
+    base_of: List[Optional[str]]
+
+    def chunk(self, chunk_cls, k: int, start: tuple, shape: tuple):
+        """``chunk_cls`` of row (slab) ``k``, of box ``start``, ``shape``."""
+        n, digests, s = len(self.offset), self.digests, int(self.source[k])
+        return chunk_cls(self.names[s], int(self.offset[k]), int(self.length[k]), start, shape,
+                         CODEC_NUMBERS[int(self.codec[k])],
+                         "crc32c:%08x" % int.from_bytes(digests[4 * k:4 * k + 4], "little"),
+                         "xxh3-128:" + digests[4 * n + 16 * k:4 * n + 16 * k + 16].hex(),
+                         self.base_of[s])
+
+    def chunks(self, chunk_cls, boxes: Iterable[Tuple[tuple, tuple]]) -> Iterator:
+        """``chunk_cls`` of each row (slab), in order, of ``(start, shape)`` from ``boxes``;
+        made a block at a time, so no list of a field for every row is ever held."""
+        n = len(self.offset)
+        names, base_of, digests = self.names, self.base_of, self.digests
+        crcs = np.frombuffer(digests, "<u4", n)
+        boxes = iter(boxes)
+        for at in range(0, n, _BLOCK):
+            end = min(n, at + _BLOCK)
+            hexes = digests[4 * n + 16 * at:4 * n + 16 * end].hex()
+            for k, (s, off, ln, c, crc) in enumerate(zip(
+                    self.source[at:end].tolist(), self.offset[at:end].tolist(),
+                    self.length[at:end].tolist(), self.codec[at:end].tolist(),
+                    crcs[at:end].tolist())):
+                start, shape = next(boxes)
+                yield chunk_cls(names[s], off, ln, start, shape, CODEC_NUMBERS[c],
+                                "crc32c:%08x" % crc, "xxh3-128:" + hexes[32 * k:32 * k + 32],
+                                base_of[s])
 
 
 def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], np.ndarray],
@@ -170,8 +247,9 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     for name, width in _COLUMNS:
         planes = np.frombuffer(layout, np.uint8, width * n, pos).reshape(width, n)
         cols[name] = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(n).astype(
-            np.uint64)
+            np.uint64 if width == 8 else np.uint32 if width == 4 else np.uint8)
         pos += width * n
+    del layout, planes  # (decoded: not held while the chunks are made)
     offset, length, source, codec = (cols[c] for c, _ in _COLUMNS)
     _check_columns(p, at, offset, length, source, codec, len(names), p.codecs, label)
     # every chunk within its file (both terms below 2**63: their sum fits uint64)
@@ -186,13 +264,7 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     if unused.size:
         p.fail(at + f".sources[{int(unused[0])}]", f"no {unit} is stored there (a writer "
                                                    "lists exactly the sources it uses)")
-    hexes = digests[4 * n:].hex()
-    src = source.tolist()
-    return Columns([names[s] for s in src], offset.tolist(), length.tolist(),
-                   [CODEC_NUMBERS[c] for c in codec.tolist()],
-                   ["crc32c:%08x" % v for v in np.frombuffer(digests, "<u4", n).tolist()],
-                   ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)],
-                   [base_of[s] for s in src])
+    return Columns(source, offset, length, codec, digests, names, base_of)
 
 
 def _sources(p, obj, at: str, n: int, files, bases, unit: str):

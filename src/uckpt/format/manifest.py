@@ -12,6 +12,7 @@ file names that leave the checkpoint directory are all errors naming the field.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -54,7 +55,7 @@ _CHUNK_FIELDS_V4 = _CHUNK_FIELDS + ("hash",)
 _HASH = re.compile(hashing.PREFIX + "[0-9a-f]{32}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """A box of an array (``start`` and ``shape`` in the global index space) stored in ``file``."""
 
@@ -85,11 +86,13 @@ class Chunk:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ArrayEntry:
     path: str
     dtype: str
     shape: Tuple[int, ...]
+    #: a tuple; read from a grid listing, a ``grid.Slabs``: a sequence equal to the tuple,
+    #: whose chunks are made from compact columns each time they are read
     chunks: Tuple[Chunk, ...]
     #: the Merkle root a version-4 manifest recorded ("" for older versions, and for a row
     #: of a version-6 table, which leaves it to be computed: :meth:`recorded_root`)
@@ -126,7 +129,7 @@ class ArrayEntry:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FileEntry:
     name: str
     rank: int
@@ -217,7 +220,7 @@ class Manifest:
     def parse(cls, data: bytes, where: str = MANIFEST_NAME) -> "Manifest":
         """Check and read a manifest of any version this uckpt reads (raises ManifestError)."""
         checksum = integrity.check(data, where)  # first: damage is told as damage
-        memory.check_manifest(len(data), where)
+        memory.check_manifest(data, where)
         try:
             try:
                 doc = strict_json_loads(data)
@@ -339,9 +342,8 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
             return None
     elif not 0 < n <= MAX_RATIO * length:  # compressed (docs/format.md section 6.3)
         return None
-    return _new(Chunk, file=name, offset=offset, length=length, start=tuple(start),
-                shape=tuple(cshape), codec=obj["codec"], checksum=checksum, hash=content,
-                base=base)
+    return _chunk(name, offset, length, tuple(start), tuple(cshape), obj["codec"], checksum,
+                  content, base)
 
 
 def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
@@ -371,28 +373,39 @@ def _one_whole_chunk(chunks, shape) -> bool:
     return len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)
 
 
+def _slot_setters(cls) -> tuple:
+    """The slot descriptors' setters of ``cls``'s fields, in order (they set a field of a
+    frozen instance without its ``__setattr__``)."""
+    return tuple(getattr(cls, f.name).__set__ for f in dataclasses.fields(cls))
+
+
+_CHUNK_SET = _slot_setters(Chunk)
+_ENTRY_SET = _slot_setters(ArrayEntry)
+_new_object = object.__new__
+
+
 def _chunk(file, offset, length, start, shape, codec, checksum, hash, base) -> Chunk:
-    """A checked Chunk, made as :func:`_new` makes one (the fields in their order)."""
-    obj = object.__new__(Chunk)
-    obj.__dict__.update(file=file, offset=offset, length=length, start=start, shape=shape,
-                        codec=codec, checksum=checksum, hash=hash, base=base)
+    """A checked Chunk, without the frozen ``__init__`` (which sets each field through
+    ``object.__setattr__``: a third of the time a manifest of many small arrays takes to
+    read)."""
+    obj = _new_object(Chunk)
+    f, o, n, st, sh, c, ck, h, b = _CHUNK_SET
+    f(obj, file), o(obj, offset), n(obj, length), st(obj, start), sh(obj, shape)
+    c(obj, codec), ck(obj, checksum), h(obj, hash), b(obj, base)
+    return obj
+
+
+def _entry(path, dtype, shape, chunks, root) -> ArrayEntry:
+    """A checked ArrayEntry (as :func:`_chunk`)."""
+    obj = _new_object(ArrayEntry)
+    p, d, s, c, r = _ENTRY_SET
+    p(obj, path), d(obj, dtype), s(obj, shape), c(obj, chunks), r(obj, root)
     return obj
 
 
 def _row_entry(path: str, dtype: str, shape: Tuple[int, ...], chunk: Chunk) -> ArrayEntry:
     """The entry of a checked table row (no recorded root: ``ArrayEntry.recorded_root``)."""
-    obj = object.__new__(ArrayEntry)
-    obj.__dict__.update(path=path, dtype=dtype, shape=shape, chunks=(chunk,), root="")
-    return obj
-
-
-def _new(cls, **fields):
-    """An instance of the frozen dataclass ``cls`` from checked fields, without its
-    ``__init__`` (which sets each field through ``object.__setattr__``: a third of the
-    time a manifest of many small arrays takes to read)."""
-    obj = object.__new__(cls)
-    obj.__dict__.update(fields)
-    return obj
+    return _entry(path, dtype, shape, (chunk,), "")
 
 
 class _Parser:
@@ -481,8 +494,9 @@ class _Parser:
         merkle = self.hash_text(doc["merkle_root"], "merkle_root") if version >= 4 else ""
         arrays = self.arrays(doc["arrays"], files, bases)
         if "table" in doc:
-            arrays.update(table.decode(self, doc["table"], arrays, files, bases, _chunk,
-                                       _row_entry, MAX_RATIO))
+            table.decode(self, doc["table"], arrays, files, bases, _chunk, _row_entry,
+                         MAX_RATIO)
+            del doc["table"]  # (its JSON lists and text, decoded: freed before the tree's check)
         self.bases_used(bases, arrays)
         tree = doc["tree"]
         self.need(tree, "tree", dict, "a node object")
@@ -566,8 +580,7 @@ class _Parser:
                 dtype, shape, chunks, root = fast
                 if not _one_whole_chunk(chunks, shape):
                     self.coverage(chunks, shape, f"arrays[{_key(path)}]")
-                out[path] = _new(ArrayEntry, path=path, dtype=dtype, shape=shape,
-                                 chunks=chunks, root=root)
+                out[path] = _entry(path, dtype, shape, chunks, root)
             else:
                 out[path] = self.checked_array(path, entry, files, bases)
         return out
@@ -760,7 +773,10 @@ class _Parser:
                 if not int_keys and depth < MAX_TREE_DEPTH and type(v) is dict and \
                         v.keys() == _ARRAY_NODE_KEYS and \
                         v["type"] == "array" and type(v["path"]) is str and v["path"] in arrays:
-                    continue  # a plain array leaf, valid (the common case, checked inline)
+                    # a plain array leaf, valid (the common case, checked inline); it keeps
+                    # the entry's path string and one "array", not copies of its own
+                    v["type"], v["path"] = "array", arrays[v["path"]].path
+                    continue
                 if int_keys:
                     if len(k) > MAX_KEY_DIGITS + k.startswith("-"):
                         self.fail(loc + ".items", f"an int key of {len(k)} characters; the "

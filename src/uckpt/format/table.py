@@ -4,12 +4,12 @@ Arrays that are each one chunk covering the whole array are listed as rows of on
 top-level ``table``: their paths, dtypes and shapes as JSON lists, their chunks' fields
 in the binary columns of a grid (:mod:`.grid`, section 15.2). :func:`whole` tells
 whether an array qualifies, :func:`encode` writes the table, :func:`decode` checks one and
-returns its array entries (every list and text length checked against the number of rows
+adds its array entries to those of ``arrays`` (every list and text length checked against the number of rows
 before anything is decoded).
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from .values import MAX_DIMS, MAX_INT
 from .values import show as _show
 
 FIELDS = ("paths", "dtypes", "shapes", "sources", "layout", "digests")
+_DTYPE = {name: name for name in dtypes.NAMES}
 
 
 def whole(entry) -> bool:
@@ -34,11 +35,12 @@ def encode(entries) -> Dict:
             **grid.columns([e.chunks[0] for e in entries])}
 
 
-def decode(p, t, listed, files, bases, chunk_cls, new_entry, max_ratio: int) -> Dict:
-    """Check ``table`` object ``t`` and return its array entries by path, in row order.
+def decode(p, t, listed: Dict, files, bases, chunk_cls, new_entry, max_ratio: int) -> None:
+    """Check ``table`` object ``t`` and add its array entries to ``listed`` (path -> entry,
+    those of ``arrays``), in row order.
 
     ``p`` is the manifest parser (its ``fail``, ``need``, ``fields``, ``plain_name``,
-    ``codecs``); ``listed``: the paths of ``arrays``; ``files``: name -> FileEntry;
+    ``codecs``); ``files``: name -> FileEntry;
     ``bases``: base -> file -> size; ``new_entry(path, dtype, shape, chunk)`` makes an
     array entry; ``max_ratio``: raw bytes per stored byte a compressed chunk may hold."""
     at = "table"
@@ -59,21 +61,28 @@ def decode(p, t, listed, files, bases, chunk_cls, new_entry, max_ratio: int) -> 
     if unknown is not None:
         p.fail(f"{at}.dtypes[{unknown}]", f"{_show(names[unknown])} is not a dtype of the "
                                           f"format ({_row(paths, unknown)})")
+    names[:] = map(_DTYPE.__getitem__, names)  # the format's own strings: not one per row
     expected = np.fromiter((_nbytes(p, at, paths, k, dtypes.itemsize(names[k]), shape)
                             for k, shape in enumerate(shapes)), np.uint64, n)
     cols = grid.read_columns(p, t, at, n, files, bases, lambda: expected, max_ratio,
                              lambda k: f"row {k} ({paths[k]!r:.80})")
+    for path, name, chunk in zip(paths, names, cols.chunks(chunk_cls, _boxes(shapes))):
+        listed[path] = new_entry(path, name, chunk.shape, chunk)
+
+
+def _boxes(shapes: List) -> Iterator[Tuple[tuple, tuple]]:
+    """``(start, shape)`` of each row: one tuple per distinct shape, shared by its rows;
+    each JSON list replaced as its row is made (the lists and the tuples are not both held)."""
+    seen: Dict[tuple, tuple] = {}
     zeros: Dict[int, tuple] = {}
-    out = {}
-    for k, (path, name, shape) in enumerate(zip(paths, names, shapes)):
+    for k, shape in enumerate(shapes):
         shape = tuple(shape)
+        shape = seen.setdefault(shape, shape)
+        shapes[k] = None
         start = zeros.get(len(shape))
         if start is None:
             start = zeros[len(shape)] = (0,) * len(shape)
-        chunk = chunk_cls(cols.files[k], cols.offsets[k], cols.lengths[k], start, shape,
-                          cols.codecs[k], cols.checksums[k], cols.hashes[k], cols.bases[k])
-        out[path] = new_entry(path, name, shape, chunk)
-    return out
+        yield start, shape
 
 
 def _check_paths(p, at: str, paths: List, listed) -> None:
