@@ -73,6 +73,13 @@ class CheckpointExistsError(_OSFlavoured, FileExistsError):
         super().__init__(message, **kw)
 
 
+class StepOrderError(UckptError, ValueError):
+    """A ``CheckpointManager`` save of a step that is not above the newest step of the
+    root's live line (a rollback, or a second stage counting from 1 again): refused before
+    anything is written, since retention ranks by step and would delete it. ``newer``
+    lists the newer steps."""
+
+
 # --- reading the manifest ------------------------------------------------------------
 class ManifestError(UckptError, ValueError):
     """The manifest is malformed: a field is missing, of the wrong type or inconsistent."""

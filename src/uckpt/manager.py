@@ -31,6 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
+from . import rollback as _rollback
 from .api import damage_behind, load_from
 from .commit import check_metadata
 from .codecs import compression_of
@@ -49,7 +50,7 @@ from .gcpause import pausing
 from .incremental import Baseline
 from .reader import read_manifest
 from .reverify import Verifier
-from .storage.base import step_of
+from .storage.base import step_dir_name, step_of
 from .tiers import Tier, as_tier
 
 # what makes restore() fall back to another copy or an older checkpoint; state mismatches do not
@@ -57,10 +58,6 @@ _DAMAGE = (CorruptCheckpointError, ManifestError, CheckpointNotFoundError, NotAC
 _open_managers: "weakref.WeakSet[CheckpointManager]" = weakref.WeakSet()
 log = logging.getLogger("uckpt.manager")
 _ROLES = ("auto", "writer", "reader")
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 class CheckpointManager:
@@ -165,7 +162,7 @@ class CheckpointManager:
                  compression_level: Optional[int] = None,
                  late_snapshot: Any = None,
                  incremental: bool = False, full_every: int = 10,
-                 reverify_every: int = 10) -> None:
+                 reverify_every: int = 10, on_rollback: str = "refuse") -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         if keep_last is not None and keep is not None:
@@ -189,6 +186,8 @@ class CheckpointManager:
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
         self.compression = compression_of(compression, compression_level)
+        self.on_rollback = _rollback.check_mode(on_rollback)
+        self._newest = -1  # the newest step of the live line (known once a writer)
         self.role = role
         self.concurrent_writers = bool(concurrent_writers)
         self._locks: List[Any] = []
@@ -283,6 +282,7 @@ class CheckpointManager:
                 tier.store.remove_debris()
         if self.comm.size > 1:  # no rank may start a save while another still removes debris
             self.comm.barrier()
+        _rollback.resume(self)  # finishes a rollback a killed writer left
 
     def wait(self) -> None:
         """Block until every save and copy so far is done; raise a background error."""
@@ -292,9 +292,11 @@ class CheckpointManager:
         self._raise_background_errors()
 
     # -- queries -----------------------------------------------------------------------------
-    def path(self, step: int, tier: int = 0) -> Union[Path, str]:
-        """Where checkpoint ``step`` is (or would be) on ``tier``: a Path, or a URL."""
-        return self.tiers[tier].store.location(step_dir_name(step))
+    def path(self, step: int, tier: int = 0, archive: Optional[str] = None) -> Union[Path, str]:
+        """Where checkpoint ``step`` is (or would be) on ``tier``: a Path, or a URL;
+        ``archive``: in that archive of rolled-back steps (see :meth:`archived`)."""
+        store = self.tiers[tier].store
+        return (store.within(archive) if archive else store).location(step_dir_name(step))
 
     def steps(self) -> List[int]:
         """Steps committed on any tier, oldest first."""
@@ -363,6 +365,7 @@ class CheckpointManager:
             meta["metrics"] = {k: float(v) for k, v in metrics.items()}
         check_metadata(meta)
         self._become_writer()
+        _rollback.before_save(self, step, overwrite)
         # one path for any number of ranks; with several, an error before the save is told
         # to the other ranks (in one process it is raised here, before anything is written)
         flat = flatten_shared(state, self.comm)
@@ -422,6 +425,30 @@ class CheckpointManager:
         if exiting:
             self._exit_after_final_save(step)
         return result
+
+    def rollback(self, to: int) -> List[int]:
+        """Take every step above ``to`` off the live line, on every tier, and keep it in an
+        archive of the root (see ``on_rollback``); returns those steps (oldest first).
+        Collective with several ranks; makes this manager the writer."""
+        self._check_open()
+        self.wait()
+        self._become_writer()
+        if not isinstance(to, int) or isinstance(to, bool) or to < 0:
+            raise ValueError(f"to must be a step (an int >= 0), got {to!r}")
+        return _rollback.roll_back(self, to)
+
+    def archived(self) -> Dict[str, List[int]]:
+        """The archives of rolled-back steps: ``{"rollback_0001": [8, 9, 10], ...}``; each is
+        a root of its own, ``self.path(step, archive=...)`` a checkpoint in it."""
+        return _rollback.archived(self)
+
+    def _forget(self, steps: Sequence[int]) -> None:
+        """Steps left the live line: forget what was cached of them; the next save starts
+        a new incremental chain (it never refers to an archived checkpoint)."""
+        for cache in (self._info_cache, self._bases, self._nbytes):
+            for key in [k for k in cache if k[1] in steps]:
+                del cache[key]
+        self._baseline, self._chain = None, 0
 
     def save_costs(self):
         """Medians of what recent saves cost (:class:`uckpt.costs.CostSummary`: stall,

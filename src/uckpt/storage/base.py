@@ -279,8 +279,41 @@ class Store:
     def prepare_root(self) -> None:
         """Writer only: create the root if it does not exist."""
 
+    # -- archives of rolled-back steps (:mod:`uckpt.storage.archive`) ----------------------
+    def record(self, name: str) -> Optional[bytes]:
+        """The bytes of the small root-level record ``name`` (capped), None if absent."""
+        raise NotImplementedError
+
+    def put_record(self, name: str, data: bytes) -> None:
+        """Writer only: write root-level record ``name`` atomically and durably."""
+        raise NotImplementedError
+
+    def drop_record(self, name: str) -> None:
+        """Writer only: remove root-level record ``name`` (absent is fine)."""
+        raise NotImplementedError
+
+    def archive(self, name: str, into: str, keep: bool = False) -> bool:
+        """Writer only: move committed checkpoint ``name`` to ``into/name`` (``keep``: copy
+        it there, hard links where the store has them, and keep it here), the manifest
+        last there and, moving, first here. Idempotent: finishes a move or copy a kill
+        interrupted. False if ``name`` is committed in neither place."""
+        raise NotImplementedError
+
+    def archives(self) -> List[str]:
+        """Names of the archives under the root (``rollback_NNNN``), oldest first."""
+        raise NotImplementedError
+
+    def within(self, into: str) -> "Store":
+        """The archive ``into`` of this root as a root of its own."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where!r})"
+
+
+def step_dir_name(step: int) -> str:
+    """The name of checkpoint ``step`` in a ``CheckpointManager`` root."""
+    return f"step_{step:08d}"
 
 
 def step_of(name: str) -> Optional[int]:

@@ -26,7 +26,8 @@ from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestEr
 from ..format import MANIFEST_NAME
 from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
     remove_debris
-from . import base
+from . import archive_local, base
+from .archive import hidden_steps
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
 
 log = logging.getLogger("uckpt.storage.local")
@@ -382,7 +383,9 @@ class LocalStore(Store):
         return self.root / name
 
     def steps(self) -> List[int]:
-        return committed_steps(self.root)
+        steps = committed_steps(self.root)
+        hidden = hidden_steps(self) if steps else ()
+        return [s for s in steps if s not in hidden] if hidden else steps
 
     def has(self, name: str) -> bool:
         return (self.root / name / MANIFEST_NAME).exists()
@@ -432,3 +435,21 @@ class LocalStore(Store):
 
     def prepare_root(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def record(self, name: str) -> Optional[bytes]:
+        return archive_local.read_record(self.root, name)
+
+    def put_record(self, name: str, data: bytes) -> None:
+        archive_local.put_record(self.root, name, data)
+
+    def drop_record(self, name: str) -> None:
+        archive_local.drop_record(self.root, name)
+
+    def archive(self, name: str, into: str, keep: bool = False) -> bool:
+        return archive_local.archive(self.root, name, into, keep)
+
+    def archives(self) -> List[str]:
+        return archive_local.archives(self.root)
+
+    def within(self, into: str) -> "LocalStore":
+        return LocalStore(self.root / into)

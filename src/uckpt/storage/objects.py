@@ -35,7 +35,8 @@ from .. import knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
                       NotACheckpointError)
 from ..format import MANIFEST_NAME
-from . import base
+from . import archive_objects, base
+from .archive import hidden_steps
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
 from .object_lock import CONCURRENT_DIR, LOCK_NAME, ObjectWriterLock  # noqa: F401 (re-exported)
 from .s3 import S3Client
@@ -265,8 +266,10 @@ class ObjectStore(Store):
         return out
 
     def steps(self) -> List[int]:
-        return sorted(int(m.group(1)) for name, files in self._listing().items()
-                      for m in [STEP_NAME.match(name)] if m and MANIFEST_NAME in files)
+        steps = sorted(int(m.group(1)) for name, files in self._listing().items()
+                       for m in [STEP_NAME.match(name)] if m and MANIFEST_NAME in files)
+        hidden = hidden_steps(self) if steps else ()
+        return [s for s in steps if s not in hidden] if hidden else steps
 
     def has(self, name: str) -> bool:
         return self.client.exists(self.key(name, MANIFEST_NAME))
@@ -362,4 +365,22 @@ class ObjectStore(Store):
 
     def prepare_root(self) -> None:
         self.client._check_bucket()
+
+    def record(self, name: str) -> Optional[bytes]:
+        return archive_objects.read_record(self, name)
+
+    def put_record(self, name: str, data: bytes) -> None:
+        self.client.put(self.key(name), data)
+
+    def drop_record(self, name: str) -> None:
+        self.client.delete([self.key(name)])
+
+    def archive(self, name: str, into: str, keep: bool = False) -> bool:
+        return archive_objects.archive(self, name, into, keep)
+
+    def archives(self) -> List[str]:
+        return archive_objects.archives(self)
+
+    def within(self, into: str) -> "ObjectStore":
+        return ObjectStore(self.client, self.key(into))
 

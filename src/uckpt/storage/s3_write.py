@@ -149,3 +149,32 @@ class Writes:
             log.warning("could not abort the failed upload %s of %s (%s); "
                         "abort_incomplete_uploads() removes it later", upload_id,
                         self.url(key), e)
+
+    #: the largest object one CopyObject request copies (the S3 limit); larger ones are
+    #: copied in parts (UploadPartCopy)
+    copy_limit = 5 << 30
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copies object ``src`` to ``dst`` inside the bucket, on the server (nothing
+        passes through this process): one CopyObject, or parts of ``part_bytes`` (at
+        most 10,000) for an object over :attr:`copy_limit`."""
+        source = {"Bucket": self.bucket, "Key": src}
+        size = self.size(src)
+        if size <= self.copy_limit:
+            self._call("copy_object", dst, f"copying {self.url(src)} to", CopySource=source)
+            return
+        part = max(self.opts.part_bytes, -(-size // 10_000))
+        upload_id = self._call("create_multipart_upload", dst, "starting a copy to")["UploadId"]
+        parts = []
+        try:
+            for number, offset in enumerate(range(0, size, part), 1):
+                end = min(offset + part, size) - 1
+                answer = self._call("upload_part_copy", dst, f"copying part {number} to",
+                                    CopySource=source, CopySourceRange=f"bytes={offset}-{end}",
+                                    UploadId=upload_id, PartNumber=number)
+                parts.append({"PartNumber": number,
+                              "ETag": answer["CopyPartResult"]["ETag"]})
+            self._complete(dst, upload_id, parts, size)
+        except BaseException as e:
+            self._abort(dst, upload_id, e)
+            raise
