@@ -12,6 +12,11 @@
                                               [STEPS]") and each save refused for
                                               referring to it ("refused STEP"), then
                                               saved again in full
+    crash_saver.py ROOT --rollback            keep_last=3; now and then restores an earlier
+                                              step and continues from it on a new line:
+                                              ``rollback()``, or ``on_rollback="archive"``
+                                              (prints "rollback N LINE" before, "rolledback N
+                                              LINE" after, "committed STEP LINE" per save)
 """
 import logging
 import os
@@ -34,6 +39,10 @@ args = [a for a in sys.argv[1:] if not a.startswith("--")]
 asynchronous = "--async" in sys.argv
 bitrot = "--bitrot" in sys.argv
 incremental = "--incremental" in sys.argv or bitrot
+if "--rollback" in sys.argv:
+    import rollback_saver
+
+    rollback_saver.run(args[0])
 if bitrot:
     import incremental_common
 

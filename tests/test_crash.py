@@ -31,7 +31,8 @@ def check_step(path: Path, step: int) -> None:
 def run_kills(roots, extra_args, rnd, kills, lines=None, window=0.25):
     """Start the saver, kill it at a random moment (up to ``window`` seconds after it is
     ready), ``kills`` times; yield the newest step it reported as committed after each kill
-    (``lines``: gets every line it printed)."""
+    (``lines``: gets every line it printed, with its newline: the last line of a round
+    has none where the kill tore it)."""
     env = dict(os.environ, UCKPT_CHUNK_BYTES=str(256 << 10),
                UCKPT_INCREMENTAL_CHUNK_BYTES=str(incremental_common.CHUNK_BYTES))
     last, interrupted = 0, 0
@@ -39,14 +40,17 @@ def run_kills(roots, extra_args, rnd, kills, lines=None, window=0.25):
         p = subprocess.Popen([sys.executable, str(SAVER), *map(str, roots), *extra_args],
                              stdout=subprocess.PIPE, text=True, env=env)
         assert p.stdout.readline().strip() == "ready"
+        printed = []
         if i == 0:  # make sure a first checkpoint exists
-            assert p.stdout.readline().split() == ["committed", "1"]
+            printed.append(p.stdout.readline())
+            assert printed[0].split()[:2] == ["committed", "1"]
             last = 1
         time.sleep(rnd.uniform(0.0, window))
         p.send_signal(signal.SIGKILL)
-        for line in p.stdout.read().splitlines():
-            if lines is not None:
-                lines.append(line)
+        printed += p.stdout.read().splitlines(keepends=True)
+        if lines is not None:
+            lines.extend(printed)
+        for line in printed:
             words = line.split()  # the last line may be torn by the kill: "committed"
             if len(words) == 2 and words[0] == "committed" and words[1].isdigit():
                 last = max(last, int(words[1]))
@@ -185,3 +189,61 @@ def test_sigkill_during_incremental_saves_with_bit_rot_in_bases(tmp_path):
           "holding or referring to a flipped bit, committed before its detection or never "
           f"acknowledged); after {nothing} kills none was left to restore; 0 acknowledged "
           "after a detection lost, 0 inexact")
+
+
+@pytest.mark.timeout(900)
+def test_sigkill_while_rolling_back(tmp_path):
+    """The rollback pattern: the saver goes back to an earlier step now and then (by
+    rollback() or on_rollback="archive") and continues on a new line, and is SIGKILLed at
+    random moments. After each kill a reader and then a new writer (which finishes a
+    half-done rollback) restore: the newest acknowledged step of the live line is never
+    lost, and the restore is bitwise the state of the line the writer was on."""
+    from rollback_saver import empty, same
+    from uckpt.storage.archive import INTENT_NAME
+
+    root, lines, seen = tmp_path / "ck", [], 0
+    acked = {}  # step -> line: the acknowledged saves of the live line (and accepted ones)
+    counts = dict(kills=0, saves=0, rollbacks=0, mid_rollback=0)
+    for _ in run_kills([root], ["--rollback"], random.Random(4321), max(60, KILLS * 6 // 5),
+                       lines):
+        counts["kills"] += 1
+        events = [line.split() for line in lines[seen:] if line.endswith("\n")]  # not torn
+        seen = len(lines)
+        pending = None  # the saver goes on with the line of what it restored
+        line_now = acked[max(acked)] if acked else None
+        for words in events:
+            kind, step, line = words[0], int(words[1]), int(words[2])
+            if kind == "rollback":
+                pending, line_now = (step, line), line
+                counts["rollbacks"] += 1
+            elif kind == "rolledback" or (kind == "committed" and pending and
+                                          line == pending[1]):
+                acked = {s: v for s, v in acked.items() if s <= pending[0]}
+                pending = None
+            if kind == "committed":
+                acked[step], line_now = line, line
+                counts["saves"] += 1
+        counts["mid_rollback"] += (root / INTENT_NAME).exists()
+        reader = uckpt.CheckpointManager(root, role="reader")  # sees the line as it will be
+        seen = empty()
+        seen_step = reader.restore(seen)
+        writer = uckpt.CheckpointManager(root, role="writer")  # finishes a rollback
+        out = empty()
+        got = (writer.restore(out), out["line"])
+        assert got == (seen_step, seen["line"]) and same(out, *got)
+        assert not (root / INTENT_NAME).exists()
+        newest = max(acked)
+        allowed = {(newest, acked[newest])}  # what was acknowledged last ...
+        if line_now is not None and (pending is None or line_now != pending[1]):
+            allowed.add((newest + 1, line_now))  # ... or one more, committed, not printed
+        if pending is not None:  # a rollback begun: done (its intent record) or not
+            before = {s: v for s, v in acked.items() if s <= pending[0]}
+            allowed |= {(pending[0], before[pending[0]]), (pending[0] + 1, pending[1])}
+        assert got in allowed, f"restored {got}, acknowledged {sorted(acked.items())}, " \
+            f"rollback begun: {pending}"
+        if pending is not None and got[0] <= pending[0] + 1 and got != (newest, acked[newest]):
+            acked = {s: v for s, v in acked.items() if s <= pending[0]}
+        acked[got[0]] = got[1]
+        writer.close()
+    print("rollback crash run:", counts)
+    assert counts["rollbacks"] >= counts["kills"] // 2 and counts["mid_rollback"] >= 1
