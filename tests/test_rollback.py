@@ -107,18 +107,21 @@ def test_rollback_keeps_the_new_line_and_archives_the_old(tmp_path, how, caplog)
 
 def test_overwrite_of_an_older_step_archives_the_newer_ones(tmp_path):
     """With on_rollback='archive', overwriting step 5 replaces it (the user asked) and
-    archives 8, 9, 10; saving the newest step again is still refused without overwrite."""
+    archives 8, 9, 10; a save of an existing step without overwrite archives that step
+    too; the default still refuses the newest step without overwrite."""
     root = tmp_path / "ck"
     ten_steps(root)
     with uckpt.CheckpointManager(root, keep=KEEP, on_rollback="archive") as m:
         m.save(5, state(5, line=1), overwrite=True)
         assert m.steps() == [5] and m.archived() == {"rollback_0001": [8, 9, 10]}
         check(uckpt.load(m.path(5)), 5, line=1)
-        with pytest.raises(errors.CheckpointExistsError):
-            m.save(5, state(5, line=2))
-        m.save(3, state(3, line=2))  # not above 5: 5 (of line 1) is archived, not replaced
-        assert m.steps() == [3] and m.archived()["rollback_0002"] == [5]
+        m.save(5, state(5, line=2))  # not above 5: 5 (of line 1) is archived, not replaced
+        assert m.steps() == [5] and m.archived()["rollback_0002"] == [5]
         check(uckpt.load(m.path(5, archive="rollback_0002")), 5, line=1)
+        check(uckpt.load(m.path(5)), 5, line=2)
+    with uckpt.CheckpointManager(root, keep=KEEP) as m:
+        with pytest.raises(errors.CheckpointExistsError):
+            m.save(5, state(5, line=3))
 
 
 @pytest.mark.parametrize("async_save", [False, True])

@@ -70,14 +70,22 @@ def resume(m) -> None:
 
 def before_save(m, step: int, overwrite: bool) -> None:
     """Collective, before a save writes anything: refuse it (``StepOrderError``) or roll
-    back (``on_rollback="archive"``) when ``step`` is below the newest step."""
-    if step < m._newest:
+    back (``on_rollback="archive"``) when ``step`` is not above the newest step."""
+    # the newest step itself: archived by on_rollback="archive" unless overwritten; else
+    # refused as any existing checkpoint is (CheckpointExistsError)
+    def behind() -> bool:
+        return step < m._newest or (step == m._newest and not overwrite and
+                                    m.on_rollback == "archive")
+
+    if behind():
         m.wait()  # a save still in flight counts; one that failed does not
         m._newest = newest(m)
-    if step < m._newest:
+    if behind():
         to = step if overwrite else step - 1
         newer = [s for s in m.steps() if s > step]
         if m.on_rollback != "archive":
+            if overwrite and m.incremental:
+                m._refuse_overwriting_a_base(step)  # the more specific reason first
             also = f" (and step {step} itself)" if to < step and step in m.steps() else ""
             raise StepOrderError(
                 f"save of step {step} refused: {m.root} holds newer steps "
