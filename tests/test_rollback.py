@@ -151,7 +151,7 @@ def test_second_stage_counting_from_one_again(tmp_path, async_save):
         check(uckpt.load(m.path(s, archive="rollback_0001")), s)
 
 
-# --- incremental saves, tiers ----------------------------------------------------------------------
+# --- incremental saves, tiers -------------------------------------------------------------
 def test_incremental_saves_across_a_rollback(tmp_path, monkeypatch):
     """Archived incremental checkpoints keep their bases (those of the live line are linked
     into the archive): they read back bitwise after the live line's retention deleted the
@@ -214,7 +214,10 @@ def test_two_tiers_roll_back_together(tmp_path):
 
 def test_s3_tier_rolls_back_too(tmp_path, s3_server, s3_bucket, s3_options):
     remote = f"s3://{s3_bucket}/run"
-    tiers = lambda: [uckpt.Tier(tmp_path / "fast", keep=2), uckpt.Tier(remote, keep=KEEP)]  # noqa
+
+    def tiers():
+        return [uckpt.Tier(tmp_path / "fast", keep=2), uckpt.Tier(remote, keep=KEEP)]
+
     with uckpt.CheckpointManager(tiers=tiers(), storage_options=s3_options) as m:
         for s in range(1, 11):
             m.save(s, state(s))

@@ -125,7 +125,8 @@ class CheckpointManager:
         opt in to sharing the tiers with other writers that opted in too (each
         must save different steps; retention of each applies to every step of
         the root). An exclusive writer and a concurrent one refuse each other, so
-        this is no way past an exclusive writer's lock.
+        this is no way past an exclusive writer's lock. Only its own saves count for
+        ``on_rollback``.
     incremental, full_every
         with ``incremental=True`` a save writes only the chunks whose content hash
         differs from this manager's previous save (held in memory), and refers to the
@@ -145,6 +146,18 @@ class CheckpointManager:
         its last read, until the next read finds it (at most ``reverify_every`` saves,
         plus those committed while that read runs); restore falls back past them
         (docs/architecture.md, "Incremental saves refer only to verified bytes").
+    on_rollback
+        what a ``save`` whose step is not above the newest step of the root (any
+        tier) does: retention ranks by step and would delete it, and a restart would
+        resume the newer, abandoned steps. ``"refuse"`` (default): it raises
+        :class:`~uckpt.errors.StepOrderError` before anything is written (the newest
+        step itself: ``CheckpointExistsError`` unless ``overwrite``). ``"archive"``:
+        it first does ``rollback(to=step - 1)`` (``to=step`` with ``overwrite``).
+        :meth:`rollback` moves the newer steps of every tier into an archive under
+        the root (``rollback_0001/``; :meth:`archived`), kept whole but out of
+        ``restore``, ``steps``, ``uckpt ls`` and retention; a rollback a kill
+        interrupted is finished by the next writer, and readers never see it half
+        done (docs/architecture.md, "Rollbacks").
 
     A tier may be an ``s3://bucket/prefix`` URL of an S3-compatible object store
     (``pip install 'uckpt[s3]'``), e.g. ``tiers=["/local/nvme/run1",
@@ -299,7 +312,8 @@ class CheckpointManager:
         return (store.within(archive) if archive else store).location(step_dir_name(step))
 
     def steps(self) -> List[int]:
-        """Steps committed on any tier, oldest first."""
+        """Steps of the live line committed on any tier, oldest first (archived ones:
+        :meth:`archived`)."""
         return sorted({s for t in self.tiers for s in t.store.steps()})
 
     def latest_step(self) -> Optional[int]:
@@ -441,14 +455,6 @@ class CheckpointManager:
         """The archives of rolled-back steps: ``{"rollback_0001": [8, 9, 10], ...}``; each is
         a root of its own, ``self.path(step, archive=...)`` a checkpoint in it."""
         return _rollback.archived(self)
-
-    def _forget(self, steps: Sequence[int]) -> None:
-        """Steps left the live line: forget what was cached of them; the next save starts
-        a new incremental chain (it never refers to an archived checkpoint)."""
-        for cache in (self._info_cache, self._bases, self._nbytes):
-            for key in [k for k in cache if k[1] in steps]:
-                del cache[key]
-        self._baseline, self._chain = None, 0
 
     def save_costs(self):
         """Medians of what recent saves cost (:class:`uckpt.costs.CostSummary`: stall,

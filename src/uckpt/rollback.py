@@ -47,7 +47,11 @@ def _acts(m, store) -> bool:
 
 
 def newest(m) -> int:
-    """Collective: the newest step of the live line on any tier of any rank, -1 if none."""
+    """Collective: the newest step of the live line on any tier of any rank, -1 if none;
+    with ``concurrent_writers``, the newest of this manager's own saves (the steps of the
+    other writers are theirs: they save steps of their own, between these)."""
+    if m.concurrent_writers:
+        return m._newest
     mine = max((s for t in m.tiers for s in t.store.steps()), default=-1)
     return max(m.comm.all_gather(mine)) if m.comm.size > 1 else mine
 
@@ -127,12 +131,22 @@ def roll_back(m, to: int, why: str = "rollback()") -> List[int]:
         _finish(m.tiers[i], record)
     if m.comm.size > 1:
         m.comm.barrier()
-    m._forget(moved)
+    _forget(m, moved)
+    m._newest = min(m._newest, to)  # (concurrent writers: only their own saves count)
     m._newest = newest(m)
     log.warning("rolled back to step %d (for %s): steps %s left the live line; they are "
                 "kept in %s", to, why, moved,
                 ", ".join(str(m.tiers[i].store.location(into)) for i in sorted(records)) or into)
     return moved
+
+
+def _forget(m, steps: List[int]) -> None:
+    """Forget what ``m`` cached of steps that left the live line; its next save starts a
+    new incremental chain (never referring to an archived checkpoint)."""
+    for cache in (m._info_cache, m._bases, m._nbytes):
+        for key in [k for k in cache if k[1] in steps]:
+            del cache[key]
+    m._baseline, m._chain = None, 0
 
 
 def archived(m) -> Dict[str, List[int]]:

@@ -25,7 +25,9 @@ checkpoint, which is not followed), "incomplete" (the temporary directory of a s
 interrupted; in an object store: the objects of a step_N prefix without a
 manifest), "stale" (left by an interrupted delete or overwrite).
 Only manifests are read, and nothing is changed; run "uckpt verify" to check
-the data itself.
+the data itself. Steps a CheckpointManager rollback took off the live line
+are not listed: they are in ROOT/rollback_NNNN, a root of its own ("uckpt ls
+ROOT/rollback_0001").
 
 Storage tiers: given several ROOTs (e.g. a node-local /dev/shm/job and a
 shared /lustre/job), each is a tier, labelled tier0, tier1, ... or by

@@ -4,10 +4,10 @@ base it refers to is linked there file by file (a hard link, else a copy renamed
 place), the manifest last."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
-import shutil
 import stat
 from pathlib import Path
 from typing import List, Optional
@@ -97,18 +97,21 @@ def _link(src: Path, dst: Path) -> None:
     except OSError as e:
         log.debug("no hard link %s -> %s (%s): copying", src, dst, e)
     tmp = dst.with_name(f".{dst.name}{TMP_MARK}{secrets.token_hex(4)}")
+    fd_in = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        with open(src, "rb") as a, open(tmp, "xb") as b:
-            shutil.copyfileobj(a, b, 8 << 20)
-            b.flush()
-            os.fsync(b.fileno())
+        fd_out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fsutil.copy_range(fd_in, fd_out, os.fstat(fd_in).st_size)
+            os.fsync(fd_out)
+        finally:
+            os.close(fd_out)
         os.replace(tmp, dst)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
+    finally:
+        os.close(fd_in)
 
 
 def archives(root: Path) -> List[str]:
