@@ -31,8 +31,11 @@ Who calls what, and in what order (DCP style):
 * the writer of a root (:class:`uckpt.CheckpointManager`, from its first save):
   :meth:`Store.writer_lock` then ``try_acquire`` once, :meth:`Store.remove_debris`,
   then saves and :meth:`Store.delete` (retention), each save after ``check`` of the
-  lock (a lock with a lease can be lost); readers call only :meth:`Store.steps`,
-  :meth:`Store.has`, :meth:`Store.source` and, at construction, ``peek`` of a lock.
+  lock (a lock with a lease can be lost); a rollback (:mod:`uckpt.rollback`):
+  :meth:`Store.put_record`, :meth:`Store.archive` for each base then each step moved,
+  :meth:`Store.drop_record`. Readers call only :meth:`Store.steps` (which reads
+  :meth:`Store.record`), :meth:`Store.has`, :meth:`Store.source`,
+  :meth:`Store.archives`, :meth:`Store.within` and, at construction, ``peek`` of a lock.
 
 Every method raises errors of :mod:`uckpt.errors`; those of reading a damaged or
 missing checkpoint are the ones ``CheckpointManager.restore`` falls back on.
