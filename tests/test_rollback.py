@@ -270,3 +270,33 @@ def test_a_rollback_killed_midway_hides_the_old_line_and_the_next_writer_finishe
     for s in (8, 9, 10):
         check(uckpt.load(m.path(s, archive="rollback_0001")), s)
     m.close()
+
+
+def test_s3_rollback_killed_midway_is_finished(tmp_path, s3_server, s3_bucket, s3_options):
+    """In an object store (no rename): what kills leave, made with the store's own steps: a
+    step copied into the archive but not yet deleted here (committed in both places), one
+    not moved at all. Readers see the rolled-back line; the next writer finishes."""
+    from uckpt.storage.archive import INTENT_NAME, encode_intent
+
+    root = f"s3://{s3_bucket}/run"
+    with uckpt.CheckpointManager(root, keep=KEEP, storage_options=s3_options) as m:
+        for s in range(1, 11):
+            m.save(s, state(s))
+    store = m.tiers[0].store
+    store.put_record(INTENT_NAME, encode_intent(to=5, archive="rollback_0001", steps=[8, 9, 10]))
+    assert store.archive("step_00000010", "rollback_0001")
+    assert store.archive("step_00000009", "rollback_0001", keep=True)  # killed before deleting
+    reader = uckpt.CheckpointManager(root, role="reader", storage_options=s3_options)
+    out = empty()
+    assert reader.steps() == [5] and reader.restore(out) == 5
+    m = uckpt.CheckpointManager(root, keep=KEEP, role="writer", storage_options=s3_options)
+    assert store.record(INTENT_NAME) is None
+    assert m.archived() == {"rollback_0001": [8, 9, 10]}
+    m.save(6, state(6, line=1))
+    assert m.steps() == [5, 6]
+    keys = [o["Key"] for o in s3_server.client().list_objects_v2(
+        Bucket=s3_bucket, Prefix="run/step_")["Contents"]]
+    assert sorted({k.split("/")[1] for k in keys}) == ["step_00000005", "step_00000006"]
+    for s in (8, 9, 10):
+        check(uckpt.load(m.path(s, archive="rollback_0001"), storage_options=s3_options), s)
+    m.close()
