@@ -245,6 +245,33 @@ def test_s3_tier_rolls_back_too(tmp_path, s3_server, s3_bucket, s3_options):
     assert "run/.uckpt-rollback.json" not in keys
 
 
+@pytest.mark.parametrize("size", [2, 3])
+def test_rollback_on_thread_ranks_sharing_a_root(tmp_path, size):
+    """rollback() and the refusal are collective: every rank refuses alike, and ranks that
+    share the root move its steps together without tripping over each other."""
+    from uckpt.testing import run_ranks
+
+    root = tmp_path / "ck"
+    ten_steps(root)
+
+    def body(comm):
+        with uckpt.CheckpointManager(root, comm=comm, keep=KEEP) as m:
+            out = empty()
+            assert m.restore(out, step=5) == 5
+            with pytest.raises(errors.StepOrderError, match="newer steps 8, 9, 10"):
+                m.save(6, state(6, line=1))
+            moved = m.rollback(to=5)
+            m.save(6, state(6, line=1))
+            m.save(7, state(7, line=1))
+            return moved, m.steps(), m.archived()
+
+    for outcome in run_ranks(size, body):
+        assert outcome == ([8, 9, 10], [5, 6, 7], {"rollback_0001": [8, 9, 10]})
+    assert entries(root) == ["rollback_0001", "step_00000005", "step_00000006",
+                             "step_00000007"]
+    check(uckpt.load(root / "step_00000007"), 7, line=1)
+
+
 # --- a rollback killed midway --------------------------------------------------------------------
 def test_a_rollback_killed_midway_hides_the_old_line_and_the_next_writer_finishes_it(tmp_path):
     """What a kill after the intent record and one of three moves leaves (made with the
