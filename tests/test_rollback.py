@@ -1,6 +1,7 @@
 """Rollbacks (issue 25, section 1): a save whose step is not above the newest step of the
 root is refused, or the newer steps are moved into an archive; never is a save deleted by
 its own retention, and a restart resumes the line the writer was on."""
+import json
 import logging
 
 import numpy as np
@@ -149,6 +150,24 @@ def test_second_stage_counting_from_one_again(tmp_path, async_save):
     for s in (3, 4, 5):
         check(uckpt.load(m.path(s)), s, line=1)
         check(uckpt.load(m.path(s, archive="rollback_0001")), s)
+
+
+def test_uckpt_ls_lists_archived_steps_only_when_asked(tmp_path, capsys):
+    from uckpt.cli.main import main
+
+    root = tmp_path / "ck"
+    ten_steps(root)
+    with uckpt.CheckpointManager(root, keep=KEEP) as m:
+        m.rollback(to=5)
+    assert main(["ls", str(root)]) == 0
+    live = capsys.readouterr().out
+    assert "step_00000005" in live and "step_00000008" not in live
+    assert main(["ls", str(root), "--archived", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["archives"]
+    assert {name: [(f["step"], f["status"]) for f in found]
+            for name, found in listed.items()} == \
+        {"rollback_0001": [(8, "committed"), (9, "committed"), (10, "committed")]}
+    assert main(["ls", str(tmp_path / "missing"), "--archived"]) == 1
 
 
 # --- incremental saves, tiers -------------------------------------------------------------

@@ -3,10 +3,12 @@ status; with several roots (storage tiers), one row per step saying which tiers 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
-from ..storage import is_remote
+from ..errors import CheckpointNotFoundError
+from ..storage import is_remote, open_store
 from .common import first_line, human_bytes, human_time, print_json, table
 from .remote import add_storage_arguments, options_for, storage_options
 from .scan import Found, scan
@@ -27,7 +29,8 @@ manifest), "stale" (left by an interrupted delete or overwrite).
 Only manifests are read, and nothing is changed; run "uckpt verify" to check
 the data itself. Steps a CheckpointManager rollback took off the live line
 are not listed: they are in ROOT/rollback_NNNN, a root of its own ("uckpt ls
-ROOT/rollback_0001").
+ROOT/rollback_0001"); --archived lists every archive of ROOT (with --json:
+{"root", "archives": {name: [checkpoint, ...]}}).
 
 Storage tiers: given several ROOTs (e.g. a node-local /dev/shm/job and a
 shared /lustre/job), each is a tier, labelled tier0, tier1, ... or by
@@ -81,6 +84,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "(e.g. fast,durable; default tier0,tier1,...); "
                         "lists even a single ROOT as a tier")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of a table")
+    p.add_argument("--archived", action="store_true",
+                   help="list the steps CheckpointManager rollbacks took off the live line "
+                        "(ROOT/rollback_NNNN), by archive, instead of the live line")
     add_storage_arguments(p)
     p.set_defaults(run=run, usage_error=p.error)
     return p
@@ -111,21 +117,47 @@ def to_json(f: Found) -> Dict[str, Any]:
 
 
 def run(args) -> int:
+    if args.archived and (len(args.roots) > 1 or args.tier_names is not None):
+        args.usage_error("--archived lists the archives of one ROOT; name each tier in turn")
     if len(args.roots) > 1 or args.tier_names is not None:
         return run_tiers(args)
     (root,) = args.roots
+    if args.archived:
+        return run_archived(root, args)
     found = scan(root, options_for(root, args))
     if args.json:
         print_json({"root": root, "checkpoints": [to_json(f) for f in found]})
         return 0
+    print_found(root, found)
+    return 0
+
+
+def run_archived(root: str, args) -> int:
+    if not is_remote(root) and not os.path.isdir(root):
+        raise CheckpointNotFoundError(f"{root!r} is not a directory", path=root)
+    store = open_store(root, options_for(root, args))
+    archives = {name: scan(str(store.within(name).where), options_for(root, args))
+                for name in store.archives()}
+    if args.json:
+        print_json({"root": root, "archives": {name: [to_json(f) for f in found]
+                                               for name, found in archives.items()}})
+        return 0
+    if not archives:
+        print(f"no archives of rolled-back steps under {root}")
+    for name, found in archives.items():
+        print(f"{name}:")
+        print_found(store.within(name).where, found)
+    return 0
+
+
+def print_found(root, found: List[Found]) -> None:
     if not found:
         print(f"no checkpoints under {root}")
-        return 0
+        return
     columns = [c for c in COLUMNS if c[0] != "NOTE" or any(f.reason for f in found)]
     rows = [[cell(f) for _, _, cell in columns] for f in found]
     print(table([c[0] for c in columns], rows,
                 right=[i for i, c in enumerate(columns) if c[1]]))
-    return 0
 
 
 def run_tiers(args) -> int:
