@@ -444,11 +444,11 @@ class CheckpointManager:
         """Take every step above ``to`` off the live line, on every tier, and keep it in an
         archive of the root (see ``on_rollback``); returns those steps (oldest first).
         Collective with several ranks; makes this manager the writer."""
+        if not isinstance(to, int) or isinstance(to, bool) or to < 0:
+            raise ValueError(f"to must be a step (an int >= 0), got {to!r}")
         self._check_open()
         self.wait()
         self._become_writer()
-        if not isinstance(to, int) or isinstance(to, bool) or to < 0:
-            raise ValueError(f"to must be a step (an int >= 0), got {to!r}")
         return _rollback.roll_back(self, to)
 
     def archived(self) -> Dict[str, List[int]]:

@@ -69,6 +69,10 @@ def archive(root: Path, name: str, into: str, keep: bool) -> bool:
         if not (here / MANIFEST_NAME).exists():
             return False
         there.mkdir(exist_ok=True)
+        with os.scandir(there) as it:  # a copy a kill interrupted (no hard links here)
+            for e in it:
+                if TMP_MARK in e.name and e.is_file(follow_symlinks=False):
+                    os.unlink(e.path)
         with os.scandir(here) as it:
             files = sorted(e.name for e in it
                            if e.is_file(follow_symlinks=False) and e.name != MANIFEST_NAME)
