@@ -161,6 +161,18 @@ class Verifier:
                      baseline.name, self.file)
         return Baseline(baseline.name, chunks, baseline.sizes)
 
+    def forget(self, names) -> None:
+        """Checkpoints ``names`` left the store's live line (a rollback moved them): once
+        the reads queued so far are done, forget what they found, which says nothing of
+        the checkpoints saved under those names from now on."""
+        self.join()
+        with self._lock:
+            for table in (self._verified, self._refs, self._reading):
+                for name in names:
+                    table.pop(name, None)
+            self._bad = {bad for bad in self._bad if bad[0] not in names}
+            self._rereading.difference_update(names)
+
     def join(self) -> None:
         """Wait until every read queued so far is done (tests, benchmarks)."""
         for worker in (self._readback, self._reverify):

@@ -147,6 +147,8 @@ def _forget(m, steps: List[int]) -> None:
         for key in [k for k in cache if k[1] in steps]:
             del cache[key]
     m._baseline, m._chain = None, 0
+    if m._verifier is not None:  # what it read of them is not of the new line's
+        m._verifier.forget({step_dir_name(s) for s in steps})
 
 
 def archived(m) -> Dict[str, List[int]]:
