@@ -201,14 +201,14 @@ def test_sigkill_while_rolling_back(tmp_path):
     from rollback_saver import empty, same
     from uckpt.storage.archive import INTENT_NAME
 
-    root, lines, seen = tmp_path / "ck", [], 0
+    root, lines, read = tmp_path / "ck", [], 0
     acked = {}  # step -> line: the acknowledged saves of the live line (and accepted ones)
     counts = dict(kills=0, saves=0, rollbacks=0, mid_rollback=0)
     for _ in run_kills([root], ["--rollback"], random.Random(4321), max(60, KILLS * 6 // 5),
                        lines):
         counts["kills"] += 1
-        events = [line.split() for line in lines[seen:] if line.endswith("\n")]  # not torn
-        seen = len(lines)
+        events = [line.split() for line in lines[read:] if line.endswith("\n")]  # not torn
+        read = len(lines)
         pending = None  # the saver goes on with the line of what it restored
         line_now = acked[max(acked)] if acked else None
         for words in events:
