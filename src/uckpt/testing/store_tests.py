@@ -24,16 +24,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import pytest
 
-from ..errors import (
-    CheckpointExistsError,
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    InvalidKeyError,
-    RootLockedError,
-    SaveError,
-    StoreCapabilityError,
-    UnsupportedObjectError,
-)
+from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                      InvalidKeyError, RootLockedError, SaveError, StoreCapabilityError,
+                      UnsupportedObjectError)
 
 if TYPE_CHECKING:
     from ..storage.blob.base import BlobStore

@@ -48,14 +48,8 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 
-from ...errors import (
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    InvalidKeyError,
-    SaveError,
-    StoreCapabilityError,
-    UnsupportedObjectError,
-)
+from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidKeyError, SaveError,
+                       StoreCapabilityError, UnsupportedObjectError)
 
 #: the first characters of a key component a store uses for its own temporary objects
 RESERVED = ".uckpt-part-"

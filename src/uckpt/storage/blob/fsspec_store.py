@@ -15,25 +15,10 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ...errors import (
-    CheckpointNotFoundError,
-    ObjectStoreError,
-    StorageAccessError,
-    StorageDependencyError,
-)
-from .base import (
-    RESERVED,
-    BlobStore,
-    BlobWriter,
-    Listing,
-    check_below_root,
-    check_key,
-    check_offset,
-    check_prefix,
-    closed,
-    flat,
-    writable_view,
-)
+from ...errors import (CheckpointNotFoundError, ObjectStoreError, StorageAccessError,
+                       StorageDependencyError)
+from .base import (RESERVED, BlobStore, BlobWriter, Listing, check_below_root, check_key,
+                   check_offset, check_prefix, closed, flat, writable_view)
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem  # type: ignore[import-untyped]

@@ -7,20 +7,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 from ...errors import CheckpointExistsError, CheckpointNotFoundError, RootLockedError
-from .base import (
-    BlobLock,
-    BlobStore,
-    BlobWriter,
-    Listing,
-    check_below_root,
-    check_key,
-    check_offset,
-    check_prefix,
-    check_rename,
-    closed,
-    flat,
-    writable_view,
-)
+from .base import (BlobLock, BlobStore, BlobWriter, Listing, check_below_root, check_key,
+                   check_offset, check_prefix, check_rename, closed, flat, writable_view)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -24,29 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
 from ... import fsutil, knobs
-from ...errors import (
-    CheckpointExistsError,
-    CheckpointNotFoundError,
-    CorruptCheckpointError,
-    NotACheckpointError,
-    RootLockedError,
-)
+from ...errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
+                       NotACheckpointError, RootLockedError)
 from ...writer import _DirectFile
-from .base import (
-    RESERVED,
-    BlobLock,
-    BlobStore,
-    BlobWriter,
-    Listing,
-    check_below_root,
-    check_key,
-    check_offset,
-    check_prefix,
-    check_rename,
-    closed,
-    flat,
-    writable_view,
-)
+from .base import (RESERVED, BlobLock, BlobStore, BlobWriter, Listing, check_below_root, check_key,
+                   check_offset, check_prefix, check_rename, closed, flat, writable_view)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

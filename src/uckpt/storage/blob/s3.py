@@ -10,19 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...errors import CheckpointExistsError
 from ..s3 import S3Client
-from .base import (
-    BlobStore,
-    BlobWriter,
-    Listing,
-    check_below_root,
-    check_key,
-    check_offset,
-    check_prefix,
-    closed,
-    flat,
-    is_buffer,
-    writable_view,
-)
+from .base import (BlobStore, BlobWriter, Listing, check_below_root, check_key, check_offset,
+                   check_prefix, closed, flat, is_buffer, writable_view)
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
