@@ -1,19 +1,21 @@
-"""Hash a compressed chunk's raw bytes as a stream, in memory bounded by a constant.
+"""Decode a compressed chunk as a stream, in memory bounded by a constant.
 
 ``uckpt verify`` must recompute the content hash of a compressed chunk (the XXH3-128
-of its raw bytes, element order) without holding the decoded chunk, whatever size the
-manifest declares (DESIGN invariant 9): a 32 KiB chunk may legitimately decode to
-1 GiB (docs/format.md section 6.3, rule 1). :func:`digest` pulls the stored bytes from
-the data file a block at a time (:class:`StoredReader`: CRC-32C'd and its block headers
-walked as they pass), decodes them with Zstandard's streaming decoder into one block,
-and hashes block by block, refusing output beyond the declared size.
+of its raw bytes, element order), and ``uckpt diff`` compare its elements, without
+holding the decoded chunk, whatever size the manifest declares (DESIGN invariant 9): a
+32 KiB chunk may legitimately decode to 1 GiB (docs/format.md section 6.3, rule 1).
+:class:`Decoded` pulls the stored bytes from the data file a block at a time
+(:class:`StoredReader`: CRC-32C'd and its block headers walked as they pass), decodes
+them with Zstandard's streaming decoder into one block, and gives the raw bytes block by
+block, refusing output beyond the declared size: :mod:`uckpt.reader` hashes them
+(verify) or gives them on (:meth:`~uckpt.reader.CheckpointReader.stream`, for diff).
 
 Byte-grouped content (``zstd+bytegroup``) is its planes one after another, but the hash
 is of the elements: the frame is decoded by one streaming decoder per plane, each
 skipping to its plane and all advancing together, so a block of elements is assembled
 from one block of each plane. That costs ``itemsize`` passes over the stored bytes and
 up to ``(itemsize + 1) / 2`` times the decoding work; :mod:`uckpt.reader` uses it only
-for chunks over ``knobs.verify_decode_bytes``.
+for chunks over ``knobs.verify_decode_bytes`` (verify) or over a block (streamed reads).
 
 Memory: one block of stored bytes and one of output per decoder, plus each decoder's
 window (what the frame declares, at most ``codecs.MAX_WINDOW``; Zstandard allocates no
@@ -21,11 +23,11 @@ more than the content size).
 """
 from __future__ import annotations
 
-from typing import Callable, List, Optional
+from typing import Callable, Iterator, List, Optional
 
 import numpy as np
 
-from . import codecs, hashing
+from . import codecs
 from .checksum import crc32c
 from .errors import CorruptCheckpointError
 
@@ -103,64 +105,74 @@ def _fill(reader, view, damaged, done: int, want: int) -> None:
         got += n
 
 
-def digest(codec: str, itemsize: int, want: int, head: bytes,
-           open_stored: Callable[[Optional[FrameWalk]], StoredReader], damaged) -> tuple:
-    """``(content hash digest, CRC-32C of the stored bytes)`` of a compressed chunk of
-    ``want`` raw bytes. ``head``: its first stored bytes (up to 18), whose frame header
-    is checked before anything is decoded; ``open_stored(walk)`` opens the stored bytes
-    afresh (``walk``: follow the frame's blocks, on the reader that reads them all);
-    ``damaged(what)`` makes the error raised. A decoding error is raised only after the
-    whole chunk was read, so that a CRC mismatch (the likelier cause) can be told first:
-    the caller compares the CRC when ``damaged`` errors come with ``.crc`` set."""
-    import zstandard
+class Decoded:
+    """The raw bytes of a compressed chunk of ``want`` bytes in element order, a block at a
+    time: iterate to get flat uint8 arrays (each valid until the next is asked for); once
+    the iteration ends, the frame was checked to end where the chunk does and ``crc`` is
+    the CRC-32C of the stored bytes. ``head``: its first stored bytes (up to 18), whose
+    frame header is checked before anything is decoded; ``open_stored(walk)`` opens the
+    stored bytes afresh (``walk``: follow the frame's blocks, on the reader that reads them
+    all); ``damaged(what)`` makes the error raised. A decoding error is raised only after
+    the whole chunk was read, so that a CRC mismatch (the likelier cause) can be told
+    first: the caller compares the CRC when ``damaged`` errors come with ``.crc`` set."""
 
-    params, header = codecs.check_header(head, want, damaged)
-    planes = itemsize if codec == codecs.BYTEGROUP and itemsize > 1 else 1
-    count = want // planes
-    walk = FrameWalk(header, params.has_checksum, codecs.max_blocks(want), damaged)
-    stored: List[StoredReader] = [open_stored(None) for _ in range(planes - 1)]
-    last = open_stored(walk)
-    stored.append(last)
-    try:
-        readers = [zstandard.ZstdDecompressor(max_window_size=codecs.MAX_WINDOW).stream_reader(
-            s, read_size=BLOCK, read_across_frames=False)
-            for s in stored]  # (a decoder each: the readers of one share its context)
-        skip = np.empty(min(BLOCK, max(count, 1)), dtype=np.uint8)
-        for j, r in enumerate(readers):  # decoder j skips to plane j
-            left = j * count
-            while left:
-                n = min(left, len(skip))
-                _fill(r, memoryview(skip)[:n], damaged, j * count - left, want)
-                left -= n
-        hasher = hashing.hasher()
-        rows = min(BLOCK, max(count, 1))
-        grid = np.empty((planes, rows), dtype=np.uint8)
-        items = np.empty((rows, planes), dtype=np.uint8)
-        done = 0
-        while done < count:
-            take = min(rows, count - done)
-            for j, r in enumerate(readers):
-                _fill(r, memoryview(grid[j])[:take], damaged, j * count + done, want)
-            if planes == 1:
-                hasher.update(memoryview(grid[0])[:take])
-            else:
-                np.copyto(items[:take], grid[:, :take].T)
-                hasher.update(memoryview(items[:take]).cast("B"))
-            done += take
-        if readers[-1].read(1):
-            raise damaged(f"its frame holds more than the {want} bytes it declares")
-        last.drain()
-        if walk.end is None:
-            raise damaged("its frame is cut short")
-        if walk.end != last.length:
-            raise damaged(f"its frame is {walk.end} bytes long, the chunk {last.length}")
-    except (zstandard.ZstdError, CorruptCheckpointError) as e:
-        error = e if isinstance(e, CorruptCheckpointError) else \
-            damaged(f"Zstandard cannot decode it ({e})")
+    def __init__(self, codec: str, itemsize: int, want: int, head: bytes,
+                 open_stored: Callable[[Optional[FrameWalk]], StoredReader], damaged) -> None:
+        self.codec, self.itemsize, self.want, self.head = codec, itemsize, want, head
+        self.open_stored, self.damaged = open_stored, damaged
+        self.crc: Optional[int] = None
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        import zstandard
+
+        want, damaged = self.want, self.damaged
+        params, header = codecs.check_header(self.head, want, damaged)
+        planes = self.itemsize if self.codec == codecs.BYTEGROUP and self.itemsize > 1 else 1
+        count = want // planes
+        walk = FrameWalk(header, params.has_checksum, codecs.max_blocks(want), damaged)
+        stored: List[StoredReader] = [self.open_stored(None) for _ in range(planes - 1)]
+        last = self.open_stored(walk)
+        stored.append(last)
         try:
+            readers = [zstandard.ZstdDecompressor(max_window_size=codecs.MAX_WINDOW)
+                       .stream_reader(s, read_size=BLOCK, read_across_frames=False)
+                       for s in stored]  # (a decoder each: the readers of one share its context)
+            skip = np.empty(min(BLOCK, max(count, 1)), dtype=np.uint8)
+            for j, r in enumerate(readers):  # decoder j skips to plane j
+                left = j * count
+                while left:
+                    n = min(left, len(skip))
+                    _fill(r, memoryview(skip)[:n], damaged, j * count - left, want)
+                    left -= n
+            rows = min(BLOCK, max(count, 1))
+            grid = np.empty((planes, rows), dtype=np.uint8)
+            items = np.empty((rows, planes), dtype=np.uint8)
+            done = 0
+            while done < count:
+                take = min(rows, count - done)
+                for j, r in enumerate(readers):
+                    _fill(r, memoryview(grid[j])[:take], damaged, j * count + done, want)
+                if planes == 1:
+                    yield grid[0, :take]
+                else:
+                    np.copyto(items[:take], grid[:, :take].T)
+                    yield items[:take].reshape(-1)
+                done += take
+            if readers[-1].read(1):
+                raise damaged(f"its frame holds more than the {want} bytes it declares")
             last.drain()
-        except Exception:  # noqa: BLE001 - the read error explains less than the decode one
-            pass
-        error.crc = last.crc if last.done == last.length else None
-        raise error from None
-    return hasher.digest(), last.crc
+            if walk.end is None:
+                raise damaged("its frame is cut short")
+            if walk.end != last.length:
+                raise damaged(f"its frame is {walk.end} bytes long, the chunk {last.length}")
+        except (zstandard.ZstdError, CorruptCheckpointError) as e:
+            error = e if isinstance(e, CorruptCheckpointError) else \
+                damaged(f"Zstandard cannot decode it ({e})")
+            try:
+                last.drain()
+            except Exception:  # noqa: BLE001 - the read error explains less than the decode one
+                pass
+            error.crc = last.crc if last.done == last.length else None
+            raise error from None
+        self.crc = last.crc
+

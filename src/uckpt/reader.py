@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestErro
 from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
 from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
-from .readruns import Piece, plan_runs, split_whole
+from .readruns import Piece, flat_chunks, plan_runs, split_whole
 from .storage import open_source
 from .storage.base import wrong_size
 from .storage.local import manifest_bytes_at
@@ -295,14 +295,22 @@ class CheckpointReader:
         """Read a chunk block by block into ``into(done, want)``, checksumming each block
         (and feeding it to ``hasher``, if given) while it is still in the CPU cache; raise
         on a short file or a mismatch."""
+        for _ in self._blocks(entry, chunk, into, hasher):
+            pass
+
+    def _blocks(self, entry: ArrayEntry, chunk: Chunk, into, hasher=None,
+                block_bytes: int = 0) -> Iterator[np.ndarray]:
+        """:meth:`_stream` as a generator of the blocks read (``block_bytes``: their most
+        size, 0: the source's); the CRC is compared after the last."""
         value, done = 0, 0
-        block_bytes = self._source(chunk.base).block_bytes
+        block_bytes = block_bytes or self._source(chunk.base).block_bytes
         while done < chunk.length:
             block = into(done, min(block_bytes, chunk.length - done))
             self._read_block(entry, chunk, block, done)
             value = crc32c(block, value)
             if hasher is not None:
                 hasher.update(block)
+            yield block
             done += len(block)
         self._mismatch(entry, chunk, format_checksum(value))
 
@@ -399,9 +407,19 @@ class CheckpointReader:
         memory up to ``knobs.verify_decode_bytes`` of raw bytes, streamed beyond
         (:mod:`uckpt.codec_stream`: memory bounded whatever size the manifest declares)."""
         itemsize = dtypes.itemsize(entry.dtype)
-        want = itemsize * math.prod(chunk.shape)
-        if want <= knobs.verify_decode_bytes:
+        if itemsize * math.prod(chunk.shape) <= knobs.verify_decode_bytes:
             return hashing.digest(self.read_raw(entry, chunk))
+        hasher = hashing.hasher()
+        for block in self._decoded(entry, chunk):
+            hasher.update(block)
+        return hasher.digest()
+
+    def _decoded(self, entry: ArrayEntry, chunk: Chunk) -> Iterator[np.ndarray]:
+        """The raw bytes of compressed ``chunk`` a block at a time (each valid until the
+        next), streamed (:class:`uckpt.codec_stream.Decoded`); its CRC is checked, before
+        any decoding error is raised, once the last block was given."""
+        itemsize = dtypes.itemsize(entry.dtype)
+        want = itemsize * math.prod(chunk.shape)
         block = self._source(chunk.base).block_bytes
         head = bytearray(min(18, chunk.length))
         self._read_block(entry, chunk, memoryview(head), 0)
@@ -414,15 +432,40 @@ class CheckpointReader:
 
         damaged = codecs.damage(chunk.codec, where=self._source(chunk.base).file_where(
             chunk.file), leaf=entry.path, offset=chunk.offset)
+        decoded = codec_stream.Decoded(chunk.codec, itemsize, want, bytes(head), open_stored,
+                                       damaged)
         try:
-            digest, crc = codec_stream.digest(chunk.codec, itemsize, want, bytes(head),
-                                              open_stored, damaged)
+            yield from decoded
         except CorruptCheckpointError as e:
             if getattr(e, "crc", None) is not None:  # the whole chunk was read: CRC first
                 self._mismatch(entry, chunk, format_checksum(e.crc))
             raise
-        self._mismatch(entry, chunk, format_checksum(crc))
-        return digest
+        self._mismatch(entry, chunk, format_checksum(decoded.crc))
+
+    def stream(self, entry: ArrayEntry, block_bytes: int) -> Iterator[np.ndarray]:
+        """The bytes of array ``entry`` in flat C order, as flat uint8 blocks of at most
+        ``block_bytes`` (each valid until the next is asked for), in memory bounded by a
+        constant whatever size the manifest declares: raw chunks read a block at a time,
+        compressed ones over ``block_bytes`` decoded as a stream; each chunk's CRC (and a
+        compressed one's frame) checked once its last block was given, so a damaged chunk
+        raises as :meth:`read_arrays` would. Only for arrays whose chunks tile them in flat
+        order (:func:`uckpt.readruns.flat_chunks`); anything else is a ValueError."""
+        chunks = flat_chunks(entry)
+        if chunks is None:
+            raise ValueError(f"the chunks of leaf {entry.path!r} do not tile it in flat order")
+        for chunk in chunks:
+            self._open(chunk.file, chunk.base)  # every file size-checked before reading
+        itemsize = dtypes.itemsize(entry.dtype)
+        buf = np.empty(min(block_bytes, max((c.length for c in chunks if not c.compressed),
+                                            default=0)), dtype=np.uint8)
+        for chunk in chunks:
+            if not chunk.compressed:
+                yield from self._blocks(entry, chunk, lambda done, want: buf[:want],
+                                        block_bytes=block_bytes)
+            elif max(chunk.length, itemsize * math.prod(chunk.shape)) <= block_bytes:
+                yield self.read_raw(entry, chunk)
+            else:
+                yield from self._decoded(entry, chunk)
 
     def read_raw(self, entry: ArrayEntry, chunk: Chunk) -> np.ndarray:
         """A chunk's raw bytes (flat uint8): read (CRC checked), and decoded if compressed;

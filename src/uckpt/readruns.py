@@ -9,11 +9,14 @@ piece's CRC-32C while its bytes are still in the CPU cache (:mod:`uckpt.reader`)
 Larger pieces are runs of their own, read block by block. Every other chunk (part of a
 box, compressed, or of an array whose destination is not contiguous) is read on its own.
 
+:func:`flat_chunks` says whether an array's chunks can be read one after another as its
+elements in flat C order (a streamed read, :meth:`uckpt.reader.CheckpointReader.stream`).
+
 Pure planning: no I/O here.
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -56,6 +59,21 @@ def split_whole(entry: ArrayEntry, dest: np.ndarray, chunks: Sequence[Chunk]
         at = c.start[0] * row if shape else 0
         pieces.append(Piece(c.offset, flat[at:at + c.length], entry, c))
     return pieces, rest
+
+
+def flat_chunks(entry: ArrayEntry) -> Optional[List[Chunk]]:
+    """The chunks holding elements of ``entry`` in the order in which, read one after
+    another, they give its elements in flat C order: one chunk of the whole array, or slabs
+    of whole rows along the first axis (what uckpt writes); None for any other tiling."""
+    chunks = sorted((c for c in entry.chunks if all(c.shape)), key=lambda c: c.start[:1])
+    shape, row = entry.shape, 0
+    for c in chunks:
+        if shape and (c.start[0] != row or c.shape[1:] != shape[1:] or any(c.start[1:])):
+            return None
+        row += c.shape[0] if shape else 1
+    if row != (shape[0] if shape else 1) and all(shape):
+        return None
+    return chunks
 
 
 def _file_order(p: Piece) -> tuple:
