@@ -15,8 +15,10 @@ pickle, hdf5, safetensors, uckpt, dcp; detected from their content, or named
 with --format-a / --format-b). Lists the entries only in A or only in B, the
 arrays whose dtype or shape differ, the arrays whose values differ (with the
 largest absolute difference and how many elements differ) and the plain values
-that differ. Arrays equal bit for bit are not listed. Arrays are read one pair
-at a time.
+that differ. Arrays equal bit for bit are not listed. Arrays are compared one
+pair at a time, block by block: arrays of uckpt checkpoints stream (memory
+bounded by a constant, whatever sizes their manifests declare), others are read
+whole.
 
 Exit status (as diff(1)): 0 identical, 1 different, 2 trouble (an unreadable
 checkpoint, a usage error)."""

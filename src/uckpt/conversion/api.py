@@ -65,13 +65,17 @@ class Report:
 
 
 def open_checkpoint(path, format: Optional[str] = None, *,
-                    limits: Optional[Limits] = None) -> Tree:
+                    limits: Optional[Limits] = None, streaming: bool = False) -> Tree:
     """Open a checkpoint of any supported format as a tree of lazy leaves (close it after use,
     or use it as a context manager). ``format`` overrides detection from the content;
     ``limits`` (:class:`~uckpt.conversion.limits.Limits`) raise or lower the limits on
-    hostile input (default: those in force, see docs/convert.md)."""
+    hostile input (default: those in force, see docs/convert.md). ``streaming``: leaves
+    of a uckpt checkpoint that can stream their bytes do (``Leaf.stream``, memory bounded
+    by a constant; see :func:`uckpt.conversion.uckpt_fmt.read`)."""
     fmt = _detect.canonical(format) or _detect.detect(path)
     with using(limits):
+        if streaming and fmt == "uckpt":
+            return _module(READERS[fmt]).read(path, fmt, streaming=True)
         return _module(READERS[fmt]).read(path, fmt)
 
 

@@ -3,14 +3,22 @@
 Both are opened as trees of lazy leaves and compared by path: entries only in
 one, arrays whose dtype or shape differ, arrays whose bits differ (with the
 largest absolute difference and how many elements differ), plain values that
-differ. Arrays are read one pair at a time and compared in blocks, so memory
-stays about two arrays. Bit-exact equal arrays are not listed.
+differ. Bit-exact equal arrays are not listed.
+
+Arrays are compared one pair at a time, as two streams of their bytes in flat C
+order cut into blocks of ``BLOCK_BYTES`` (``Leaf.blocks``). A leaf of a uckpt
+checkpoint whose chunks tile it in flat order (one chunk, or slabs along the first
+axis: what uckpt writes) streams, every chunk checked as the reader checks it, so
+its side holds a constant whatever size its manifest declares; any other leaf (other
+formats, uckpt arrays chunked along other axes) is read whole, under the load's
+memory limit.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from itertools import zip_longest
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -22,6 +30,8 @@ from .limits import Limits
 from .model import Leaf, Obj, Tree, same_value, walk
 
 _BLOCK = 1 << 20  # elements compared at a time
+#: bytes of each side compared at a time (a multiple of every itemsize)
+BLOCK_BYTES = 4 << 20
 
 
 @dataclass
@@ -99,8 +109,8 @@ def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None
          limits: Optional[Limits] = None) -> DiffReport:
     """Compare checkpoints ``a`` and ``b`` (any supported formats, detected from content);
     ``limits`` as for :func:`~uckpt.conversion.convert`."""
-    with open_checkpoint(a, a_format, limits=limits) as ta, \
-            open_checkpoint(b, b_format, limits=limits) as tb:
+    with open_checkpoint(a, a_format, limits=limits, streaming=True) as ta, \
+            open_checkpoint(b, b_format, limits=limits, streaming=True) as tb:
         report = DiffReport(str(a), str(b), ta.format, tb.format)
         ta.root, tb.root = layouts.comparable(ta.root, tb.root)  # a framework file vs uckpt
         ea, eb = entries(ta), entries(tb)
@@ -123,7 +133,7 @@ def compare(path: str, x: Any, y: Any) -> Optional[Difference]:
             return Difference(path, "dtype", a=x.dtype, b=y.dtype)
         if tuple(x.shape) != tuple(y.shape):
             return Difference(path, "shape", a=str(tuple(x.shape)), b=str(tuple(y.shape)))
-        return compare_arrays(path, x.read(), y.read())
+        return compare_leaves(path, x, y)
     if isinstance(x, Leaf) or isinstance(y, Leaf):
         return Difference(path, "type", a=describe(x), b=describe(y))
     if isinstance(x, (dict, list, tuple)) or isinstance(y, (dict, list, tuple)):
@@ -142,37 +152,80 @@ def _bits(arr: np.ndarray) -> np.ndarray:
     return flat.view(np.dtype(f"<u{size}"))
 
 
-def _equal(bx: np.ndarray, by: np.ndarray) -> bool:
-    """Whether the bits are equal, compared a block at a time (``np.array_equal`` of the
-    whole would allocate a bool per element: for bytes, a third array)."""
-    return all(np.array_equal(bx[i:i + _BLOCK], by[i:i + _BLOCK])
-               for i in range(0, len(bx), _BLOCK))
+def _even(blocks: Iterator[np.ndarray], size: int) -> Iterator[np.ndarray]:
+    """``blocks`` (flat uint8) cut again into blocks of ``size`` bytes (the last may be
+    shorter): views where a block holds a whole one, else copied into one buffer; each
+    valid until the next is asked for."""
+    buf = np.empty(0, dtype=np.uint8)
+    fill = 0
+    for block in blocks:
+        at, n = 0, len(block)
+        while at < n:
+            if not fill and n - at >= size:
+                yield block[at:at + size]
+                at += size
+                continue
+            if not len(buf):
+                buf = np.empty(size, dtype=np.uint8)
+            take = min(size - fill, n - at)
+            buf[fill:fill + take] = block[at:at + take]
+            fill, at = fill + take, at + take
+            if fill == size:
+                yield buf
+                fill = 0
+    if fill:
+        yield buf[:fill]
 
 
-def compare_arrays(path: str, x: np.ndarray, y: np.ndarray) -> Optional[Difference]:
-    bx, by = _bits(x), _bits(y)
-    if _equal(bx, by):
-        return None
-    name = dtypes.name_of(x.dtype)
-    wide = np.complex128 if name.startswith("complex") else np.float64
-    fx, fy = x.reshape(-1), y.reshape(-1)
-    differing, largest, nan = 0, 0.0, False
-    for start in range(0, len(fx), _BLOCK):
-        stop = start + _BLOCK
-        neq = bx[start:stop] != by[start:stop]
+def compare_leaves(path: str, x: Leaf, y: Leaf) -> Optional[Difference]:
+    """Compare two leaves of one dtype and shape, as streams of ``BLOCK_BYTES`` blocks
+    (both streams run to their end, so every chunk's check is made)."""
+    kind = dtypes.to_numpy(x.dtype)
+    tally = _Tally(x.dtype)
+    for bx, by in zip_longest(_even(x.blocks(BLOCK_BYTES), BLOCK_BYTES),
+                              _even(y.blocks(BLOCK_BYTES), BLOCK_BYTES)):
+        tally.add(bx.view(kind), by.view(kind))
+    return tally.difference(path, math.prod(x.shape))
+
+
+class _Tally:
+    """What differs between two arrays of dtype ``name``, given a pair of blocks (flat,
+    typed, of equal length) at a time: how many elements differ in their bits, and the
+    largest absolute difference (NaN where a NaN meets a number)."""
+
+    def __init__(self, name: str) -> None:
+        self.wide = np.complex128 if name.startswith("complex") else np.float64
+        self.differing, self.largest, self.nan = 0, 0.0, False
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        bx, by = _bits(x), _bits(y)
+        if np.array_equal(bx, by):
+            return
+        neq = bx != by
         if neq.ndim > 1:
             neq = neq.any(axis=1)
-        differing += int(neq.sum())
-        if not neq.any():
-            continue
-        a = fx[start:stop][neq].astype(wide)
-        b = fy[start:stop][neq].astype(wide)
+        self.differing += int(neq.sum())
+        a = x[neq].astype(self.wide)
+        b = y[neq].astype(self.wide)
         both_nan = np.isnan(a) & np.isnan(b)  # NaNs with different payloads
         d = np.abs(a[~both_nan] - b[~both_nan])
         if d.size:
-            nan = nan or bool(np.isnan(d).any())
+            self.nan = self.nan or bool(np.isnan(d).any())
             real = d[~np.isnan(d)]
             if real.size:
-                largest = max(largest, float(real.max()))
-    return Difference(path, "values", max_abs_diff=math.nan if nan else largest,
-                      differing=differing, size=int(x.size))
+                self.largest = max(self.largest, float(real.max()))
+
+    def difference(self, path: str, size: int) -> Optional[Difference]:
+        if not self.differing:
+            return None
+        return Difference(path, "values", max_abs_diff=math.nan if self.nan else self.largest,
+                          differing=self.differing, size=size)
+
+
+def compare_arrays(path: str, x: np.ndarray, y: np.ndarray) -> Optional[Difference]:
+    """Compare two arrays in memory of one dtype and shape, ``_BLOCK`` elements at a time."""
+    tally = _Tally(dtypes.name_of(x.dtype))
+    fx, fy = x.reshape(-1), y.reshape(-1)
+    for start in range(0, len(fx), _BLOCK):
+        tally.add(fx[start:start + _BLOCK], fy[start:start + _BLOCK])
+    return tally.difference(path, int(x.size))

@@ -59,13 +59,15 @@ class Leaf(Sealed):
     """An array of neutral ``dtype`` and ``shape`` that ``reader()`` produces on demand.
 
     ``kind`` is ``"array"``, or ``"scalar"`` for a NumPy scalar (a 0-d array given
-    back as ``np.float32(...)`` and so on).
+    back as ``np.float32(...)`` and so on). ``stream(nbytes)``, where the source has one,
+    gives the array's bytes as :meth:`blocks` does, in memory bounded by a constant.
     """
 
     dtype: str
     shape: Tuple[int, ...]
     reader: Callable[[], np.ndarray] = field(repr=False)
     kind: str = "array"
+    stream: Optional[Callable[[int], Iterator[np.ndarray]]] = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -80,6 +82,26 @@ class Leaf(Sealed):
                 f"a {self.dtype} array of shape {tuple(self.shape)} was expected, "
                 f"{arr.dtype} of shape {tuple(arr.shape)} was read")
         return contiguous(arr)
+
+    def blocks(self, nbytes: int) -> Iterator[np.ndarray]:
+        """The array's bytes in flat C order (little-endian), as flat uint8 arrays of at
+        most ``nbytes`` (each valid until the next is asked for): streamed where the leaf
+        can (``stream``), else read whole (:meth:`read`) and cut."""
+        if self.stream is None:
+            flat = self.read().reshape(-1).view(np.uint8)
+            for at in range(0, len(flat), nbytes):
+                yield flat[at:at + nbytes]
+            return
+        done = 0
+        for block in self.stream(nbytes):
+            done += len(block)
+            if done > self.nbytes:
+                break
+            yield block
+        if done != self.nbytes:
+            raise CorruptCheckpointError(
+                f"a {self.dtype} array of shape {tuple(self.shape)} ({self.nbytes} bytes) "
+                f"was expected, {'more' if done > self.nbytes else done} bytes were read")
 
     @classmethod
     def of(cls, arr: np.ndarray, kind: str = "array") -> "Leaf":

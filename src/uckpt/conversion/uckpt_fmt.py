@@ -4,7 +4,9 @@ written leaf by leaf.
 Read, an array is allocated whole (its compressed chunks decoded into it), one at a time;
 an array larger than ``max_ratio`` times all the source's data files is refused when the
 source is opened (:func:`check_held`), so a conversion's memory is bounded by the input's
-size, not by what its manifest declares.
+size, not by what its manifest declares. Opened for streaming (``uckpt diff``), an array
+whose chunks tile it in flat order is also given a block at a time, in a constant
+(``Leaf.stream``), and only a whole read is held to ``max_ratio``.
 
 The writer lays arrays out as uckpt's single-process save does (docs/format.md
 sections 6.1 and 7: 64-byte alignment, slabs along the first axis for large
@@ -33,6 +35,7 @@ from ..codecs import Compression
 from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
 from ..fsutil import fsync_dir, preallocate, pwritev_all, write_file_durably
 from ..reader import CheckpointReader
+from ..readruns import flat_chunks
 from ..writer import encode_chunks
 from . import skeleton
 from .limits import Limits, check_ratio, current
@@ -59,18 +62,32 @@ def check_held(m: Manifest, where: str, limits: Limits) -> None:
         check_ratio(largest.nbytes, stored_bytes(m), f"array {largest.path!r}", where, limits)
 
 
-def read(path, fmt: str = "uckpt") -> Tree:
+def read(path, fmt: str = "uckpt", *, streaming: bool = False) -> Tree:
+    """The checkpoint at ``path`` as a tree of lazy leaves. ``streaming``: leaves whose
+    chunks tile them in flat order (:func:`uckpt.readruns.flat_chunks`) can also stream
+    (``Leaf.stream``), and the ``max_ratio`` check is made when an array is read whole,
+    not when the checkpoint is opened (streaming holds a constant, whatever the ratio)."""
     reader = CheckpointReader(path)
     with reading(fmt, reader.close) as tree:
         m = reader.manifest
-        check_held(m, str(reader.directory), current())
+        where, limits = str(reader.directory), current()
+        if not streaming:
+            check_held(m, where, limits)
         cache: Dict[str, Leaf] = {}
+
+        def whole(name: str):
+            if streaming:
+                check_ratio(m.arrays[name].nbytes, stored_bytes(m), f"array {name!r}", where,
+                            limits)
+            return reader.read_arrays({name: None})[name]
 
         def leaf_of(name: str) -> Leaf:
             if name not in cache:
                 entry = m.arrays[name]
-                cache[name] = Leaf(entry.dtype, entry.shape,
-                                   lambda p=name: reader.read_arrays({p: None})[p])
+                stream = (lambda nbytes, e=entry: reader.stream(e, nbytes)) \
+                    if streaming and flat_chunks(entry) is not None else None
+                cache[name] = Leaf(entry.dtype, entry.shape, lambda p=name: whole(p),
+                                   stream=stream)
             return cache[name]
 
         metadata = dict(m.metadata)
