@@ -53,6 +53,10 @@ SLOW_TESTS = (
     "tests/test_bounded_memory.py::test_4_gib_declared_under_rlimit_as",
     "tests/test_bounded_memory.py::test_cli_reports_memory_refusal_without_traceback",
     "tests/test_bounded_memory.py::test_restore_falls_back_past_a_manifest_too_large_to_parse",
+    # diff: two 1 GiB bombs streamed; two 256 MiB arrays saved (one compressed), then read
+    "tests/test_bounded_memory.py::test_diff_of_decompression_bombs_streams_in_bounded_memory",
+    "tests/test_bounded_memory.py::test_diff_of_two_large_arrays_holds_a_constant",
+    "tests/test_bounded_memory.py::test_diff_names_a_flipped_bit_in_a_raw_chunk",
     # a 2 GiB .keras member copied to disk; 128 MiB saved, then consolidated in a subprocess
     "tests/test_convert_bounds.py::test_keras_weights_member_over_2_gib_is_copied_whole",
     "tests/test_convert_bounds.py::test_consolidate_holds_a_few_pieces_not_every_array",

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import uckpt
+from uckpt.conversion.diff import compare_arrays
 from uckpt.errors import ManifestError, MemoryLimitError
 from bombs import write_bomb
 from conftest import REPO
@@ -48,17 +49,23 @@ def cli(*argv):
 path, root, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if limit:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+def diff(other):
+    from uckpt.conversion import diff
+    return [[d.path, d.kind, d.differing, d.max_abs_diff] for d in diff(path, other).differences]
+
 ops = {"verify": lambda: uckpt.verify(path), "manifest": lambda: uckpt.manifest(path),
        "cli_verify": lambda: cli("verify", path), "cli_verify_all": lambda: cli("verify", "--all", root),
        "inspect": lambda: cli("inspect", path), "ls": lambda: cli("ls", "--json", root),
-       "load": lambda: uckpt.load(path)}
+       "load": lambda: uckpt.load(path),
+       "diff": diff, "cli_diff": lambda other: cli("diff", path, other)}
 out = {}
-for name in sys.argv[4:]:
+for arg in sys.argv[4:]:
+    name, _, other = arg.partition("=")  # "diff=B": an operation on the path and B
     open("/proc/self/clear_refs", "w").write("5")
     before = status("VmRSS")
     try:
-        result = ops[name]()
-        out[name] = {"ok": result if isinstance(result, int) else 0}
+        result = ops[name](other) if other else ops[name]()
+        out[name] = {"ok": result if isinstance(result, (int, list)) else 0}
     except BaseException as e:
         out[name] = {"error": type(e).__name__, "uckpt": isinstance(e, uckpt.errors.UckptError),
                      "memory": isinstance(e, MemoryError), "message": str(e)[:400]}
@@ -69,7 +76,8 @@ print(json.dumps(out))
 
 def peaks(path, *ops, limit: int = 0):
     """Each operation's outcome and peak resident memory beyond what the process held
-    before it, in a fresh process (with ``RLIMIT_AS`` = ``limit`` when given)."""
+    before it, in a fresh process (with ``RLIMIT_AS`` = ``limit`` when given); an
+    operation ``"diff=B"`` compares the checkpoint at ``path`` with B."""
     r = subprocess.run([sys.executable, "-c", _PEAKS, str(path), str(path.parent), str(limit),
                         *ops], capture_output=True, text=True, env=_ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -266,3 +274,76 @@ def test_the_frame_walk_finds_the_frame_end_however_the_bytes_arrive():
         assert walk.end == want and walk.blocks > 3
     with pytest.raises(ValueError, match="more than 2 blocks"):
         FrameWalk(header, params.has_checksum, 2, ValueError).feed(frame)
+
+
+# -- uckpt diff: two streams of blocks ----------------------------------------------------------
+def test_diff_of_decompression_bombs_streams_in_bounded_memory(tmp_path):
+    """``uckpt diff`` of two 32 KiB checkpoints that each decode to 1 GiB compares them in
+    a constant, both chunks decoded as streams (today: refused by max_ratio when opened,
+    and with the ratio raised, both arrays allocated whole: 2 GiB); a frame declaring more
+    than it holds is reported damaged, as verify does, within the same bound."""
+    a = write_bomb(tmp_path / "a", GiB, step=1)
+    b = write_bomb(tmp_path / "b", GiB, step=1)
+    got = peaks(a, f"diff={b}", f"cli_diff={b}")
+    for op, r in got.items():
+        assert "error" not in r, (op, r)
+        assert r["peak"] < STREAMING_BOUND, (op, r["peak"] >> 20)
+    assert got["diff"]["ok"] == [] and got["cli_diff"]["ok"] == 0
+    hostile = write_bomb(tmp_path / "h", GiB, hostile=True, step=1)
+    r = peaks(a, f"diff={hostile}")["diff"]
+    assert r["error"] == "CorruptCheckpointError", r
+    assert f"{tmp_path / 'h' / 'data-00000.bin'}: compressed chunk of leaf 'w' at byte " \
+           "offset 0 (zstd) is damaged" in r["message"], r
+    assert r["peak"] < STREAMING_BOUND, r["peak"] >> 20
+
+
+@pytest.fixture(scope="module")
+def large_pair(tmp_path_factory):
+    """Two 256 MiB float32 arrays differing in 4 elements (in different slabs), saved raw
+    (A) and compressed (B: zstd+bytegroup slabs), and A's values saved again (C)."""
+    where = tmp_path_factory.mktemp("large")
+    n = 64 << 20
+    a = np.arange(n, dtype=np.float32) % 4096
+    b = a.copy()
+    b[0] = -0.0  # bits differ, values do not
+    b[3] += 0.25
+    b[40_000_001] += 1e6
+    b[-1] = -b[-1]
+    uckpt.save(where / "a", {"w": a})
+    uckpt.save(where / "b", {"w": b}, compression="zstd")
+    uckpt.save(where / "c", {"w": a})
+    want = compare_arrays("w", a, b)
+    return where, want
+
+
+def test_diff_of_two_large_arrays_holds_a_constant(large_pair):
+    """The report of a 256 MiB raw array against its compressed twin with 4 elements
+    changed is the in-memory comparison's, exactly, in a constant (today: both arrays
+    read whole, 512 MiB)."""
+    where, want = large_pair
+    chunks = uckpt.manifest(where / "b").arrays["w"].chunks
+    assert len(chunks) > 2 and {c.codec for c in chunks} == {"zstd+bytegroup"}
+    assert len(uckpt.manifest(where / "a").arrays["w"].chunks) > 2
+    r = peaks(where / "a", f"diff={where / 'b'}")["diff"]
+    assert "error" not in r, r
+    assert r["peak"] < STREAMING_BOUND, r["peak"] >> 20
+    assert want.differing == 4 and want.max_abs_diff >= 1e6 - 1
+    assert r["ok"] == [["w", "values", want.differing, want.max_abs_diff]], (r, want)
+
+
+def test_diff_names_a_flipped_bit_in_a_raw_chunk(large_pair):
+    """A bit flipped in the second raw slab of a 256 MiB array: diff raises the reader's
+    ChecksumMismatchError naming the file, leaf and offset, having held a constant."""
+    where, _ = large_pair
+    chunk = sorted(uckpt.manifest(where / "c").arrays["w"].chunks, key=lambda c: c.start)[1]
+    data = where / "c" / chunk.file
+    with open(data, "r+b") as f:
+        f.seek(chunk.offset + 12345)
+        byte = f.read(1)[0]
+        f.seek(chunk.offset + 12345)
+        f.write(bytes([byte ^ 0x10]))
+    r = peaks(where / "a", f"diff={where / 'c'}")["diff"]
+    assert r["error"] == "ChecksumMismatchError", r
+    assert f"{data}: checksum mismatch in leaf 'w', chunk at byte offset {chunk.offset} " \
+           f"(length {chunk.length})" in r["message"], r
+    assert r["peak"] < STREAMING_BOUND, r["peak"] >> 20
