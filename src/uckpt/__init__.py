@@ -20,10 +20,11 @@ from .rng import RandomState
 from .shard import PerRank, Shard
 from .tiers import Tier
 
-__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate", "EveryNSteps", "EveryOptimal",
-           "KeepAll", "KeepBest", "KeepEvery", "KeepLast", "OnSignal", "PerRank", "RNGProvider",
-           "RandomState", "SaveHandle", "Shard", "Tier", "__version__", "errors", "load", "manifest",
-           "policies", "register_adapter", "save", "verify"]
+__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate",
+           "EveryNSteps", "EveryOptimal", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
+           "OnSignal", "PerRank", "RNGProvider", "RandomState", "SaveHandle", "Shard", "Tier",
+           "__version__", "errors", "load", "manifest", "policies", "register_adapter", "save",
+           "verify"]
 
 __all__ += ["convert"]
 

@@ -113,10 +113,10 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
     (no framework needed; the arrays are carved from a few large allocations, see
-    :data:`uckpt.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a ``state`` mapping, restore its framework
-    objects and arrays in place and return the loaded tree for its keys. With
-    ``strict`` (default), the keys of ``state`` must be exactly the
-    checkpoint's top-level keys; otherwise only the given keys are restored.
+    :data:`uckpt.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a
+    ``state`` mapping, restore its framework objects and arrays in place and return the
+    loaded tree for its keys. With ``strict`` (default), the keys of ``state`` must be
+    exactly the checkpoint's top-level keys; otherwise only the given keys are restored.
 
     Any number of ranks can load a checkpoint written by any number: replicated
     arrays are read whole by each rank; a :class:`uckpt.Shard` in ``state``

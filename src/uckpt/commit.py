@@ -5,7 +5,8 @@ of ranks, is :mod:`uckpt.collective`; the bytes go through a
 :class:`~uckpt.storage.base.CheckpointSink` (:mod:`uckpt.storage`): data files first,
 the manifest last, which is the commit. :func:`write_checkpoint` writes every data file
 of a flat state's plan from this one process (``uckpt.consolidate``). Until the commit
-readers see nothing new; the previous checkpoint is never touched. Any failure removes what the save wrote and raises.
+readers see nothing new; the previous checkpoint is never touched. Any failure removes what
+the save wrote and raises.
 """
 from __future__ import annotations
 
@@ -31,8 +32,9 @@ def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     try:
         json.dumps(metadata, allow_nan=False)
     except (TypeError, ValueError) as e:
-        raise ManifestError(f"metadata is not JSON-serialisable: {e}",
-                            hint="use str, int, float (finite), bool, None, lists and dicts") from None
+        raise ManifestError(
+            f"metadata is not JSON-serialisable: {e}",
+            hint="use str, int, float (finite), bool, None, lists and dicts") from None
     return metadata
 
 

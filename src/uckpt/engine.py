@@ -105,7 +105,7 @@ class SerialRunner:
                     previous.join()
                 try:
                     handle._finish(job())
-                except BaseException as e:  # noqa: B902 - handed to the caller via the handle
+                except BaseException as e:  # noqa: BLE001 - handed to the caller via the handle
                     handle._finish(error=e)
                 finally:
                     if cleanup is not None:
@@ -208,6 +208,6 @@ def _report_default() -> None:
         return
     try:
         _default.raise_unreported()
-    except BaseException as e:  # noqa: B902 - nobody is left to raise it to
+    except BaseException as e:  # noqa: BLE001 - nobody is left to raise it to
         log.error("uckpt: a background save failed and was never reported: %s: %s",
                   type(e).__name__, e)

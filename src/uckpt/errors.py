@@ -149,9 +149,11 @@ class KeyMismatchError(StateMismatchError):
         self.mismatched = list(mismatched)
         lines = [f"{what} does not match the checkpoint"]
         if self.missing:
-            lines.append(f"  missing from the checkpoint ({len(self.missing)}): " + _short(self.missing))
+            lines.append(f"  missing from the checkpoint ({len(self.missing)}): "
+                         + _short(self.missing))
         if self.unexpected:
-            lines.append(f"  unexpected in the checkpoint ({len(self.unexpected)}): " + _short(self.unexpected))
+            lines.append(f"  unexpected in the checkpoint ({len(self.unexpected)}): "
+                         + _short(self.unexpected))
         for m in self.mismatched:
             lines.append(f"  mismatched: {m}")
         super().__init__("\n".join(lines), hint=hint, **where)

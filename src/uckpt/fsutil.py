@@ -281,8 +281,9 @@ def open_regular(where, name: str, *, what: str = "file", path: Optional[str] = 
     be a regular file (fstat): anything else raises ``wrong_type`` (a symlink, even to a
     file in the same directory, included). A missing file raises ``missing``; other OS
     errors the error of :func:`unreadable`. ``missing`` and ``wrong_type`` are error
-    classes, or callables ``(message, path=...)`` returning the exception to raise. ``path`` (for messages) defaults to
-    ``where/name``; ``what`` names the file in messages ("manifest", "data file").
+    classes, or callables ``(message, path=...)`` returning the exception to raise. ``path``
+    (for messages) defaults to ``where/name``; ``what`` names the file in messages
+    ("manifest", "data file").
     The descriptor is blocking again when returned; the caller closes it.
     """
     if isinstance(where, int):

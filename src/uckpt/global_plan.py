@@ -72,7 +72,8 @@ def local_metadata(flat: Flat, compare: bool = True) -> Dict[str, Any]:
         small = None
         if compare and path not in flat.boxes and not isinstance(arr, DeviceArray) and arr.size:
             small = crc32c(_sample(arr))
-        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape), small]
+        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape),
+                 small]
         (own if path in flat.boxes or path.startswith(mine) else replicated).append(entry)
     per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
     if not compare:

@@ -127,7 +127,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
                 verdicts.append((content, None if same else crc32c(d)))
                 with cond:
                     cond.notify()
-        except BaseException as e:  # noqa: B902 - re-raised by the writing thread
+        except BaseException as e:  # noqa: BLE001 - re-raised by the writing thread
             failed.append(e)
         finally:
             with cond:

@@ -23,5 +23,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Checkpoint", "Keras2Checkpoint", "OptimizerState", "epoch_shuffled",
-           "make_deterministic"]
+# Keras2Checkpoint comes from __getattr__ above (imported only when asked for).
+__all__ = ["Checkpoint", "Keras2Checkpoint", "OptimizerState",  # noqa: F822
+           "epoch_shuffled", "make_deterministic"]

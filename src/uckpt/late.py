@@ -113,7 +113,7 @@ class DeferredCopy:
             error = None
             try:
                 np.copyto(dst, src, casting="equiv")
-            except BaseException as e:  # noqa: B902 - raised by finish()
+            except BaseException as e:  # noqa: BLE001 - raised by finish()
                 error = e
             with self._cond:
                 if error is not None and self._error is None:

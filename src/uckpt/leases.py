@@ -339,7 +339,8 @@ class WriterLock(LockBase):
     def refusal(self) -> RootLockedError:
         h = self.holder()
         who = (f"process {h.get('pid', '?')} on host {h.get('host', '?')} "
-               f"({h.get('mode', '?')} writer since {h.get('since', '?')})") if h else "another process"
+               f"({h.get('mode', '?')} writer since {h.get('since', '?')})"
+               ) if h else "another process"
         # the kernel drops the lock when its holder dies: whoever holds it is alive
         if self.shared or h.get("mode") != "shared":
             hint = ("only one job may write to a root while an exclusive writer holds it: "

@@ -1,4 +1,5 @@
-"""PyTorch Lightning checkpoints through uckpt: ``Trainer(plugins=[uckpt.lightning.CheckpointIO()])``.
+"""PyTorch Lightning checkpoints through uckpt:
+``Trainer(plugins=[uckpt.lightning.CheckpointIO()])``.
 
 Importing this module imports ``lightning`` and ``torch``; ``import uckpt`` alone does not.
 
@@ -63,7 +64,8 @@ def _tensors(node: Dict[str, Any], value: Any, device: Optional[torch.device]) -
     if kind == "object":
         return _tensors(node["state"], value, device)
     if kind == "dict":
-        return {k: _tensors(n, v, device) for (k, v), n in zip(value.items(), node["items"].values())}
+        return {k: _tensors(n, v, device)
+                for (k, v), n in zip(value.items(), node["items"].values())}
     if kind in ("list", "tuple"):
         out = [_tensors(n, v, device) for v, n in zip(value, node["items"])]
         return tuple(out) if kind == "tuple" else out
@@ -99,8 +101,8 @@ class CheckpointIO(_LightningCheckpointIO):
     def _options(self, path) -> Optional[Dict[str, Any]]:
         return self.storage_options if is_remote(path) else None
 
-    def save_checkpoint(self, checkpoint: Dict[str, Any], path, storage_options: Optional[Any] = None
-                        ) -> None:
+    def save_checkpoint(self, checkpoint: Dict[str, Any], path,
+                        storage_options: Optional[Any] = None) -> None:
         """Save Lightning's checkpoint dictionary at ``path`` (replacing what is there,
         atomically, as Lightning expects for ``last.ckpt``)."""
         if storage_options is not None:

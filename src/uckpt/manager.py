@@ -165,7 +165,8 @@ class CheckpointManager:
     and committed to the bucket in the background (docs/architecture.md).
     """
 
-    def __init__(self, root=None, *, tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
+    def __init__(self, root=None, *,
+                 tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
                  keep_last: Optional[int] = None, keep: Any = None,
                  save_policy: Optional[SavePolicy] = None, async_save: bool = False,
                  max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
@@ -225,7 +226,8 @@ class CheckpointManager:
         self._flusher = SerialRunner("uckpt-flush")
         # background threads talk over communicators of their own (collective to make)
         self._save_comm = self.comm.duplicate() if distributed and async_save else self.comm
-        self._copy_comm = self.comm.duplicate() if distributed and len(self.tiers) > 1 else self.comm
+        self._copy_comm = (self.comm.duplicate() if distributed and len(self.tiers) > 1
+                           else self.comm)
         self._pending: List[SaveHandle] = []
         self._pins: Dict[int, int] = {}  # steps on tier 0 still to be copied -> count
         self._info_cache: Dict[tuple, CheckpointInfo] = {}
@@ -353,7 +355,8 @@ class CheckpointManager:
 
     # -- save --------------------------------------------------------------------------------
     @pausing
-    def save(self, step: int, state: Mapping[str, Any], *, metadata: Optional[Dict[str, Any]] = None,
+    def save(self, step: int, state: Mapping[str, Any], *,
+             metadata: Optional[Dict[str, Any]] = None,
              metrics: Optional[Dict[str, float]] = None, overwrite: bool = False
              ) -> Union[Path, str, SaveHandle]:
         """Save ``state`` as checkpoint ``step``; refuses an existing step unless ``overwrite``.
@@ -373,7 +376,8 @@ class CheckpointManager:
         meta = dict(metadata or {})
         if metrics is not None:
             bad = {k: v for k, v in dict(metrics).items()
-                   if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float))}
+                   if not isinstance(k, str) or isinstance(v, bool)
+                   or not isinstance(v, (int, float))}
             if bad:
                 raise ValueError(f"metrics must map names to numbers, got {bad!r}")
             meta["metrics"] = {k: float(v) for k, v in metrics.items()}
@@ -554,12 +558,15 @@ class CheckpointManager:
             tier, name = self.tiers[i], step_dir_name(s)
             start = time.perf_counter()
             try:
-                load_from(lambda: tier.store.source(name), state, strict, self.comm,
+                # both lambdas are called before the loop moves on
+                load_from(lambda: tier.store.source(name), state, strict,  # noqa: B023
+                          self.comm,
                           f"restore of step {s} from tier {tier.name!r}", max_bytes)
             except (DistributedError, MemoryLimitError) + _DAMAGE as e:
                 if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
                                                        e.failed_with(MemoryLimitError)):
-                    damage = damage_behind(lambda: tier.store.source(name), self.comm,
+                    damage = damage_behind(lambda: tier.store.source(name),  # noqa: B023
+                                           self.comm,
                                            f"verify of step {s}, refused for memory")
                     if damage is None:
                         raise  # intact, too large for this process: not damage
@@ -746,7 +753,7 @@ def _report_unclosed() -> None:
     for manager in list(_open_managers):
         try:
             manager.wait()
-        except BaseException as e:  # noqa: B902 - nobody is left to raise it to
+        except BaseException as e:  # noqa: BLE001 - nobody is left to raise it to
             log.error("uckpt: a background save failed and was never reported: %s: %s",
                       type(e).__name__, e)
         finally:

@@ -14,7 +14,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: str = "uckpt") -> List[R]:
+def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int,
+                 name: str = "uckpt") -> List[R]:
     """``[fn(x) for x in items]`` on up to ``threads`` threads, the caller's one of them
     (so a short map starts one thread fewer); re-raises the first error. A thread that
     cannot be started (no address space left for its stack) is done without: the items
@@ -36,7 +37,7 @@ def parallel_map(fn: Callable[[T], R], items: Sequence[T], threads: int, name: s
                 next_index[0] += 1
             try:
                 results[i] = fn(items[i])
-            except BaseException as e:  # noqa: B902 - re-raised in the caller
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
                 with lock:
                     errors.append(e)
                 return
@@ -95,7 +96,7 @@ def ordered_map(fn: Callable[[T], R], items: Sequence[T], threads: int, window: 
                 state["next"] += 1
             try:
                 value = fn(items[i])
-            except BaseException as e:  # noqa: B902 - re-raised in the consumer
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
                 with cond:
                     errors.append(e)
                     cond.notify_all()

@@ -60,7 +60,8 @@ class SavePlan:
         return out
 
 
-def split_box(dtype: str, start: Sequence[int], shape: Sequence[int], piece_bytes: int) -> List[Box]:
+def split_box(dtype: str, start: Sequence[int], shape: Sequence[int],
+              piece_bytes: int) -> List[Box]:
     """Boxes covering the box ``start``/``shape``: itself, or when it holds at least twice
     ``piece_bytes``, slabs of about ``piece_bytes`` along its first axis longer than 1."""
     start, shape = tuple(start), tuple(shape)

@@ -77,7 +77,8 @@ def rng_providers(imported_only: bool = True) -> Dict[str, RNGProvider]:
             providers = _load(RNG_GROUP, name)
         except ImportError as e:
             warnings.warn(f"uckpt: the random-state provider for {name} cannot be loaded "
-                          f"({e}); its state is neither saved nor restored", RuntimeWarning)
+                          f"({e}); its state is neither saved nor restored", RuntimeWarning,
+                          stacklevel=2)
             continue
         for provider in providers:
             out[provider.name or name] = provider

@@ -71,7 +71,8 @@ def _flatten_members(combo: type, member: type, policies, hint: str = "") -> lis
             raise TypeError(f"{combo.__name__}: expected {member.__name__} objects, got "
                             f"{type(p).__name__} {p!r}")
     if not flat:
-        raise ValueError(f"{combo.__name__} needs at least one policy" + (f" ({hint})" if hint else ""))
+        raise ValueError(f"{combo.__name__} needs at least one policy"
+                         + (f" ({hint})" if hint else ""))
     return flat
 
 

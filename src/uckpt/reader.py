@@ -264,7 +264,8 @@ class CheckpointReader:
 
     def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray, origin: tuple) -> None:
         start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
-        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape)) + (...,)]
+        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape))
+                      + (...,)]
         direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
         itemsize = dtypes.itemsize(entry.dtype)
         buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
@@ -547,6 +548,6 @@ def _intersection(start_a, shape_a, start_b, shape_b):
     """The box where two boxes overlap, ``(start, shape)``, or None when they do not."""
     lo = [max(a, b) for a, b in zip(start_a, start_b)]
     hi = [min(a + m, b + n) for a, m, b, n in zip(start_a, shape_a, start_b, shape_b)]
-    if any(h <= l for l, h in zip(lo, hi)):
+    if any(h <= low for low, h in zip(lo, hi)):
         return None
-    return tuple(lo), tuple(h - l for l, h in zip(lo, hi))
+    return tuple(lo), tuple(h - low for low, h in zip(lo, hi))

@@ -102,7 +102,8 @@ class _Matcher:
         try:
             targets = adapter.prepare(obj, spec)
         except UckptError as e:
-            raise e.at_path(join(parts))
+            e.at_path(join(parts))  # names the path in e itself
+            raise
         self.collect_targets(sub, targets)
         self.needed.append(sub)
         self.actions.append((adapter, obj, sub, join(parts)))
@@ -264,7 +265,8 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
         try:
             adapter.restore(obj, decode(sub, leaf))
         except UckptError as e:
-            raise e.at_path(path)
+            e.at_path(path)  # names the path in e itself
+            raise
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)
     items = m.tree["items"]

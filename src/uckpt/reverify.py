@@ -203,7 +203,7 @@ class Verifier:
                     self._damaged(name, damaged)
                 elif good:
                     self._verified.setdefault(name, set()).update(good)
-        except BaseException as e:  # noqa: B902 - a failed check only leaves chunks unverified
+        except BaseException as e:  # noqa: BLE001 - a failed check only leaves chunks unverified
             log.error("reading back %s failed: %s: %s", self.store.location(name),
                       type(e).__name__, e)
         finally:

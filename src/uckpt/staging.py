@@ -71,7 +71,8 @@ class StagingPool:
             while self._in_use >= self.slots:
                 self._cond.wait()
             self._in_use += 1
-            fits = [a for a in self._free if a.capacity >= nbytes and a.pinned == (allocator is not None)]
+            fits = [a for a in self._free
+                    if a.capacity >= nbytes and a.pinned == (allocator is not None)]
             if fits:
                 arena = min(fits, key=lambda a: a.capacity)
                 self._free.remove(arena)

@@ -141,7 +141,8 @@ class _Flattener:
         try:
             return adapter.extract(obj)
         except UckptError as e:  # the adapter does not know where its object sits
-            raise e.at_path(join(parts))
+            e.at_path(join(parts))  # names the path in e itself
+            raise
 
     def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
         keys = list(obj.keys())

@@ -280,7 +280,7 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
                     sums[i], digests[i] = hashing.crc_and_digest(d)
                 else:
                     sums[i] = crc32c(d)
-        except BaseException as e:  # noqa: B902 - re-raised below
+        except BaseException as e:  # noqa: BLE001 - re-raised below
             errors.append(e)
 
     summer = threading.Thread(target=checksum_all, name="uckpt-crc", daemon=True)

@@ -75,8 +75,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="compress DST: npz deflate (as savez_compressed, Chainer's default), "
                         "hdf5 and keras gzip, uckpt zstd")
     p.add_argument("--codec", metavar="CODEC",
-                   help="the codec of --compress: lzf for hdf5 and keras, zstd or zstd+bytegroup for uckpt (default: the "
-                        "target's first)")
+                   help="the codec of --compress: lzf for hdf5 and keras, zstd or zstd+bytegroup "
+                        "for uckpt (default: the target's first)")
     p.add_argument("--max-shard-size", metavar="SIZE",
                    help="cut Hugging Face weights into shards of at most SIZE (5GB, 500MB, "
                         "200MiB, bytes) with an index; DST is then a directory")

@@ -147,7 +147,8 @@ def render(doc: Dict[str, Any]) -> str:
                      f"{sum(a['chunks'] for a in doc['leaves'])} chunks refer to them")
     if doc["metadata"]:
         lines += ["", "metadata:"]
-        lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}" for k, v in doc["metadata"].items()]
+        lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}"
+                  for k, v in doc["metadata"].items()]
     if doc["objects"]:
         lines += ["", "objects:"]
         lines += [f"  {o['path'] or '<root>'}: {o['adapter']} ({o['class']})"

@@ -23,8 +23,8 @@ or ROOT itself if it is a checkpoint.
 Status: "committed" (the manifest is valid and every data file is present),
 "damaged" (the manifest is missing or invalid, or a data file is missing,
 short or longer than recorded, or one of them is not a regular file; also a symlink named like a
-checkpoint, which is not followed), "incomplete" (the temporary directory of a save or copy in progress or
-interrupted; in an object store: the objects of a step_N prefix without a
+checkpoint, which is not followed), "incomplete" (the temporary directory of a save or copy
+in progress or interrupted; in an object store: the objects of a step_N prefix without a
 manifest), "stale" (left by an interrupted delete or overwrite).
 Only manifests are read, and nothing is changed; run "uckpt verify" to check
 the data itself. Steps a CheckpointManager rollback took off the live line

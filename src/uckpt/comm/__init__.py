@@ -15,7 +15,8 @@ from .base import DEFAULT_TIMEOUT, Communicator, SingleProcess
 from ..errors import CollectiveTimeoutError, CommunicationError, DistributedError
 
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
-_HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras", "horovod.keras")
+_HOROVOD_MODULES = ("horovod.torch", "horovod.tensorflow", "horovod.tensorflow.keras",
+                    "horovod.keras")
 
 
 def __getattr__(name: str):
@@ -109,9 +110,11 @@ def get_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> Co
     if comm is None:
         if _torch_initialized():
             world = id(sys.modules["torch.distributed"].group.WORLD)  # no reference: teardown
-            return _cached(("torch", timeout), world, lambda: make_communicator(None, timeout=timeout))
+            return _cached(("torch", timeout), world,
+                           lambda: make_communicator(None, timeout=timeout))
         if _mpi_launched():
-            return _cached(("mpi", timeout), "world", lambda: make_communicator(None, timeout=timeout))
+            return _cached(("mpi", timeout), "world",
+                           lambda: make_communicator(None, timeout=timeout))
         return SingleProcess()
     if _is_horovod(comm):  # Horovod's world is MPI's: one communicator, whichever module
         return _cached(("mpi", timeout), "world", lambda: make_communicator(comm, timeout=timeout))
@@ -156,6 +159,6 @@ def make_communicator(comm: Any = None, *, timeout: Optional[float] = None) -> C
                     f"{type(comm).__module__}.{type(comm).__qualname__}")
 
 
-__all__ = ["background_communicator", "make_communicator", "CollectiveTimeoutError", "CommunicationError", "Communicator", "DEFAULT_TIMEOUT",
-           "DistributedError", "MPICommunicator", "SingleProcess", "TorchCommunicator",
-           "get_communicator"]
+__all__ = ["background_communicator", "make_communicator", "CollectiveTimeoutError",
+           "CommunicationError", "Communicator", "DEFAULT_TIMEOUT", "DistributedError",
+           "MPICommunicator", "SingleProcess", "TorchCommunicator", "get_communicator"]

@@ -18,7 +18,8 @@ def encode(obj: Any) -> bytes:
     try:
         return json.dumps(obj, separators=(",", ":"), allow_nan=True).encode("utf-8")
     except (TypeError, ValueError) as e:
-        raise TypeError(f"communicator objects must be JSON-able (dict/list/str/number/bool/None): {e}") from e
+        raise TypeError("communicator objects must be JSON-able "
+                        f"(dict/list/str/number/bool/None): {e}") from e
 
 
 def decode(data: bytes) -> Any:

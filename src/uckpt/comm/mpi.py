@@ -79,7 +79,8 @@ class MPICommunicator(Communicator):
             time.sleep(sleep)
             sleep = min(2 * sleep, 2e-3)
 
-    def _recv(self, sources: Iterable[int], tag: int, deadline: float) -> Tuple[Dict[int, bytes], Set[int]]:
+    def _recv(self, sources: Iterable[int], tag: int, deadline: float
+              ) -> Tuple[Dict[int, bytes], Set[int]]:
         MPI = self._MPI
         status = MPI.Status()
         pending = set(sources)
@@ -112,7 +113,8 @@ class MPICommunicator(Communicator):
         try:
             return fn(*args)
         except self._MPI.Exception as e:
-            raise CommunicationError(f"MPI failed in collective {op!r} on rank {self._rank}: {e}") from e
+            raise CommunicationError(
+                f"MPI failed in collective {op!r} on rank {self._rank}: {e}") from e
 
     # --- collectives ------------------------------------------------------------------------
     def barrier(self) -> None:

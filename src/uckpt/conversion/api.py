@@ -139,7 +139,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         if select:
             select_node(tree, select)
         rename_keys(tree, strip_prefix, add_prefix)
-        layouts.adapt(tree, dst_fmt, dst)  # the frameworks' own file layouts, after the user's selection
+        # the frameworks' own file layouts, after the user's selection
+        layouts.adapt(tree, dst_fmt, dst)
         lay = writer.plan(tree)
         report = Report(str(src), str(dst), src_fmt, dst_fmt, dry_run=dry_run,
                         arrays=[(n, leaf.dtype, leaf.shape, leaf.nbytes) for n, leaf in lay.arrays],

@@ -5,8 +5,8 @@ file's root (``updater/model:main/...``, ``updater/optimizer:main/...``, ``stop_
 ``extensions``, ...). ``uckpt.chainer.snapshot`` saves the same tree under ``trainer``
 (beside ``rng``). :func:`uckpt_root` nests a snapshot's tree under ``trainer`` for a uckpt
 target, so that ``uckpt.chainer.resume`` (or ``uckpt.load(d, {"trainer": trainer})``)
-restores it; :func:`unnested` finds it there again; :func:`snapshot_root` takes a uckpt tree's ``trainer`` entry (live or
-converted) back to the root for an NPZ or HDF5 target, which
+restores it; :func:`unnested` finds it there again; :func:`snapshot_root` takes a uckpt
+tree's ``trainer`` entry (live or converted) back to the root for an NPZ or HDF5 target, which
 ``chainer.serializers.load_npz(path, trainer)`` reads (entries only uckpt records, such
 as an optimizer's ``uckpt:class``, are ignored by Chainer's loader).
 """

@@ -156,7 +156,7 @@ def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
 
 def _weights(directory: Path, tree: Tree) -> Optional[Dict[str, Any]]:
     found = []
-    for kind, (single, index, _) in WEIGHTS.items():
+    for single, index, _ in WEIGHTS.values():
         for name in (index, single):
             if (directory / name).is_file():
                 found.append(name)

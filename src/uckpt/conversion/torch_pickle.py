@@ -10,9 +10,9 @@ The pickle goes through :mod:`.unpickler` with an allowlist of uckpt's own
 stand-ins for what tensor checkpoints need: torch's tensor rebuild functions,
 typed and untyped storage classes, dtypes, ``torch.Size``, ``OrderedDict`` and
 ``_codecs.encode``, and plain numeric NumPy arrays (:mod:`.numpy_pickle`). A tensor
-becomes a lazy :class:`~.model.Leaf` that reads its bytes from the storage member at its offset when asked (strided views are
-gathered from the span they cover). Storage sizes are checked against the
-members that hold them before anything is allocated.
+becomes a lazy :class:`~.model.Leaf` that reads its bytes from the storage member at its
+offset when asked (strided views are gathered from the span they cover). Storage sizes are
+checked against the members that hold them before anything is allocated.
 """
 from __future__ import annotations
 

@@ -743,7 +743,8 @@ class _Parser:
             self.fields(node, loc, ("type", "value"))
             v = node["value"]
             if not (v is None or isinstance(v, (bool, int, float, str))):
-                self.fail(loc + ".value", "a value node holds null, a boolean, a number or a string")
+                self.fail(loc + ".value",
+                          "a value node holds null, a boolean, a number or a string")
         elif kind == "float":
             self.fields(node, loc, ("type", "value"))
             if node["value"] not in ("nan", "inf", "-inf"):

@@ -4,8 +4,8 @@ Arrays that are each one chunk covering the whole array are listed as rows of on
 top-level ``table``: their paths, dtypes and shapes as JSON lists, their chunks' fields
 in the binary columns of a grid (:mod:`.grid`, section 15.2). :func:`whole` tells
 whether an array qualifies, :func:`encode` writes the table, :func:`decode` checks one and
-adds its array entries to those of ``arrays`` (every list and text length checked against the number of rows
-before anything is decoded).
+adds its array entries to those of ``arrays`` (every list and text length checked against
+the number of rows before anything is decoded).
 """
 from __future__ import annotations
 

@@ -96,7 +96,8 @@ class LocalSource(CheckpointSource):
         where = str(self.directory.parent / name)
         try:
             fsutil.stat_regular(fd, MANIFEST_NAME, what="manifest",
-                                path=os.path.join(where, MANIFEST_NAME), missing=lambda *_a, **_k: base.uncommitted_base(
+                                path=os.path.join(where, MANIFEST_NAME),
+                                missing=lambda *_a, **_k: base.uncommitted_base(
                                     where, f"it has no {MANIFEST_NAME}"),
                                 wrong_type=lambda message, **_k: base.uncommitted_base(
                                     where, message))
@@ -251,7 +252,8 @@ class LocalSink(CheckpointSink):
             except FileExistsError:
                 pass
         st = os.stat(self.tmp)
-        return "coordinator" if sees_coordinator else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
+        return ("coordinator" if sees_coordinator
+                else f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}")
 
     def _new(self, name: str) -> Path:
         path = self.tmp / name

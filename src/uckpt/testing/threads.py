@@ -136,7 +136,7 @@ def run_ranks(size: int, fn: Callable[[ThreadCommunicator], Any], *,
     def body(comm: ThreadCommunicator) -> None:
         try:
             outcomes[comm.rank] = fn(comm)
-        except BaseException as e:  # noqa: B902 - handed to the caller in place of a value
+        except BaseException as e:  # noqa: BLE001 - handed to the caller in place of a value
             outcomes[comm.rank] = e
 
     threads = [threading.Thread(target=body, args=(c,), name=f"uckpt-rank-{c.rank}",
