@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up the environment (scripts/setup.sh) and run the test suite.
+# Set up the environment (scripts/setup.sh), run the static checks (scripts/lint.sh:
+# ruff and mypy; a failure stops here) and the test suite.
 #
 #   bash scripts/test.sh                         # all tests (tests/)
 #   bash scripts/test.sh -k demo -x              # extra arguments go to pytest
@@ -7,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
+bash scripts/lint.sh
 
 echo "+ .venv/bin/python -m pytest -q $*"
 rc=0

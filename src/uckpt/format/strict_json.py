@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 # a \\uD800-\\uDFFF escape: only these can leave a lone surrogate in a decoded string
 # (paired ones are joined by the decoder; UTF-8 itself cannot encode surrogates)
@@ -19,7 +21,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _no_constants(token: str):
+def _no_constants(token: str) -> NoReturn:
     raise ValueError(f"{token} is not a JSON number")
 
 
@@ -30,10 +32,10 @@ def _finite(text: str) -> float:
     return value
 
 
-def _no_duplicates(pairs):
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) != len(pairs):
-        seen = set()
+        seen: set[str] = set()
         for k, _ in pairs:
             if k in seen:
                 raise ValueError(f"duplicate key {ascii(k)[:80]}")
@@ -41,7 +43,7 @@ def _no_duplicates(pairs):
     return out
 
 
-def loads(data: bytes):
+def loads(data: bytes) -> Any:
     """Parse UTF-8 ``data`` as standard JSON; raises ``ValueError`` naming the problem."""
     text = data.decode("utf-8")
     try:
@@ -54,11 +56,12 @@ def loads(data: bytes):
     return doc
 
 
-def _refuse_lone_surrogates(doc) -> None:
+def _refuse_lone_surrogates(doc: Any) -> None:
     """Raise if a key or string value holds an unpaired surrogate (iteratively: any depth)."""
     stack = [doc]
     while stack:
         obj = stack.pop()
+        strings: Iterable[str]
         if isinstance(obj, str):
             strings = (obj,)
         elif isinstance(obj, dict):

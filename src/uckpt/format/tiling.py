@@ -21,7 +21,7 @@ that their element counts add up to the array's, so overlap-free means tiled.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Sequence, Tuple
+from typing import Literal, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -33,7 +33,8 @@ class Defect(NamedTuple):
     """Why boxes do not tile: the element at ``index`` is held by the two boxes ``boxes``
     (indices into the inputs), or by none when ``boxes`` is empty."""
 
-    index: Tuple[int, ...]
+    # the field shadows tuple.index (mypy's complaint); its name is the public API
+    index: Tuple[int, ...]  # type: ignore[assignment]
     boxes: Tuple[int, ...]
 
 
@@ -70,7 +71,8 @@ def find_defect(starts: np.ndarray, ends: np.ndarray,
     return Defect(index, (int(inside[0]), int(inside[1])))
 
 
-def _corner_sums(starts: np.ndarray, ends: np.ndarray, full: np.ndarray):
+def _corner_sums(starts: np.ndarray, ends: np.ndarray, full: np.ndarray
+                 ) -> Union[Literal[True], Tuple[np.ndarray, int], None]:
     """True when every corner sum is zero; else (the lexicographically first point whose sum
     is not, its sum); None when the entries outgrow the budget."""
     n, d = starts.shape
@@ -112,7 +114,7 @@ def _merge(keys: np.ndarray, weights: np.ndarray) -> Tuple[np.ndarray, np.ndarra
 def _sweep(starts: np.ndarray, ends: np.ndarray) -> Optional[Tuple[int, int]]:
     """The first pair of overlapping boxes (indices into the inputs), or None."""
     n, d = starts.shape
-    best = None
+    best: Optional[Tuple[int, np.ndarray, np.ndarray]] = None
     for k in range(d):  # the axis along which the fewest pairs overlap
         order = np.argsort(starts[:, k], kind="stable")
         s = starts[order, k]
@@ -121,6 +123,7 @@ def _sweep(starts: np.ndarray, ends: np.ndarray) -> Optional[Tuple[int, int]]:
         total = int(counts.sum())
         if best is None or total < best[0]:
             best = (total, order, counts)
+    assert best is not None  # find_defect passes at least one axis
     _, order, counts = best
     ss, ee = starts[order], ends[order]
     i0 = 0

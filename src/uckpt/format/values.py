@@ -3,12 +3,14 @@ rule 18) and short previews of manifest values for error messages."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from typing import Any
 
 MAX_INT = 2 ** 63 - 1  # sizes, offsets, extents, ranks and steps fit a signed 64-bit integer
 MAX_DIMS = 64  # NumPy's limit
 
 
-def show(obj) -> str:
+def show(obj: Any) -> str:
     """A short JSON-like preview of a value for an error message (never huge, never raises)."""
     if isinstance(obj, str):
         return key(obj)
@@ -30,7 +32,7 @@ def key(text: str) -> str:
     return repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
 
 
-def dims(shape) -> str:
+def dims(shape: Sequence[Any]) -> str:
     """A shape's preview (its dimensions, shortened when long)."""
     text = ", ".join(map(show, shape))
     return f"[{text}]" if len(text) <= 200 else f"[{text[:180]}, ...] ({len(shape)} dimensions)"

@@ -21,7 +21,7 @@ from .base import (RESERVED, BlobStore, BlobWriter, Listing, check_below_root, c
                    check_offset, check_prefix, closed, flat, writable_view)
 
 if TYPE_CHECKING:
-    from fsspec import AbstractFileSystem  # type: ignore[import-untyped]
+    from fsspec import AbstractFileSystem
     from typing_extensions import Buffer
 
 #: protocols whose file systems live in this process: one lock makes creates atomic
@@ -48,7 +48,7 @@ class FsspecStore(BlobStore):
                  ) -> FsspecStore:
         """The store of ``url`` (``memory://x``, ``gcs://bucket/prefix``, ...)."""
         try:
-            import fsspec.core  # type: ignore[import-untyped]
+            import fsspec.core
         except ImportError as e:
             raise StorageDependencyError(f"{url!r} needs the 'fsspec' package ({e})",
                                          hint="pip install 'uckpt[fsspec]'") from None
