@@ -2,7 +2,7 @@
 
 A single process is a world of one (:class:`~uckpt.comm.SingleProcess`) and runs the same
 planning, checking and commit code as many ranks. The protocol (see
-docs/architecture.md, "Distributed saves") runs three exchanges on the communicator; each
+docs/distributed.md, "How a save runs") runs three exchanges on the communicator; each
 ends with every rank knowing whether every other rank succeeded, so a failure anywhere
 raises the same :class:`~uckpt.errors.DistributedError` everywhere (in one process: the
 error itself) and nothing is committed:

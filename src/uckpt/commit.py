@@ -84,7 +84,7 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
 
 def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
                       sizes=None, bases=None) -> Manifest:
-    """The manifest of a plan's chunks (``chunks``: write item -> :class:`Chunk`);
+    """The manifest of a plan's chunks (``chunks``: write item -> :class:`~uckpt.format.Chunk`);
     ``sizes``: the data files' sizes by rank when they differ from the plan's (compressed
     chunks, or an incremental save writing only changed ones); ``bases``: the
     checkpoints chunks refer to."""

@@ -20,7 +20,7 @@ one *writer* job (one process, or every rank of one job) and any number of
   only hidden directories of dead saves and deletions; it never touches a live
   save's directory, and never follows a symlink.
 
-Call order: the writer calls :meth:`WriterLock.acquire` once per root, then
+Call order: the writer calls :meth:`WriterLock.try_acquire` once per root, then
 :func:`remove_debris`; each save calls :func:`make_tmp_dir` and, after the commit
 or the failure, :meth:`TmpLease.release`. Readers call none of these.
 """
