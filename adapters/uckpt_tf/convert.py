@@ -52,8 +52,8 @@ def to_numpy(var: Any) -> np.ndarray:
     copy: TensorFlow copies a variable's buffer before updating it while a read of
     that buffer is alive (assignments, optimizer kernels, XLA-compiled steps alike;
     tests/test_tf_snapshot.py checks it), so the read is a snapshot that cost no
-    copy. ``numpy()`` copies every byte (on first-touched memory: about 1 s for a
-    VGG16 state), which a save would then copy again or write."""
+    copy. ``numpy()`` copies every byte (into first-touched memory, which is slow for a
+    large state), which a save would then copy again or write."""
     arr = _read_view(var)
     if arr is None or name_of(arr.dtype) != dtype_name(var):
         arr = np.asarray(var.numpy())  # the public, copying way

@@ -4,9 +4,9 @@ A checksum is written as ``"crc32c:"`` followed by 8 lowercase hex digits of the
 CRC-32C of the chunk's stored bytes (the same value as RFC 3720 / iSCSI).
 
 Two implementations compute the same value: the ``crc32c`` package (a dependency: the
-CRC32 instruction on three interleaved streams, about 32 GB/s a core from cache here)
-and, where installed (extra ``fast``), ``crc32c-rs`` (carry-less multiplication on
-AVX-512 or NEON, about 85 GB/s). :data:`BACKEND` names the one in use: ``crc32c-rs``
+CRC32 instruction on three interleaved streams) and, where installed (extra ``fast``),
+``crc32c-rs`` (carry-less multiplication on AVX-512 or NEON, faster where the CPU has
+them; docs/benchmarks.md). :data:`BACKEND` names the one in use: ``crc32c-rs``
 only once it gave the reference package's values (:func:`_agrees`) at import, else
 ``crc32c`` (with a warning where crc32c-rs gave other values); the ``crc32c`` package is
 imported only then.
@@ -26,7 +26,7 @@ ALGORITHM = "crc32c"
 
 #: the ``zlib.crc32`` of the little-endian CRC-32C values of :func:`_agrees`'s buffers, as
 #: the ``crc32c`` package computes them (so that checking ``crc32c-rs`` does not import
-#: that package: it imports ``importlib.metadata``, 10-20 ms of ``import uckpt``)
+#: that package: it imports ``importlib.metadata``, slow to import, into ``import uckpt``)
 _REFERENCE = 0xC65C62A3
 
 

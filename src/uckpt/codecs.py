@@ -86,8 +86,8 @@ _local = threading.local()
 #: Zstandard's hash table for byte planes at levels up to 1: 2^8 entries. Byte planes of
 #: floats hold few repeats; what shrinks them is the entropy coding of the sign and
 #: exponent planes. A table this small stays in the L1 cache and skips noise quickly:
-#: measured on the ResNet50, VGG16 and bf16 states of bench_compress, half the CPU time of
-#: level 1's own (2^13 entries) for frames 0.5-1% smaller.
+#: less CPU time than level 1's own table (2^13 entries), and slightly smaller frames
+#: (docs/benchmarks.md, "Figures behind choices in the code and the spec").
 PLANES_HASH_LOG = 8
 
 

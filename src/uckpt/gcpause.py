@@ -4,10 +4,11 @@ A load parses the manifest into a few thousand dicts and lists, matches them aga
 live objects and builds its read plan: containers that all die when the call returns.
 CPython counts every container allocated and, past its thresholds, collects: in a
 training process holding a few hundred thousand tracked objects, the occasional full
-collection that such a burst sets off takes 150-200 ms, several times the load itself
-(``benchmarks/bench_gc_pause.py``). The same goes for the part of a save that blocks
-training (the snapshot). Paused, the burst's containers are freed by reference counting
-before the collector could count them, so no collection is owed afterwards either.
+collection that such a burst sets off can take several times as long as the load itself
+(docs/benchmarks.md, "Latency tails: the garbage-collector pause"). The same goes for the
+part of a save that blocks training (the snapshot). Paused, the burst's containers are
+freed by reference counting before the collector could count them, so no collection is
+owed afterwards either.
 
 :func:`paused` disables the collector for the length of a uckpt call on the caller's
 thread and enables it again at the end, unless it was already disabled when the

@@ -31,7 +31,7 @@ _runtime_rng: Dict[str, RNGProvider] = {}  # module name -> provider
 def _entry_points(group: str) -> Dict[str, metadata.EntryPoint]:
     with _lock:
         if group not in _eps:
-            from importlib import metadata  # (first use: about 10 ms, not paid by `import uckpt`)
+            from importlib import metadata  # slow to import: kept out of `import uckpt`
 
             _eps[group] = {ep.name: ep for ep in metadata.entry_points(group=group)}
         return _eps[group]
