@@ -77,7 +77,7 @@ def _name_of(dt: np.dtype) -> str:
              "structured arrays to one of these first")
 
 
-_ITEMSIZE = {}
+_ITEMSIZE: dict[str, int] = {}
 
 
 def itemsize(name: str) -> int:

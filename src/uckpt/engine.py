@@ -178,8 +178,10 @@ def submit_collective(saver: AsyncSaver, flat: "Flat | BaseException",
     the error, so that the other ranks learn it instead of waiting for this
     one; the error is then raised here.
     """
-    error = flat if isinstance(flat, BaseException) else None
-    if error is None:
+    error: BaseException
+    if isinstance(flat, BaseException):
+        error = flat
+    else:
         try:
             return saver.submit(flat, job, description, make_snapshot)
         except Exception as e:  # noqa: BLE001 - told to the other ranks, raised below

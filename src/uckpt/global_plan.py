@@ -66,7 +66,8 @@ def local_metadata(flat: Flat, compare: bool = True) -> Dict[str, Any]:
     Without ``compare`` (a world of one: no other rank to compare with) the digests
     and checksums that only tell ranks apart are left out; every other check runs."""
     mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
-    replicated, own = [], []
+    replicated: List[List[Any]] = []
+    own: List[List[Any]] = []
     for path, arr in flat.arrays.items():
         offsets, gshape = flat.boxes.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
         small = None

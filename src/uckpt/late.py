@@ -78,7 +78,7 @@ class Ranges:
 try:  # NumPy 2
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:  # NumPy 1
-    _byte_bounds = np.byte_bounds
+    _byte_bounds = np.byte_bounds  # type: ignore[attr-defined]  # NumPy 1 only
 
 
 def _pieces(src: np.ndarray, dst: np.ndarray) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -146,7 +146,8 @@ def split_jobs(jobs, guard: Optional[LateGuard]):
     if guard is None:
         return list(jobs), []
     covered = Ranges(guard.covered_ranges())
-    now, later = [], []
+    now: List[Tuple[Any, Any]] = []
+    later: List[Tuple[Any, Any]] = []
     for src, dst in jobs:
         (later if covered.holds(src) else now).append((src, dst))
     return now, later

@@ -310,6 +310,7 @@ class WriterLock(LockBase):
                 log.warning("the file system of %s cannot lock files (%s): a second writer on "
                             "this root will not be detected", self.root, e)
                 break
+        assert fd is not None  # the loop opened it
         self._fd = fd
         record = {"host": socket.gethostname(), "pid": os.getpid(), "job": self.job,
                   "mode": "shared" if self.shared else "exclusive",

@@ -13,7 +13,7 @@ single-rank file is exactly the arrays' bytes laid out like a staging arena
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from . import dtypes, knobs
 from .format import data_file_name
@@ -140,6 +140,6 @@ def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, in
     return SavePlan(world_size, tuple(items), sizes)
 
 
-def metas(arrays: Mapping[str, object]) -> Dict[str, ArrayMeta]:
+def metas(arrays: Mapping[str, Any]) -> Dict[str, ArrayMeta]:
     """Layouts of arrays (ndarrays or DeviceArrays), for :func:`plan_save`."""
     return {p: ArrayMeta(dtypes.name_of(a.dtype), tuple(a.shape)) for p, a in arrays.items()}

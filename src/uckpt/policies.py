@@ -59,12 +59,13 @@ def _non_negative_int(value: Any, what: str) -> int:
 # ============================================================================================
 # Save policies
 # ============================================================================================
-def _flatten_members(combo: type, member: type, policies, hint: str = "") -> list:
+def _flatten_members(combo: type, member: type, policies: Iterable[Any],
+                     hint: str = "") -> List[Any]:
     """The members of a combination (``AnyOf``, ``KeepUnion``), nested ones flattened."""
-    flat = []
+    flat: List[Any] = []
     for p in policies:
         if isinstance(p, combo):
-            flat.extend(p.policies)
+            flat.extend(p.policies)  # type: ignore[attr-defined]  # combo: AnyOf, KeepUnion
         elif isinstance(p, member):
             flat.append(p)
         else:
@@ -187,7 +188,8 @@ class EveryNSeconds(SavePolicy):
                 not math.isfinite(seconds) or seconds <= 0:
             raise ValueError(f"EveryNSeconds: seconds must be a positive finite number, "
                              f"got {seconds!r}")
-        self.seconds = int(seconds) if isinstance(seconds, numbers.Integral) else float(seconds)
+        self.seconds: float = (int(seconds) if isinstance(seconds, numbers.Integral)
+                               else float(seconds))
         self.last: Optional[float] = None  # when the clock last (re)started
 
     def should_save(self, step: int, now: float) -> bool:
@@ -588,7 +590,7 @@ def as_retention(obj: Any) -> RetentionPolicy:
     if isinstance(obj, RetentionPolicy):
         return obj
     if isinstance(obj, numbers.Integral) and not isinstance(obj, bool):
-        return KeepLast(obj)
+        return KeepLast(obj)  # type: ignore[arg-type]  # any Integral: KeepLast checks it
     if isinstance(obj, (list, tuple)):
         if not obj:
             raise ValueError("retention: an empty list keeps nothing; pass None to keep "

@@ -103,8 +103,10 @@ def recoded_manifest(manifest: Manifest, parts: Sequence[Dict[str, list]],
         arrays[path] = dataclasses.replace(entry, chunks=tuple(chunks))
     files = {n: FileEntry(n, f.rank, sizes.get(n, f.size)) for n, f in manifest.files.items()}
     referred: Dict[str, Dict[str, int]] = {}
-    for c in (c for e in arrays.values() for c in e.chunks if c.base is not None):
-        referred.setdefault(c.base, {})[c.file] = bases[c.base].files[c.file].size
+    for e in arrays.values():
+        for c in e.chunks:
+            if c.base is not None:
+                referred.setdefault(c.base, {})[c.file] = bases[c.base].files[c.file].size
     return dataclasses.replace(manifest, arrays=arrays, files=files, bases={
         b: dict(sorted(f.items())) for b, f in sorted(referred.items())})
 

@@ -24,6 +24,7 @@ priority best-effort 7) and ``uckpt-reverify`` (bases, idle I/O class); see
 """
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -135,7 +136,7 @@ class Verifier:
         own = [(leaf, c) for leaf, c in mine if c.base is None]
         self._readback.put(lambda: self._check(name, own, done))
         for base, chunks in due:
-            self._reverify.put(lambda b=base, cs=chunks: self._check(b, cs, None))
+            self._reverify.put(functools.partial(self._check, base, chunks, None))
 
     def usable(self, baseline: Optional[Baseline]) -> Baseline:
         """What the next save may compare with: ``baseline`` (the last save's chunks; None:

@@ -81,7 +81,8 @@ def as_tier(obj, storage_options: Optional[Mapping[str, Any]] = None) -> Tier:
             obj.storage_options = storage_options
         return obj
     if isinstance(obj, (str, os.PathLike)):
-        return Tier(obj, storage_options=storage_options if is_remote(obj) else None)
+        path = obj if isinstance(obj, str) else Path(obj)  # as Tier would make it
+        return Tier(path, storage_options=storage_options if is_remote(obj) else None)
     raise TypeError(f"a tier is a path, an s3:// URL or a uckpt.Tier, got {type(obj).__name__}")
 
 

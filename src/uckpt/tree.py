@@ -176,6 +176,7 @@ class _Flattener:
         except UnsupportedDtypeError as e:
             raise UnsupportedDtypeError(f"leaf {path!r}: {e.args[0]}", leaf=path) from None
         if arr.nbytes:
+            key: tuple[Any, ...]
             if isinstance(arr, DeviceArray):
                 key = ("device", arr.key, arr.shape, arr.dtype)
             else:
