@@ -73,12 +73,12 @@ def escape_unencodable() -> None:
     instead of failing with UnicodeEncodeError."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(errors="backslashreplace")
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
         except (AttributeError, ValueError, OSError):  # not a text stream that can
             pass
 
 
-def print_json(doc: Any, out: TextIO = None) -> None:
+def print_json(doc: Any, out: Optional[TextIO] = None) -> None:
     """``doc`` as indented JSON; non-ASCII text as is when ``out`` can encode it, otherwise
     as JSON escapes (``\\u00e9``), so the output is always valid JSON."""
     out = out or sys.stdout
@@ -101,7 +101,7 @@ def error_message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def print_error(exc_or_text, err: TextIO = None) -> None:
+def print_error(exc_or_text, err: Optional[TextIO] = None) -> None:
     err = err or sys.stderr
     text = exc_or_text if isinstance(exc_or_text, str) else error_message(exc_or_text)
     err.write(f"{PROG}: error: {text}\n")

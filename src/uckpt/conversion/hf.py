@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
-from ..format.manifest import strict_json_loads
+from ..format.strict_json import loads as strict_json_loads
 from ..format.values import key as show_key, show
 from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
 from .detect import detect

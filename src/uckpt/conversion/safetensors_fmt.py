@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError
-from ..format.manifest import strict_json_loads
+from ..format.strict_json import loads as strict_json_loads
 from . import rawbits, skeleton
 from .fileio import RandomAccessFile, require_fits
 from . import names

@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
-from ..format.manifest import strict_json_loads
+from ..format.strict_json import loads as strict_json_loads
 from ..tree import MAX_DEPTH, escape, join
 from . import rawbits
 from .model import Leaf, Obj, check_plain, key_text, nest, where
@@ -73,7 +73,7 @@ def _node(obj: Any, parts: List[str], depth: int, out: Layout, seen: Dict[int, s
     name = join(parts)
     if isinstance(obj, Leaf):
         first = seen.setdefault(id(obj), name)
-        node = {"type": "array", "path": first}
+        node: Dict[str, Any] = {"type": "array", "path": first}
         if first == name or copies:
             out.arrays.append((name, obj))
         if first != name and copies:
