@@ -67,7 +67,11 @@ def run(args) -> int:
             "uckpt.save() rather than a CheckpointManager, has none.", path=str(root),
             hint="save a few checkpoints with uckpt.CheckpointManager(ROOT), or give "
                  "--cost SECONDS")
-    stall = args.cost if args.cost is not None else summary.stall
+    if args.cost is not None:
+        stall = args.cost
+    else:
+        assert summary is not None  # refused above
+        stall = summary.stall
     durable = summary.durable if summary is not None else None
     advice = advise(stall, args.mtbf, durable, args.restart or 0.0)
     if args.json:

@@ -29,12 +29,18 @@ class Found:
 
     @property
     def name(self) -> str:
-        return self.url.rsplit("/", 1)[-1] if self.url else self.path.name
+        if self.url:
+            return self.url.rsplit("/", 1)[-1]
+        assert self.path is not None  # set where url is not
+        return self.path.name
 
     @property
     def where(self) -> str:
         """The absolute path, or the URL."""
-        return self.url or str(self.path.absolute())
+        if self.url:
+            return self.url
+        assert self.path is not None  # set where url is not
+        return str(self.path.absolute())
 
 
 def size_reason(name: str, actual: int, expected: int) -> str:
