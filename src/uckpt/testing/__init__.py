@@ -4,7 +4,9 @@
 * :mod:`uckpt.testing.adapters`: the adapter conformance suite
   (:class:`AdapterCase`, :class:`AdapterConformance` for pytest, :func:`check_adapter`);
 * :mod:`uckpt.testing.threads`: ranks as threads of one process
-  (:func:`run_ranks`, :class:`ThreadCommunicator`) for fast tests of collective saves.
+  (:func:`run_ranks`, :class:`ThreadCommunicator`) for fast tests of collective saves;
+* :mod:`uckpt.testing.store_tests`: the blob store conformance suite (:class:`StoreTests`,
+  for pytest) that every :class:`uckpt.storage.blob.BlobStore` passes.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ _EXPORTS = {
     "AdapterCase": "adapters", "AdapterConformance": "adapters", "check_adapter": "adapters",
     "ConformanceError": "adapters", "registered": "adapters",
     "ThreadCommunicator": "threads", "ThreadWorld": "threads", "run_ranks": "threads",
+    "StoreTests": "store_tests",
 }
 
 __all__ = sorted(_EXPORTS)
