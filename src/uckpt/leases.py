@@ -371,7 +371,7 @@ def check_roots(stores: List[Any], comm: Any) -> None:
     first save)."""
     if comm.rank != 0:
         return
-    for store in (s for s in stores if s.remote):
+    for store in stores:  # peek() is None for a lock that cannot be looked at
         seen = store.writer_lock("", False).peek()
         if seen is not None:
             log.log(seen[0], "%s", seen[1])

@@ -293,7 +293,7 @@ class CheckpointManager:
         self._locks = claim_roots([t.store for t in self.tiers], self.comm,
                                   self.concurrent_writers)
         for tier in self.tiers:
-            if not tier.store.remote or self.comm.rank == 0:  # an object store is one view
+            if tier.store.acts_here(self.comm.rank):
                 tier.store.remove_debris()
         if self.comm.size > 1:  # no rank may start a save while another still removes debris
             self.comm.barrier()
@@ -404,7 +404,7 @@ class CheckpointManager:
         # several ranks: the same on every rank (should_save agreed on it)
         exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
-        retains = not store.remote or self.comm.rank == 0  # see _retain
+        retains = store.acts_here(self.comm.rank)
         options: Dict[str, Any] = dict(compression=self.tiers[0].codec(self.compression))
         if retains:  # retention learns of the new checkpoint without parsing it back
             options.update(on_commit=lambda m: self._learn(0, step, m))
@@ -675,7 +675,7 @@ class CheckpointManager:
 
     def _retain(self, tier: int) -> None:
         store = self.tiers[tier].store
-        if store.remote and self.comm.rank != 0:
+        if not store.acts_here(self.comm.rank):
             return  # every rank sees the same objects: rank 0 deletes for all
         # not under self._lock: listing and deleting in an object store take network round
         # trips, and save() must not wait for them (it takes self._lock to pin a step)

@@ -40,12 +40,6 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _acts(m, store) -> bool:
-    """Whether this rank moves checkpoints on ``store`` (an object store: rank 0 for all;
-    a directory: every rank, for the copy it sees; ranks sharing one tolerate each other)."""
-    return not store.remote or m.comm.rank == 0
-
-
 def newest(m) -> int:
     """Collective: the newest step of the live line on any tier of any rank, -1 if none;
     with ``concurrent_writers``, the newest of this manager's own saves (the steps of the
@@ -60,7 +54,7 @@ def resume(m) -> None:
     """Collective, when ``m`` becomes the writer: finish the rollbacks a killed writer left
     half done (before this writer saves anything), then learn the newest step."""
     for tier in m.tiers:
-        if _acts(m, tier.store):
+        if tier.store.acts_here(m.comm.rank):
             record = _intent(tier)
             if record is not None:
                 log.warning("finishing a rollback to step %d that was interrupted on tier %r: "
@@ -113,7 +107,7 @@ def roll_back(m, to: int, why: str = "rollback()") -> List[int]:
     moving: Dict[int, List[int]] = {}
     numbers = [0]
     for i, tier in enumerate(m.tiers):
-        if _acts(m, tier.store):
+        if tier.store.acts_here(m.comm.rank):
             newer = [s for s in tier.store.steps() if s > to]
             if newer:
                 moving[i] = newer

@@ -235,6 +235,12 @@ class Store:
     #: True for object stores (no rename, no locks, the manifest object is the commit)
     remote: bool = False
 
+    def acts_here(self, rank: int) -> bool:
+        """Whether ``rank`` removes debris, deletes and moves checkpoints of this root:
+        every rank for the copy of a directory it sees (node-local or shared; ranks sharing
+        one tolerate each other), rank 0 alone for an object store (one view for all)."""
+        return not self.remote or rank == 0
+
     def location(self, name: str):
         """What to show for checkpoint ``name`` of this root (a Path, or a URL)."""
         raise NotImplementedError
