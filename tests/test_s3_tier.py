@@ -180,7 +180,7 @@ def test_two_tiers_async_node_loss_restore_from_s3_bit_for_bit(tmp_path, s3_serv
 
 def test_tier_spellings_and_options(tmp_path, s3_bucket, s3_options):
     t = uckpt.Tier(url(s3_bucket, "run9") + "/", keep=2, storage_options=s3_options)
-    assert t.path == url(s3_bucket, "run9") and t.name == "run9" and t.store.remote
+    assert t.path == url(s3_bucket, "run9") and t.name == "run9" and not t.store.acts_here(1)
     mgr = uckpt.CheckpointManager(tiers=[tmp_path / "f", url(s3_bucket, "run8")],
                                   storage_options=s3_options)
     assert mgr.tiers[1].storage_options == s3_options and mgr.tiers[0].storage_options is None

@@ -104,8 +104,8 @@ class CostRecorder:
 
     ``started`` at the call of ``save``; ``stalled``, ``committed`` and ``durable``
     as each becomes known (from any thread, in any order); a record is written
-    once it is complete. ``root`` None (a remote first tier, or a rank other than
-    0) keeps the records in memory only.
+    once it is complete. ``root`` None (a first tier that is not a local directory, or a
+    rank other than 0) keeps the records in memory only.
     """
 
     def __init__(self, root: Optional[os.PathLike]) -> None:

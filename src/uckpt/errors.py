@@ -180,8 +180,6 @@ class SaveError(UckptError, RuntimeError):
     """A save failed for a reason that is not one of the more specific errors."""
 
 
-class StorageAccessError(_OSFlavoured, PermissionError):
-    """The storage refused to be written: a read-only file system, or no permission."""
 
 
 class RootLockedError(_OSFlavoured, BlockingIOError):
@@ -198,7 +196,17 @@ class WriterLeaseLostError(RootLockedError):
 
 
 # --- storage ---------------------------------------------------------------------------------
-class StorageUnavailableError(_OSFlavoured, ConnectionError):
+class StorageError(_OSFlavoured):
+    """The storage failed an operation, whatever kind it is (a directory, an object store):
+    the base of the errors below, which a caller that only needs to know "this storage
+    cannot be used now" catches (``CheckpointManager.restore`` skipping a tier)."""
+
+
+class StorageAccessError(StorageError, PermissionError):
+    """The storage refused to be written: a read-only file system, or no permission."""
+
+
+class StorageUnavailableError(StorageError, ConnectionError):
     """The storage could not be reached, or kept failing (timeouts, connection resets,
     5xx answers), after every retry. ``endpoint`` names it."""
 
@@ -207,7 +215,7 @@ class StorageUnavailableError(_OSFlavoured, ConnectionError):
         super().__init__(message, **kw)
 
 
-class ObjectStoreError(_OSFlavoured):
+class ObjectStoreError(StorageError):
     """The object store answered with an error no more specific class describes
     (``code``: the S3 error code, ``status``: the HTTP status)."""
 

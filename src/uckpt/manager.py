@@ -42,7 +42,7 @@ from .costs import CostRecorder
 from .engine import AsyncSaver, SaveHandle, SerialRunner
 from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                      DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
-                     ObjectStoreError, StorageAccessError, StorageUnavailableError, UckptError)
+                     StorageError, UckptError)
 from .leases import check_leases, check_roots, claim_roots
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
@@ -50,6 +50,7 @@ from .gcpause import pausing
 from .incremental import Baseline
 from .reader import read_manifest
 from .reverify import Verifier
+from .storage import local_path
 from .storage.base import step_dir_name, step_of
 from .tiers import Tier, as_tier
 
@@ -245,8 +246,7 @@ class CheckpointManager:
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
         # rank 0 records what saves cost beside a local first tier (uckpt.costs)
-        self._costs = CostRecorder(self.root if self.comm.rank == 0 and
-                                   not self.tiers[0].store.remote else None)
+        self._costs = CostRecorder(local_path(self.root) if self.comm.rank == 0 else None)
         self._tell_policy_costs()
         _open_managers.add(self)
         if role == "writer":
@@ -535,7 +535,7 @@ class CheckpointManager:
             for i, tier in enumerate(self.tiers):
                 try:
                     steps = tier.store.steps()
-                except (StorageUnavailableError, StorageAccessError, ObjectStoreError) as e:
+                except StorageError as e:
                     if len(self.tiers) == 1:
                         raise
                     warnings.warn(f"uckpt: tier {tier.name!r} ({tier.path}) cannot be listed, "

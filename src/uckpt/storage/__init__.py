@@ -13,18 +13,40 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple, Union
 
-from .base import CheckpointSink, CheckpointSource, Store
+from .base import CheckpointSink, CheckpointSource, Entry, Store
 from .s3_url import is_s3_url, parse_url
 
-__all__ = ["CheckpointSink", "CheckpointSource", "Store", "is_remote", "locate",
-           "open_source", "open_store"]
+__all__ = ["CheckpointSink", "CheckpointSource", "Entry", "Store", "canonical", "local_path",
+           "locate", "open_source", "open_store", "storage_options_for"]
 
 
 def is_remote(target: Any) -> bool:
-    """Whether ``target`` names a checkpoint or root in an object store."""
+    """Whether ``target`` names a checkpoint or root in an object store (for this package
+    only: callers outside it ask the store, or the functions below)."""
     return is_s3_url(target)
+
+
+def storage_options_for(target: Any, storage_options: Optional[Mapping]) -> Optional[Mapping]:
+    """The ``storage_options`` that apply to ``target``: all of them for a URL of a store
+    that takes options, None for a local path (which takes none)."""
+    return storage_options if is_remote(target) else None
+
+
+def canonical(target: Any) -> Union[Path, str]:
+    """``target`` as one spelling of it: an absolute Path for a local path, the URL without
+    a trailing ``/`` for an object store."""
+    if is_remote(target):
+        return str(target).rstrip("/")
+    return Path(target).absolute()
+
+
+def local_path(target: Any) -> Optional[Path]:
+    """The local file-system path ``target`` names, None where it names none (an object
+    store URL): for what only a local file can be (another format's input file, the save
+    costs a manager records beside its first tier)."""
+    return None if is_remote(target) else Path(target)
 
 
 def _check_options(target, storage_options: Optional[Mapping]) -> None:

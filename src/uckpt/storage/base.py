@@ -35,7 +35,12 @@ Who calls what, and in what order (DCP style):
   :meth:`Store.put_record`, :meth:`Store.archive` for each base then each step moved,
   :meth:`Store.drop_record`. Readers call only :meth:`Store.steps` (which reads
   :meth:`Store.record`), :meth:`Store.has`, :meth:`Store.source`,
-  :meth:`Store.archives`, :meth:`Store.within` and, at construction, ``peek`` of a lock.
+  :meth:`Store.archives`, :meth:`Store.within` and, at construction, ``peek`` of a lock;
+* a listing (``uckpt ls``, ``verify --all``, ``tiers``; :mod:`uckpt.cli.scan`), which
+  changes nothing: :meth:`Store.itself` (is the root a checkpoint?), else
+  :meth:`Store.entries`; for each :data:`CHECKPOINT` entry :meth:`Store.source` to read
+  its manifest, then its ``files`` against the manifest; :meth:`Store.still_there` to
+  tell an entry that turned out damaged from one deleted or replaced meanwhile.
 
 Every method raises errors of :mod:`uckpt.errors`; those of reading a damaged or
 missing checkpoint are the ones ``CheckpointManager.restore`` falls back on.
@@ -43,7 +48,8 @@ missing checkpoint are the ones ``CheckpointManager.restore`` falls back on.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from ..errors import CorruptCheckpointError, TruncatedDataError
 from ..readback import SourceReader
@@ -227,19 +233,79 @@ class WriterLock:
         return None
 
 
+#: kinds of :class:`Entry`
+CHECKPOINT, TEMPORARY, STALE, LINK = "checkpoint", "temporary", "stale", "link"
+
+
+@dataclass
+class Entry:
+    """One child of a root as :meth:`Store.entries` finds it (names and sizes only, no
+    file read). ``kind``: :data:`CHECKPOINT` (named like a step, or holding a manifest:
+    committed or damaged, as its manifest says), :data:`TEMPORARY` (what a save in progress
+    or interrupted left), :data:`STALE` (left by an interrupted delete or overwrite) or
+    :data:`LINK` (a symbolic link named like a checkpoint: never followed)."""
+
+    name: str
+    kind: str
+    #: its path or URL, for messages and listings
+    where: str
+    #: the step its name carries (``step_N``, also hidden inside a temporary name)
+    step: Optional[int] = None
+    #: bytes of all its files (below it, for a directory)
+    size: int = 0
+    #: a CHECKPOINT's own plain files (not below a subdirectory): name -> size
+    files: Dict[str, int] = field(default_factory=dict)
+    #: its other entries, which are not plain files: name -> what they are ("a FIFO ...")
+    not_plain: Dict[str, str] = field(default_factory=dict)
+    #: what the store says of it: why it is TEMPORARY, STALE or a LINK, or why a
+    #: CHECKPOINT could not be listed (then it is damaged)
+    reason: str = ""
+    #: what :meth:`Store.still_there` compares (the store's own; None: nothing)
+    token: Any = None
+
+
 class Store:
     """A root of checkpoints (a directory, or a prefix in a bucket)."""
 
     #: the root's path or URL as the user gave it (for messages and ``Tier.name``)
     where: str = ""
-    #: True for object stores (no rename, no locks, the manifest object is the commit)
-    remote: bool = False
 
     def acts_here(self, rank: int) -> bool:
         """Whether ``rank`` removes debris, deletes and moves checkpoints of this root:
         every rank for the copy of a directory it sees (node-local or shared; ranks sharing
         one tolerate each other), rank 0 alone for an object store (one view for all)."""
-        return not self.remote or rank == 0
+        raise NotImplementedError
+
+    # -- what a listing asks (never changes anything) -----------------------------------------
+    def exists(self) -> bool:
+        """Whether the root is there (a directory, a symlink to one included; a prefix of
+        an object store always is: it holds whatever is put under it)."""
+        raise NotImplementedError
+
+    def identity(self) -> Hashable:
+        """What tells roots apart however they are spelt (symlinks, ``..``, a trailing
+        ``/``): equal for two stores of the same root."""
+        raise NotImplementedError
+
+    def itself(self) -> Optional[Entry]:
+        """The root as a CHECKPOINT entry if it holds a manifest (a checkpoint given where a
+        root was expected; read it with :func:`uckpt.storage.open_source` of
+        :attr:`where`), else None. Raises CheckpointNotFoundError if the root does not
+        exist, NotACheckpointError if it is not a directory."""
+        raise NotImplementedError
+
+    def entries(self) -> List[Entry]:
+        """The children of the root that a listing shows, by name: checkpoints (committed
+        or not), what saves in progress or interrupted left, what interrupted deletions
+        left, symlinks named like any of them. Raises like :meth:`itself`."""
+        raise NotImplementedError
+
+    def still_there(self, entry: Entry) -> bool:
+        """Whether ``entry`` (from :meth:`entries`) is still there, neither deleted nor
+        replaced since it was listed (a local directory renamed away or another one in its
+        place; an object store checkpoint whose manifest is gone: a deletion removes it
+        first)."""
+        raise NotImplementedError
 
     def location(self, name: str):
         """What to show for checkpoint ``name`` of this root (a Path, or a URL)."""

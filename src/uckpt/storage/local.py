@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Hashable, List, Optional, Sequence
 
 from .. import fsutil, knobs
 from ..readback import FileReader
@@ -26,9 +26,9 @@ from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestEr
 from ..format import MANIFEST_NAME
 from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
     remove_debris
-from . import archive_local, base
+from . import archive_local, base, listing_local
 from .archive import hidden_steps
-from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
+from .base import STEP_NAME, CheckpointSink, CheckpointSource, Entry, Store
 
 log = logging.getLogger("uckpt.storage.local")
 
@@ -380,6 +380,29 @@ class LocalStore(Store):
     def __init__(self, root) -> None:
         self.root = Path(root).absolute()
         self.where = str(self.root)
+
+    def acts_here(self, rank: int) -> bool:
+        return True  # every rank, for the copy of the directory it sees
+
+    def exists(self) -> bool:
+        return self.root.is_dir()
+
+    def identity(self) -> Hashable:
+        """(device, inode) of the directory, else its resolved path."""
+        try:
+            st = self.root.stat()
+            return (st.st_dev, st.st_ino)
+        except OSError:
+            return str(self.root.resolve())
+
+    def itself(self) -> Optional[Entry]:
+        return listing_local.itself(self.root)
+
+    def entries(self) -> List[Entry]:
+        return listing_local.entries(self.root)
+
+    def still_there(self, entry: Entry) -> bool:
+        return listing_local.still_there(entry)
 
     def location(self, name: str) -> Path:
         return self.root / name

@@ -27,17 +27,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Hashable, List, Optional, Set, Tuple
 
-from .. import knobs
+from .. import fsutil, knobs
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
                       NotACheckpointError)
 from ..format import MANIFEST_NAME
 from . import archive_objects, base
 from .archive import hidden_steps
-from .base import STEP_NAME, CheckpointSink, CheckpointSource, Store
+from .base import (CHECKPOINT, STEP_NAME, TEMPORARY, CheckpointSink, CheckpointSource, Entry,
+                   Store, step_of)
 from .object_lock import CONCURRENT_DIR, LOCK_NAME, ObjectWriterLock  # noqa: F401 (re-exported)
 from .s3 import S3Client
 from .s3_bodies import Gather, Readable
@@ -174,6 +176,23 @@ class ObjectSink(CheckpointSink):
     def write_image(self, name, image, size) -> None:
         self.client.upload(self._key(name), image, size)
 
+    def write_stream(self, name, pieces, reserve=None) -> None:
+        """Without ``reserve`` (a piece's memory may be reused once the next is asked for):
+        each piece copied as it comes into an anonymous local temporary file, uploaded from
+        there in parallel parts, so memory stays a constant whatever the file's size. With
+        it: gathered (the pieces stay valid) and uploaded as :meth:`write_pieces` does."""
+        if reserve is not None:
+            super().write_stream(name, pieces, reserve)
+            return
+        with tempfile.TemporaryFile(prefix="uckpt-upload-") as spool:
+            fd = spool.fileno()
+            end = 0
+            for offset, data in pieces:
+                fsutil.pwritev_all(fd, [memoryview(data).cast("B")], offset)
+                end = offset + memoryview(data).nbytes
+            os.ftruncate(fd, end)  # gaps (and none after the last piece) are zeros
+            self.client.upload(self._key(name), fd, end)
+
     def copy_file(self, source: CheckpointSource, name: str, size: int) -> None:
         from .local import LocalSource
 
@@ -225,8 +244,6 @@ class ObjectSink(CheckpointSink):
 class ObjectStore(Store):
     """A root ``s3://bucket/prefix`` (the prefix may be empty: the bucket's root)."""
 
-    remote = True
-
     def __init__(self, client: S3Client, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
@@ -250,6 +267,42 @@ class ObjectStore(Store):
 
     def location(self, name: str) -> str:
         return url_of(self.client.bucket, self.key(name))
+
+    def acts_here(self, rank: int) -> bool:
+        return rank == 0  # one view for all ranks
+
+    def exists(self) -> bool:
+        return True  # a prefix holds whatever is put under it
+
+    def identity(self) -> Hashable:
+        return self.where.rstrip("/")
+
+    def itself(self) -> Optional[Entry]:
+        listing = self.client.list(self._under(), delimiter="/")
+        if self.key(MANIFEST_NAME) not in listing.objects:
+            return None
+        name = self.prefix.rpartition("/")[2]
+        files = {k[len(self._under()):]: size for k, size in listing.objects.items()}
+        return Entry(name, CHECKPOINT, self.where, step=step_of(name),
+                     size=sum(files.values()), files=files)
+
+    def entries(self) -> List[Entry]:
+        out = []
+        for name, objects in sorted(self._listing().items()):
+            files = {f: size for f, (size, _) in objects.items()}
+            step = step_of(name)
+            entry = Entry(name, CHECKPOINT, self.location(name), step=step,
+                          size=sum(files.values()), files=files)
+            if MANIFEST_NAME not in files:
+                if step is None:
+                    continue  # not a checkpoint's objects
+                entry.kind = TEMPORARY  # the manifest object is the commit (format.md 3.1)
+                entry.reason = "objects of a save in progress or interrupted (no manifest)"
+            out.append(entry)
+        return out
+
+    def still_there(self, entry: Entry) -> bool:
+        return self.has(entry.name)  # a deletion removes the manifest first
 
     def _under(self) -> str:
         return self.prefix + "/" if self.prefix else ""
