@@ -181,7 +181,7 @@ def dumps(v: Any) -> str:
     return json.dumps(v, allow_nan=True)
 
 
-#: format version 2 (docs/format.md, section 4.4): the file ends with these 39 bytes, the
+#: from format version 2 on (docs/format.md, section 3.4): the file ends with these 39 bytes, the
 #: digits being the CRC-32C of every byte before the value's opening quote
 CHECKSUM_KEY = b'"manifest_checksum":'
 _SEAL_TAIL = re.compile(rb'"manifest_checksum":"crc32c:[0-9a-f]{8}"\}\n')
@@ -201,7 +201,7 @@ def is_sealed(data: bytes) -> bool:
 
 
 def seal_manifest(text: bytes, like: bytes) -> bytes:
-    """Manifest bytes for the JSON object ``text`` as docs/format.md (4.4) says a writer
+    """Manifest bytes for the JSON object ``text`` as docs/format.md (3.4) says a writer
     makes them if ``like`` (an intact manifest) has a checksum, else ``text`` itself:
     drop the closing brace, append ``,"manifest_checksum":``, the CRC-32C of all that
     as ``"crc32c:XXXXXXXX"``, the brace and a line feed."""
@@ -288,7 +288,6 @@ class _Server:
 
         self.uckpt = uckpt
         self.pristine: Dict[str, Any] = {}
-        self.doc_reader = None
 
     def state(self, req) -> Any:
         key = req["pristine"]
@@ -335,14 +334,14 @@ class _Server:
         return {"step": step, "fp": fingerprint(state)}
 
     def op_doc_reader(self, req, state):
-        """The NumPy reader of docs/format.md section 12.1 (with a fast CRC-32C)."""
-        if self.doc_reader is None:
-            from test_format import doc_reader  # tests/ is on sys.path (see __main__)
+        """The NumPy reader of docs/format.md (format 1.0) or docs/format-legacy.md (an
+        integer format version), whichever the checkpoint needs (with a fast CRC-32C)."""
+        from spec_doc import reader_for  # tests/ is on sys.path (see __main__)
 
-            self.doc_reader = doc_reader()
-            self.doc_reader["crc32c"] = crc32c.crc32c
-        m, arrays = self.doc_reader["read_checkpoint"](req["dir"])
-        return {"plain": fingerprint(self.doc_reader["decode"](m["tree"], arrays))}
+        reader = reader_for(req["dir"])
+        reader["crc32c"] = crc32c.crc32c
+        m, arrays = reader["read_checkpoint"](req["dir"])
+        return {"plain": fingerprint(reader["decode"](m["tree"], arrays))}
 
     def op_selftest(self, req, state):
         """Misbehaviours the oracle must catch, to test the harness itself."""

@@ -11,9 +11,8 @@
   without the table (tests/test_table.py has the table's own cases);
 * src/uckpt/format/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
-* docs/format.md is checked against the code: its worked example (manifest and
-  hex dump) is what uckpt writes, its NumPy reader reads every golden
-  checkpoint, and its tables list the dtypes and fields the code knows.
+* the readers that docs/format.md and docs/format-legacy.md hold, and their worked
+  example, are checked in tests/test_format10_spec.py and tests/test_format_legacy_doc.py.
 """
 import copy
 import importlib.resources
@@ -35,7 +34,6 @@ import uckpt.knobs as knobs
 from uckpt import dtypes, errors
 from uckpt.format import Manifest, integrity, manifest as manifest_module
 from uckpt.format import table as table_module
-from uckpt.reader import CheckpointReader
 from grid_listing import listed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +42,6 @@ GOLDEN = DATA / "golden_v6"  # the version uckpt writes
 GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: DATA / "golden_v4",
            5: DATA / "golden_v5", 6: GOLDEN}
 VERSIONS = sorted(GOLDENS)
-DOC = REPO / "docs" / "format.md"
 GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
 EACH_GOLDEN = [pytest.param(v, name, id=f"v{v}-{name}") for v in VERSIONS for name in GOLDEN_DIRS]
 EACH_GOLDEN.append(pytest.param(3, "codecs", id="v3-codecs"))
@@ -87,24 +84,6 @@ def assert_same(got, want, where="<root>"):
             assert_same(g, w, f"{where}/{i}")
     else:  # None, bool, int, str, bytes
         assert type(got) is type(want) and got == want, (where, got, want)
-
-
-def doc_text():
-    return DOC.read_text(encoding="utf-8")
-
-
-def doc_block(name):
-    """The fenced code block that follows ``<!-- test: name -->`` in docs/format.md."""
-    m = re.search(r"<!-- test: %s -->\n```[a-z]*\n(.*?)^```\n" % re.escape(name), doc_text(),
-                  re.S | re.M)
-    assert m, f"docs/format.md has no block marked 'test: {name}'"
-    return m.group(1)
-
-
-def doc_reader():
-    namespace = {}
-    exec(compile(doc_block("reader"), "docs/format.md:reader", "exec"), namespace)
-    return namespace
 
 
 def strict_json(data: bytes):
@@ -831,75 +810,7 @@ def test_tree_depth_limit(validator):
         Manifest.parse(encode(doc))
 
 
-# --- (d) the NumPy reader of docs/format.md -----------------------------------------------------
-def _as_plain_numpy(value):
-    """What the doc's reader gives for a value uckpt loads: bfloat16 -> float32, float8 -> bits."""
-    if isinstance(value, (np.ndarray, np.generic)):
-        name = dtypes.name_of(value.dtype)
-        arr = np.asarray(value)
-        if name == "bfloat16":
-            arr = arr.astype(np.float32)  # exact
-        elif name.startswith("float8"):
-            arr = arr.view(np.uint8)
-        return arr[()] if isinstance(value, np.generic) else arr
-    if isinstance(value, dict):
-        return {k: _as_plain_numpy(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_plain_numpy(v) for v in value)
-    return value
-
-
-def test_doc_reader_crc32c():
-    crc32c = doc_reader()["crc32c"]
-    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert crc32c(b"") == 0
-    data = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8).tobytes()
-    assert crc32c(data) == crc32c_lib.crc32c(data)
-
-
-@pytest.mark.parametrize("version, name", EACH_GOLDEN)
-def test_doc_reader_reads_golden(version, name):
-    reader = doc_reader()
-    directory = GOLDENS[version] / name
-    m, arrays = reader["read_checkpoint"](str(directory))
-    with CheckpointReader(directory) as r:
-        want = r.read_arrays({p: None for p in r.manifest.arrays})
-    assert list(arrays) == list(want)
-    for path in want:
-        assert_same(arrays[path], _as_plain_numpy(want[path]), path)
-    assert_same(reader["decode"](m["tree"], arrays), _as_plain_numpy(uckpt.load(directory)))
-
-
-def test_doc_reader_reads_what_uckpt_writes(tmp_path):
-    path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)  # compact manifest
-    m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert m["format_version"] == 6 and m["step"] == 7
-    assert sorted(arrays) == ["model/b", "model/w", "tag"]
-
-
-def test_doc_reader_reads_a_table_uckpt_writes(tmp_path):
-    """Enough arrays stored whole (knobs.table_min_arrays, 16) are rows of a table, which
-    section 12.1's reader reads as uckpt does; fewer are not."""
-    rng = np.random.default_rng(3)
-    state = {f"layer{i}": {"w": rng.standard_normal((i % 4 + 1, 3)).astype(np.float32),
-                           "n": np.int64(i)} for i in range(10)}
-    path = uckpt.save(tmp_path / "c", state)
-    m, arrays = doc_reader()["read_checkpoint"](str(path))
-    assert len(m["table"]["paths"]) == 20 and m["arrays"] == {}
-    assert_same(doc_reader()["decode"](m["tree"], arrays), uckpt.load(path))
-    del state["layer9"], state["layer8"]  # 16 arrays qualify: still a table; 14: none
-    assert "table" in manifest_doc(uckpt.save(tmp_path / "d", state))
-    del state["layer7"]
-    assert "table" not in manifest_doc(uckpt.save(tmp_path / "e", state))
-
-
-def test_doc_reader_follows_references_of_the_golden_chain():
-    """Section 12.1's reader reads an incremental checkpoint through its base."""
-    m, arrays = doc_reader()["read_checkpoint"](str(GOLDEN / "chain" / "step_00000002"))
-    assert list(m["bases"]) == ["step_00000001"]
-    assert_same(arrays["w"], golden.chain_states()[1]["w"])
-
-
+# --- (d) the golden incremental pair -------------------------------------------------------------
 def test_golden_chain_loads_verifies_and_refers_to_its_base():
     first, second = golden.chain_states()
     chain = GOLDEN / "chain"
@@ -921,144 +832,6 @@ def test_resave_of_the_golden_chain_is_byte_identical(tmp_path, monkeypatch):
         old, new = GOLDEN / "chain" / name, tmp_path / name
         assert (new / "data-00000.bin").read_bytes() == (old / "data-00000.bin").read_bytes()
         assert without_volatile(manifest_doc(new)) == without_volatile(manifest_doc(old))
-
-
-def test_doc_reader_detects_manifest_damage(tmp_path):
-    """Like uckpt, the reader of section 12.1 checks a version-2 manifest: every changed
-    byte is caught (a sample of offsets, each byte value changed)."""
-    read = doc_reader()["read_checkpoint"]
-    directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
-    path = directory / "manifest.json"
-    raw = path.read_bytes()
-    rng = np.random.default_rng(12)
-    offsets = sorted(set(rng.integers(0, len(raw), 40).tolist()) |
-                     set(range(len(raw) - 40, len(raw))))
-    for offset in offsets:
-        damaged = bytearray(raw)
-        damaged[offset] = (raw[offset] + int(rng.integers(1, 256))) % 256
-        path.write_bytes(bytes(damaged))
-        with pytest.raises(ValueError):  # damaged, not JSON (or not UTF-8), not uckpt 1/2
-            read(str(directory))
-    path.write_bytes(raw)
-    read(str(directory))
-
-
-def test_doc_reader_keeps_aliases():
-    reader = doc_reader()
-    m, arrays = reader["read_checkpoint"](str(GOLDEN / "all_types"))
-    state = reader["decode"](m["tree"], arrays)
-    assert state["shared"] is state["tied"]["again"]
-
-
-def test_doc_reader_detects_damage(tmp_path):
-    directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
-    with open(directory / "data-00000.bin", "r+b") as f:
-        f.seek(65)  # the second byte of model/b's chunk (offset 64)
-        f.write(b"\x40")
-    with pytest.raises(ValueError, match="model/b.*offset 64"):
-        doc_reader()["read_checkpoint"](str(directory))
-
-
-def test_doc_reader_refuses_other_versions(tmp_path):
-    directory = shutil.copytree(GOLDEN / "example", tmp_path / "example")
-    doc = manifest_doc(directory)
-    doc["format_version"] = 7
-    (directory / "manifest.json").write_bytes(encode(doc))
-    with pytest.raises(ValueError, match="version 1 to 6"):
-        doc_reader()["read_checkpoint"](str(directory))
-
-
-# --- (e) the worked example in docs/format.md is what uckpt writes ------------------------------
-def _hexdump_bytes():
-    data = bytearray()
-    for line in doc_block("example-hexdump").splitlines():
-        dump = line.split("|")[0].split()
-        offset, hexbytes = int(dump[0], 16), dump[1:]
-        assert offset == len(data), f"hex dump line at {dump[0]} is out of sequence"
-        assert 1 <= len(hexbytes) <= 16 and all(re.fullmatch(r"[0-9a-f]{2}", b) for b in hexbytes)
-        data += bytes(int(b, 16) for b in hexbytes)
-    return bytes(data)
-
-
-@pytest.fixture
-def doc_example(tmp_path, monkeypatch):
-    """Run the doc's example code in a temporary directory; knobs are restored after."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(knobs, "chunk_bytes", knobs.chunk_bytes)
-    monkeypatch.setattr(knobs, "alignment", 64)
-    exec(compile(doc_block("example-save"), "docs/format.md:example-save", "exec"), {})
-    return tmp_path / "example"
-
-
-def test_doc_example_hexdump_matches(doc_example):
-    dump = _hexdump_bytes()
-    assert (doc_example / "data-00000.bin").read_bytes() == dump
-    assert (GOLDEN / "example" / "data-00000.bin").read_bytes() == dump
-
-
-def test_doc_example_manifest_matches(doc_example):
-    text = doc_block("example-manifest")
-    assert text.encode("utf-8") == (GOLDEN / "example" / "manifest.json").read_bytes()
-    assert without_volatile(strict_json(text.encode())) == \
-        without_volatile(manifest_doc(doc_example))
-
-
-def test_doc_example_state_is_the_golden_one(doc_example):
-    assert_same(uckpt.load(doc_example), golden.expected_loaded(golden.example_state()))
-
-
-def test_doc_example_checksum_claim():
-    text = doc_text()
-    assert "`80 3f c0 bf`, `0x2f522cda`" in text
-    assert f"{crc32c_lib.crc32c(bytes.fromhex('803fc0bf')):08x}" == "2f522cda"
-    raw = (GOLDEN / "example" / "manifest.json").read_bytes()
-    crc = f"{crc32c_lib.crc32c(raw[:-19]):08x}"
-    assert f"`{crc}` is the CRC-32C\n  of the file's first {len(raw) - 19} bytes" in text
-    assert f'`"crc32c:{crc}"}}` and\n  the final line feed' in text
-
-
-def test_doc_sharded_excerpt_matches_golden():
-    doc = manifest_doc(GOLDEN / "sharded")
-    chunks = [c for a in doc["arrays"].values() for c in a["chunks"]]
-    quoted = [json.loads(s) for s in re.findall(r'\{"file": [^{}]*\}', doc_text())]
-    assert len(quoted) == 6 and all(c in chunks for c in quoted[:4])
-    assert f'"files": {json.dumps(doc["files"])}' in doc_text()
-    # section 6.3's example: golden_v3/codecs's weights, and what its frame starts with
-    assert quoted[4:] == manifest_doc(GOLDENS[3] / "codecs")["arrays"]["weights"]["chunks"]
-    data = (GOLDENS[3] / "codecs" / "data-00000.bin").read_bytes()
-    assert data[:7] == bytes.fromhex("28b52ffd600003") and "`28 b5 2f fd` (the magic" in doc_text()
-
-
-def _table_rows(heading):
-    """First-column names and cells of the markdown table following ``heading``."""
-    text = doc_text()
-    start = text.index(heading)
-    rows, body = [], False
-    for line in text[start:].splitlines()[1:]:
-        if body and not line.startswith("|"):
-            break
-        if line.startswith("|---"):
-            body = True  # rows after the header's separator line
-            continue
-        m = re.match(r"\| `([^`]+)` \|(.*)", line)
-        if body and m:
-            rows.append((m.group(1), [c.strip() for c in m.group(2).split(" | ")]))
-    return rows
-
-
-def test_doc_tables_match_the_code():
-    rows = _table_rows("## 8 Dtypes and byte encoding")
-    assert [name for name, _ in rows] == list(dtypes.NAMES)
-    for name, cells in rows:
-        assert int(cells[0]) == dtypes.itemsize(name), name
-    assert [n for n, _ in _table_rows("### 4.2 Top-level fields")] == \
-        list(manifest_module._TOP_FIELDS_V2)
-    assert [n for n, _ in _table_rows("Each *chunk* is an object")] == \
-        list(manifest_module._CHUNK_FIELDS)
-    assert [n for n, _ in _table_rows("`arrays` maps each array path")] == \
-        ["dtype", "shape", "chunks"]
-    assert [n for n, _ in _table_rows("### 4.3 File entries")] == ["rank", "size"]
-    assert {n for n, _ in _table_rows("## 5 The tree")} == NODE_TYPES
 
 
 # --- the commit rule, as a reader of a CheckpointManager root sees it ---------------------------
