@@ -376,9 +376,11 @@ GOLDEN_1_0 = sorted(p.parent for p in (DATA / "golden_1.0").glob("*/manifest.jso
 
 
 @pytest.mark.parametrize("directory", GOLDEN_1_0 or [None], ids=lambda p: getattr(p, "name", ""))
-def test_reference_reader_reads_golden_1_0(reader, directory):
+def test_reference_reader_reads_golden_1_0(reader, validator, directory):
     if directory is None:
         pytest.skip("tests/data/golden_1.0 does not exist yet (branch i26-fmt10)")
+    for path in sorted(directory.glob("manifest*.json")):
+        validator.validate(json.loads(path.read_bytes()))
     m, arrays = read(reader, directory)
     assert_same(reader["decode"](m["tree"], arrays), as_read(uckpt.load(directory)))
 
@@ -391,3 +393,64 @@ def test_reference_reader_reads_the_golden_1_0_chain(reader):
     assert m["bases"] and sorted(arrays) == sorted(m["arrays"]["paths"])
     assert_same(reader["decode"](m["tree"], arrays), as_read(uckpt.load(chain)))
 
+
+
+# --- the JSON Schema of docs/format-1.0.schema.json ----------------------------------------------
+@pytest.fixture(scope="module")
+def validator():
+    import jsonschema
+
+    schema = json.loads((SPEC.parent / "format-1.0.schema.json").read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+@pytest.mark.parametrize("kind", fw.KINDS)
+def test_schema_accepts_hand_built_manifests_and_parts(validator, tmp_path, kind):
+    fw.build(kind, tmp_path / "c")
+    for path in sorted((tmp_path / "c").glob("manifest*.json")):
+        validator.validate(json.loads(path.read_bytes()))
+
+
+def _without(doc, key):
+    return {k: v for k, v in doc.items() if k != key}
+
+
+SCHEMA_VIOLATIONS = {
+    "missing member": lambda d: _without(d, "codecs"),
+    "unknown member": lambda d: dict(d, table={}),
+    "integer version": lambda d: dict(d, format_version=6),
+    "other version": lambda d: dict(d, format_version="1.1"),
+    "compound codec name": lambda d: dict(d, codecs=[["zstd+bytegroup"]]),
+    "pipeline without zstd last": lambda d: dict(d, codecs=[["zstd", "bytegroup"]]),
+    "no pipeline": lambda d: dict(d, codecs=[]),
+    "bad extension name": lambda d: dict(d, extensions={"X": {"required": False}}),
+    "extension without required": lambda d: dict(d, extensions={"x": {}}),
+    "array table member": lambda d: dict(d, arrays=dict(d["arrays"], roots=[])),
+    "unknown dtype": lambda d: dict(d, arrays=dict(d["arrays"], dtypes=["float", "bfloat16",
+                                                                         "uint8"])),
+    "negative count": lambda d: dict(d, chunks=dict(d["chunks"], count=-1)),
+    "layout not Base64": lambda d: dict(d, chunks=dict(d["chunks"], layout="eAF?")),
+    "part named manifest.json": lambda d: dict(d, parts=[{"file": "manifest.json", "size": 1,
+                                                          "checksum": "crc32c:00000000",
+                                                          "arrays": [[0, 1]]}]),
+    "part run of 0 arrays": lambda d: dict(d, parts=[{"file": "p", "size": 1,
+                                                      "checksum": "crc32c:00000000",
+                                                      "arrays": [[0, 0]]}]),
+    "hidden data file": lambda d: dict(d, files={".data": {"rank": 0, "size": 130}}),
+}
+
+
+@pytest.mark.parametrize("case", SCHEMA_VIOLATIONS)
+def test_schema_rejects(validator, example, case):
+    doc = manifest(example)
+    validator.validate(doc)
+    assert not validator.is_valid(SCHEMA_VIOLATIONS[case](doc))
+
+
+def test_schema_rejects_a_part_with_another_member(validator, tmp_path):
+    fw.build("sharded", tmp_path / "c")
+    part = json.loads((tmp_path / "c" / "manifest.part-00000.json").read_bytes())
+    validator.validate(part)
+    assert not validator.is_valid(dict(part, parts=[]))
+    assert not validator.is_valid(dict(part, format_version=1))
