@@ -23,7 +23,7 @@ import pytest
 
 import format10_writer as fw
 import uckpt
-from spec_doc import SPEC, as_read, doc_block, reference_reader
+from spec_doc import SPEC, as_read, doc_block, legacy_reader, reference_reader
 from test_format import assert_same
 from uckpt import dtypes
 
@@ -54,13 +54,20 @@ def layout(table):
     return bytearray(zlib.decompress(base64.b64decode(table["layout"])))
 
 
-def set_layout(table, raw):
-    table["layout"] = base64.b64encode(zlib.compress(bytes(raw))).decode()
+def example_with_layout(directory, edit):
+    """The worked example at ``directory``, its root table's inflated layout changed by
+    ``edit(bytearray) -> bytes`` and the manifest sealed anew."""
+    fw.build("example", directory)
+    doc = manifest(directory)
+    raw = bytes(edit(layout(doc["chunks"])))
+    doc["chunks"]["layout"] = base64.b64encode(zlib.compress(raw)).decode()
+    reseal(directory, doc)
 
 
 # --- the reference reader on hand-built checkpoints ---------------------------------------------
-def test_reference_reader_crc32c(reader):
-    crc32c = reader["crc32c"]
+@pytest.mark.parametrize("doc_reader", [reference_reader, legacy_reader])
+def test_doc_readers_crc32c(doc_reader):
+    crc32c = doc_reader()["crc32c"]
     assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
     assert crc32c(b"") == 0
     data = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8).tobytes()
@@ -169,26 +176,22 @@ def test_reference_reader_refuses_rows_outside_their_parts_runs(reader, tmp_path
         read(reader, tmp_path / "c")
 
 
+def _set(raw, index, value, was):
+    assert raw[index] == was
+    raw[index] = value
+    return raw
+
+
 def test_reference_reader_refuses_a_row_outside_its_file(reader, tmp_path):
-    fw.build("example", tmp_path / "c")
-    doc = manifest(tmp_path / "c")
-    raw = layout(doc["chunks"])
-    raw[4 * 4 + 3] += 1  # row 3's offset, plane 0: 128 -> 129, so it ends at 131 > 130
-    set_layout(doc["chunks"], raw)
-    reseal(tmp_path / "c", doc)
+    # row 3's offset (column at 4 x 4, plane 0): 128 -> 129, so it ends at 131 > 130
+    example_with_layout(tmp_path / "c", lambda raw: _set(raw, 4 * 4 + 3, 129, was=128))
     with pytest.raises(ValueError, match=r"chunks: row 3 \(array 'tag'\): bounds"):
         read(reader, tmp_path / "c")
 
 
 def test_reference_reader_refuses_overlapping_rows(reader, tmp_path):
-    fw.build("example", tmp_path / "c")
-    doc = manifest(tmp_path / "c")
-    raw = layout(doc["chunks"])
-    box = 25 * 4  # row 1's start[0] is the fifth box value (plane 0): 1 -> 0
-    assert raw[box + 4] == 1
-    raw[box + 4] = 0
-    set_layout(doc["chunks"], raw)
-    reseal(tmp_path / "c", doc)
+    # row 1's start[0], the fifth value of the box column (at 25 x 4, plane 0): 1 -> 0
+    example_with_layout(tmp_path / "c", lambda raw: _set(raw, 25 * 4 + 4, 0, was=1))
     with pytest.raises(ValueError, match=r"row 1 \(array 'model/w'\): box outside its array "
                                          "or overlapping"):
         read(reader, tmp_path / "c")
@@ -196,12 +199,8 @@ def test_reference_reader_refuses_overlapping_rows(reader, tmp_path):
 
 @pytest.mark.parametrize("change", [8, -8, 1])
 def test_reference_reader_refuses_a_box_column_of_the_wrong_length(reader, tmp_path, change):
-    fw.build("example", tmp_path / "c")
-    doc = manifest(tmp_path / "c")
-    raw = layout(doc["chunks"])
-    raw = raw + bytes(change) if change > 0 else raw[:change]
-    set_layout(doc["chunks"], raw)
-    reseal(tmp_path / "c", doc)
+    example_with_layout(tmp_path / "c",
+                        lambda raw: raw + bytes(change) if change > 0 else raw[:change])
     with pytest.raises(ValueError, match=r"chunks.layout: not 196 bytes"):
         read(reader, tmp_path / "c")
 

@@ -1,11 +1,11 @@
 """The NumPy reader of docs/format-legacy.md reads the pre-release golden checkpoints (format
 versions 1 to 6) as uckpt loads them, checks their manifests and chunks, and refuses other
-versions (format 1.0 included: docs/format.md's reader reads that)."""
+versions (format 1.0 included: docs/format.md's reader reads that). Its CRC-32C is
+tested beside the reference reader's, in test_format10_spec.py."""
 import json
 import shutil
 from pathlib import Path
 
-import crc32c as crc32c_lib
 import numpy as np
 import pytest
 
@@ -25,14 +25,6 @@ EACH_GOLDEN.append(pytest.param(3, "codecs", id="v3-codecs"))
 @pytest.fixture(scope="module")
 def reader():
     return legacy_reader()
-
-
-def test_legacy_reader_crc32c(reader):
-    crc32c = reader["crc32c"]
-    assert crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
-    assert crc32c(b"") == 0
-    data = np.random.default_rng(1).integers(0, 256, 1000, dtype=np.uint8).tobytes()
-    assert crc32c(data) == crc32c_lib.crc32c(data)
 
 
 @pytest.mark.parametrize("version, name", EACH_GOLDEN)
