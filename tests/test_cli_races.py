@@ -11,7 +11,6 @@ import time
 import numpy as np
 
 import uckpt
-import uckpt.cli.remote as remote_module
 import uckpt.cli.scan as scan_module
 import uckpt.cli.verify as verify_module
 from uckpt.cli.main import main
@@ -35,15 +34,15 @@ def rows(out: str) -> list:
 
 def test_ls_skips_a_checkpoint_deleted_while_it_is_examined(tmp_path, monkeypatch, capsys):
     m = writer(tmp_path)
-    real = scan_module.manifest_at
+    real = scan_module.read_manifest
 
-    def manifest_then_retention(dir_fd, directory):
-        manifest = real(dir_fd, directory)
-        if directory.name == "step_00000001":
+    def manifest_then_retention(source, where):
+        manifest = real(source, where)
+        if "step_00000001" in where:
             m.save(3, STATE)  # retention deletes step 1 before its data files are looked at
         return manifest
 
-    monkeypatch.setattr(scan_module, "manifest_at", manifest_then_retention)
+    monkeypatch.setattr(scan_module, "read_manifest", manifest_then_retention)
     assert main(["ls", str(tmp_path)]) == 0
     assert rows(capsys.readouterr().out) == [("2", "committed")]
     assert m.steps() == [2, 3]
@@ -91,14 +90,14 @@ def test_ls_of_a_bucket_skips_a_checkpoint_deleted_after_the_listing(s3_server, 
                                                                     monkeypatch, capsys):
     root, opts = f"s3://{s3_bucket}/run", s3_server.storage_options
     m = writer(root, storage_options=opts)
-    real = remote_module._examine
+    real = scan_module.examine
 
-    def retention_then_examine(store, name, files):
-        if name == "step_00000001":
+    def retention_then_examine(entry, source):
+        if entry.name == "step_00000001":
             m.save(3, STATE)  # listed with its manifest; retention deletes it now
-        return real(store, name, files)
+        return real(entry, source)
 
-    monkeypatch.setattr(remote_module, "_examine", retention_then_examine)
+    monkeypatch.setattr(scan_module, "examine", retention_then_examine)
     assert main(["ls", root, "--endpoint-url", opts["endpoint_url"]] +
                 [f"--storage-option={k}={v}" for k, v in opts.items()
                  if k != "endpoint_url"]) == 0

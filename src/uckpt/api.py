@@ -204,9 +204,9 @@ def consolidate(src, dst, *, overwrite: bool = False,
 
 
 def _for(target, storage_options):
-    from .storage import is_remote
+    from .storage import storage_options_for
 
-    return storage_options if is_remote(target) else None
+    return storage_options_for(target, storage_options)
 
 
 def verify(directory, *, storage_options: Optional[Mapping[str, Any]] = None) -> Manifest:

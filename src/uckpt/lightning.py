@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
@@ -33,7 +33,7 @@ from . import api
 from .errors import NotACheckpointError
 from .reader import CheckpointReader
 from .restore import load_tree
-from .storage import is_remote, locate
+from .storage import local_path, locate, storage_options_for
 
 log = logging.getLogger("uckpt.lightning")
 
@@ -98,8 +98,8 @@ class CheckpointIO(_LightningCheckpointIO):
         self.storage_options = storage_options
         self._pending: List[Tuple[str, Any]] = []  # (path, SaveHandle), oldest first
 
-    def _options(self, path) -> Optional[Dict[str, Any]]:
-        return self.storage_options if is_remote(path) else None
+    def _options(self, path) -> Optional[Mapping[str, Any]]:
+        return storage_options_for(path, self.storage_options)
 
     def save_checkpoint(self, checkpoint: Dict[str, Any], path,
                         storage_options: Optional[Any] = None) -> None:
@@ -134,12 +134,13 @@ class CheckpointIO(_LightningCheckpointIO):
         path = os.fspath(path)
         self.wait(path)
         store, name = locate(path, self._options(path))
-        if not is_remote(path) and os.path.isfile(path):
-            os.remove(path)  # a torch.save file Lightning wrote before this plugin was used
+        local = local_path(path)
+        if local is not None and local.is_file():
+            local.unlink()  # a torch.save file Lightning wrote before this plugin was used
         elif store.has(name):
             store.delete(name)
             log.info("removed checkpoint %s", path)
-        elif os.path.isdir(path) and os.listdir(path):
+        elif local is not None and local.is_dir() and any(local.iterdir()):
             raise NotACheckpointError(f"{path!r} is a directory without manifest.json: not "
                                       "a uckpt checkpoint, so it was not removed",
                                       hint="remove it by hand if it is not needed")

@@ -34,7 +34,6 @@ from .parallel import parallel_map
 from .readruns import Piece, flat_chunks, plan_runs, split_whole
 from .storage import open_source
 from .storage.base import wrong_size
-from .storage.local import manifest_bytes_at
 
 
 
@@ -43,15 +42,6 @@ def read_manifest(directory, storage_options=None) -> Manifest:
     URL); raises if absent or malformed."""
     with open_source(directory, storage_options) as source:
         return Manifest.parse(source.manifest_bytes(), where=_manifest_where(source))
-
-
-def manifest_at(dir_fd: int, directory) -> Manifest:
-    """Read and validate the manifest of the checkpoint directory open at ``dir_fd``
-    (``directory``: its path, for messages). A manifest that is not a regular file (a FIFO,
-    a device, a directory, a symlink) raises NotACheckpointError; one over
-    ``MAX_MANIFEST_BYTES`` ManifestError (unread when its size says so)."""
-    mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
-    return Manifest.parse(manifest_bytes_at(dir_fd, directory), where=mpath)
 
 
 def _manifest_where(source) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from .codecs import Compression, compression_of
-from .storage import is_remote, open_store
+from .storage import canonical, open_store, storage_options_for
 from .storage.base import Store
 
 
@@ -50,14 +50,10 @@ class Tier:
 
     def __post_init__(self) -> None:
         compression_of(self.compression, self.compression_level)  # refuse bad names now
-        if is_remote(self.path):
-            self.path = str(self.path).rstrip("/")
-            if not self.name:
-                self.name = self.path.rsplit("/", 1)[-1]
-        else:
-            self.path = Path(self.path).absolute()
-            if not self.name:
-                self.name = self.path.name or str(self.path)
+        self.path = canonical(self.path)
+        if not self.name:
+            self.name = (self.path.name if isinstance(self.path, Path)
+                         else self.path.rsplit("/", 1)[-1]) or str(self.path)
 
     def codec(self, default: Optional[Compression] = None) -> Optional[Compression]:
         """How this tier stores chunks: its own ``compression``, else ``default``."""
@@ -77,12 +73,12 @@ def as_tier(obj, storage_options: Optional[Mapping[str, Any]] = None) -> Tier:
     """A :class:`Tier` for a path, URL or Tier; ``storage_options`` apply to an ``s3://``
     URL (and to a Tier of one that has none of its own)."""
     if isinstance(obj, Tier):
-        if obj.storage_options is None and storage_options and is_remote(obj.path):
-            obj.storage_options = storage_options
+        if obj.storage_options is None:
+            obj.storage_options = storage_options_for(obj.path, storage_options)
         return obj
     if isinstance(obj, (str, os.PathLike)):
         path = obj if isinstance(obj, str) else Path(obj)  # as Tier would make it
-        return Tier(path, storage_options=storage_options if is_remote(obj) else None)
+        return Tier(path, storage_options=storage_options_for(obj, storage_options))
     raise TypeError(f"a tier is a path, an s3:// URL or a uckpt.Tier, got {type(obj).__name__}")
 
 
@@ -100,8 +96,8 @@ def copy_checkpoint(src, dst, verify: bool = True, storage_options=None, compres
     from .comm import SingleProcess
     from .storage import locate
 
-    src_store, name = locate(src, storage_options if is_remote(src) else None)
-    dst_store, dst_name = locate(dst, storage_options if is_remote(dst) else None)
+    src_store, name = locate(src, storage_options_for(src, storage_options))
+    dst_store, dst_name = locate(dst, storage_options_for(dst, storage_options))
     if name != dst_name:
         raise ValueError(f"a copy keeps the checkpoint's name: {name!r} != {dst_name!r}")
     return copy_collective(src_store, dst_store, name, SingleProcess(), verify,

@@ -3,12 +3,11 @@ checkpoint interval for a mean time between failures (Young/Daly, :mod:`uckpt.in
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..costs import COSTS_NAME, RECENT, read_costs, summarize
 from ..errors import CheckpointNotFoundError, DurationError, StorageConfigError
 from ..interval import advise, format_duration, parse_duration
-from ..storage import is_remote
+from ..storage import local_path
 from .common import print_json
 
 HELP = "advise a checkpoint interval from a root's measured save costs and an MTBF"
@@ -52,11 +51,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if is_remote(args.root):
+    root = local_path(args.root)
+    if root is None:
         raise StorageConfigError(f"{args.root}: uckpt advise reads the save costs of a local "
                                  "root only (an object store tier holds none)",
                                  hint="give the local first tier the manager saved to")
-    root = Path(args.root)
     if not root.is_dir():
         raise CheckpointNotFoundError(f"{root}: no such directory", path=str(root))
     summary = summarize(read_costs(root))

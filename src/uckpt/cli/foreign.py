@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..format import MANIFEST_NAME
-from ..storage import is_remote
+from ..storage import local_path
 from .common import bytes_text
 
 #: what verifying a foreign input can check, per format (a format without checksums is
@@ -27,9 +27,9 @@ CHECKS = {
 def is_foreign(path: str) -> bool:
     """A local file, or a directory of another format (DCP, Hugging Face); a directory
     that is neither is left to uckpt's own reader (and its "no manifest.json" error)."""
-    if is_remote(path):
+    p = local_path(path)
+    if p is None:
         return False
-    p = Path(path)
     if p.is_dir():
         from ..conversion.hf_names import is_hf_directory
 

@@ -1,46 +1,46 @@
-"""What a listing finds under a root: a checkpoint with its status, in one order.
-
-Shared by the local scan (:mod:`.scan`) and the object-store listing (:mod:`.remote`).
-"""
+"""What a listing finds under a root: a checkpoint with its status, in one order."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import List, Optional
 
 from ..format import Manifest
+from ..storage import Entry, Store
+from ..storage.base import CHECKPOINT, LINK
 
 COMMITTED, DAMAGED, INCOMPLETE, STALE = "committed", "damaged", "incomplete", "stale"
 
 
 @dataclass
 class Found:
-    """One directory found under a root (or, ``url`` set, a checkpoint prefix in an object
-    store, ``path`` None); ``tier`` is the root's label when several are listed."""
+    """One checkpoint (or what a save or deletion left) found under a root, at ``where`` (its
+    absolute path, or its URL); ``tier`` is the root's label when several are listed."""
 
-    path: Optional[Path]
+    where: str
     status: str
     step: Optional[int] = None
-    size: int = 0  # bytes of all files in the directory
+    size: int = 0  # bytes of all its files
     manifest: Optional[Manifest] = None
     reason: str = ""  # why it is damaged / incomplete / stale
     tier: Optional[str] = None  # set by tiers.scan_tiers
-    url: Optional[str] = None  # in an object store
+    entry: Optional[Entry] = None  # what the store listed
+    #: the store that listed it as a child of its root (None: the root itself)
+    store: Optional[Store] = None
+
+    def gone(self) -> bool:
+        """Whether it was deleted or replaced since it was listed (a checkpoint only)."""
+        return self.store is not None and self.entry is not None and \
+            self.entry.kind == CHECKPOINT and not self.store.still_there(self.entry)
 
     @property
     def name(self) -> str:
-        if self.url:
-            return self.url.rsplit("/", 1)[-1]
-        assert self.path is not None  # set where url is not
-        return self.path.name
+        return self.entry.name if self.entry is not None else \
+            self.where.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1]
 
     @property
-    def where(self) -> str:
-        """The absolute path, or the URL."""
-        if self.url:
-            return self.url
-        assert self.path is not None  # set where url is not
-        return str(self.path.absolute())
+    def followed(self) -> bool:
+        """False for a symlink named like a checkpoint: listed, never read through."""
+        return self.entry is None or self.entry.kind != LINK
 
 
 def size_reason(name: str, actual: int, expected: int) -> str:

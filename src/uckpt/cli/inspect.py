@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any, Dict, List
 
 from ..format import FORMAT_NAME, Manifest
 from ..reader import read_manifest
 from ..tree import escape
-from ..storage import is_remote
+from ..storage import canonical
 from . import foreign
-from .remote import add_storage_arguments, options_for
+from .storage_args import add_storage_arguments, options_for
 from .common import bytes_text, human_bytes, human_time, print_json, shape_str, table
 
 HELP = "show a checkpoint's header, metadata, values and leaves"
@@ -70,7 +69,7 @@ def describe(directory, manifest: Manifest) -> Dict[str, Any]:
     walk(manifest.tree, [], found)
     kinds = {r["array"]: r["type"] for r in found["refs"] if r["path"] == r["array"]}
     return {
-        "path": directory if is_remote(directory) else str(Path(directory).absolute()),
+        "path": str(canonical(directory)),
         "format": FORMAT_NAME,
         "format_version": manifest.format_version,
         "generator": manifest.generator,

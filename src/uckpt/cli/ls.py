@@ -3,15 +3,13 @@ status; with several roots (storage tiers), one row per step saying which tiers 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from ..errors import CheckpointNotFoundError
-from ..storage import is_remote, open_store
+from ..storage import open_store
 from .common import first_line, human_bytes, human_time, print_json, table
-from .remote import add_storage_arguments, options_for, storage_options
 from .scan import Found, scan
+from .storage_args import add_storage_arguments, options_for, storage_options
 from .tiers import Row, Tier, default_labels, scan_tiers
 
 HELP = "list the checkpoints under a directory (or several storage tiers)"
@@ -133,9 +131,9 @@ def run(args) -> int:
 
 
 def run_archived(root: str, args) -> int:
-    if not is_remote(root) and not os.path.isdir(root):
-        raise CheckpointNotFoundError(f"{root!r} is not a directory", path=root)
     store = open_store(root, options_for(root, args))
+    if not store.exists():
+        raise CheckpointNotFoundError(f"{root!r} is not a directory", path=root)
     archives = {name: scan(str(store.within(name).where), options_for(root, args))
                 for name in store.archives()}
     if args.json:
@@ -168,7 +166,7 @@ def run_tiers(args) -> int:
                          f"for {len(args.roots)} roots")
     seen: Dict[Any, str] = {}
     for label, root in zip(labels, args.roots):
-        key = _identity(root)
+        key = open_store(root, options_for(root, args)).identity()
         if key in seen:
             args.usage_error(f"tiers {seen[key]} and {label} are the same directory: {root}")
         seen[key] = label
@@ -199,16 +197,3 @@ def tiers_json(tiers: Sequence[Tier], rows: Sequence[Row]) -> Dict[str, Any]:
                    "entries": [{"tier": f.tier, **to_json(f)} for f in r.entries]}
                   for r in rows],
     }
-
-
-def _identity(root: str):
-    """Same directory, however spelt (symlinks, ``..``): its device and inode, else its path
-    (an ``s3://`` root: its URL)."""
-    if is_remote(root):
-        return root.rstrip("/")
-    p = Path(root)
-    try:
-        st = p.stat()
-        return (st.st_dev, st.st_ino)
-    except OSError:
-        return str(p.absolute().resolve())

@@ -1,217 +1,112 @@
-"""Find the checkpoints under a root directory and classify them, without reading data.
+"""Find the checkpoints under a root and classify them, without reading data: the one
+listing of ``uckpt ls``, ``uckpt verify --all`` and ``uckpt ls ROOT ROOT...`` (tiers),
+whatever the store (a directory, an ``s3://`` prefix, ...). It asks the store what the
+root holds (:meth:`~uckpt.storage.base.Store.entries`) and reads only manifests.
 
 Unlike :class:`~uckpt.CheckpointManager`, scanning never creates, removes or
 renames anything: it is safe on a root another process is saving into.
 
-A child directory of the root is
-  * ``committed``: it holds a manifest that parses and validates, and every data
-    file the manifest lists exists at its recorded size;
-  * ``damaged``: it is named like a step (``step_00000042``) or holds a
-    ``manifest.json``, but the manifest is missing, invalid or not a regular file,
-    or a data file is missing, short, too long or not a regular file (``reason``
-    says which);
-    a symlink named like a checkpoint is listed as damaged too, and not followed;
-  * ``incomplete``: the temporary directory of a save that is in progress or
-    was interrupted (``.step_00000042.uckpt-tmp-1a2b3c4d``);
+What the store lists is
+  * ``committed``: a manifest that parses and validates, and every data file the
+    manifest lists there at its recorded size;
+  * ``damaged``: named like a step (``step_00000042``) or holding a ``manifest.json``,
+    but the manifest is missing, invalid or not a regular file, or a data file is
+    missing, short, too long or not a regular file (``reason`` says which); a symlink
+    named like a checkpoint is listed as damaged too, and not followed;
+  * ``incomplete``: what a save in progress or interrupted left (a temporary directory
+    ``.step_00000042.uckpt-tmp-1a2b3c4d``; in an object store, the objects of a
+    ``step_N`` prefix without a manifest);
   * ``stale``: a checkpoint being deleted or replaced, left by an interrupted
     retention (``.uckpt-del-``) or overwrite (``.uckpt-old-``).
-Other entries are ignored. Nothing is ever read through a symlink below the root
-(the root itself may be one) and nothing is opened that could block (a FIFO).
+Nothing is ever read through a symlink below the root (the root itself may be one) and
+nothing is opened that could block (a FIFO).
 
 A checkpoint that the root's writer deletes (retention) or replaces while it is
 examined is not damaged: it is gone, and not listed, as ``CheckpointManager.restore``
-treats it (:func:`gone`).
+treats it (:meth:`~uckpt.storage.base.Store.still_there`).
 """
 from __future__ import annotations
 
 import os
-import re
-import stat
-from pathlib import Path
-from typing import List, Optional
+from typing import List
 
-from ..leases import DEL_MARK, OLD_MARK, TMP_MARK
-from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
-from ..format import MANIFEST_NAME
-from ..fsutil import kind_of, link_kind, open_dir, stat_regular
-from ..reader import manifest_at
-from ..storage import is_remote
+from ..errors import UckptError
+from ..format import MANIFEST_NAME, Manifest
+from ..storage import Entry, open_source, open_store
+from ..storage.base import CHECKPOINT, STALE as STALE_ENTRY, TEMPORARY
 from .found import (COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, order_found,  # noqa: F401
                     size_reason)
 
-_STEP = re.compile(r"^step_(\d+)$")
-_HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"
-                     % (re.escape(TMP_MARK), re.escape(OLD_MARK), re.escape(DEL_MARK)))
-
 
 def scan(root, storage_options=None) -> List[Found]:
-    """The checkpoints under ``root`` by step (unnumbered last); ``root`` itself if it is one.
-
-    ``root`` may be reached through a symlink (it was given); entries under it are not: a
-    symlink named like a checkpoint is listed as damaged and not followed. An ``s3://``
-    root is listed by :func:`uckpt.cli.remote.scan_remote`."""
-    if is_remote(root):
-        from .remote import scan_remote
-
-        return scan_remote(root, storage_options)
-    root = Path(root)
-    try:
-        st = os.stat(root)
-    except FileNotFoundError:
-        raise CheckpointNotFoundError(f"{str(root)!r} does not exist", path=str(root)) from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise NotACheckpointError(f"{str(root)!r} is {kind_of(st.st_mode)}, not a directory of "
-                                  "checkpoints", path=str(root))
-    if os.path.lexists(root / MANIFEST_NAME):
-        return [examine(root)]
+    """The checkpoints under ``root`` (a path or URL) by step (unnumbered last); ``root``
+    itself if it is one. ``root`` may be reached through a symlink (it was given); entries
+    under it are not."""
+    store = open_store(root, storage_options)
+    own = store.itself()
+    if own is not None:
+        return [examine(own, lambda: open_source(root, storage_options))]
     found = []
-    with os.scandir(root) as it:
-        entries = sorted(it, key=lambda e: e.name)
-    for e in entries:
+    for entry in store.entries():
         try:
-            if e.is_symlink():
-                item = _symlink(Path(e.path))
-            elif e.is_dir(follow_symlinks=False):
-                before = identity(e.path)
-                item = _classify(Path(e.path))
-                if item is not None and item.status == DAMAGED and gone(item.path, before):
-                    continue  # deleted or replaced while it was examined
-            else:
-                continue
-        except FileNotFoundError:  # vanished while scanning (a save committed, a delete ran)
+            item = examine(entry, lambda e=entry: store.source(e.name))
+        except FileNotFoundError:  # vanished while examined (a save committed, a delete ran)
             continue
-        if item is not None:
-            found.append(item)
+        item.store = store
+        if item.gone():
+            continue  # deleted or replaced while it was examined
+        found.append(item)
     return order_found(found)
 
 
-def identity(path) -> Optional[tuple]:
-    """(device, inode) of the entry at ``path`` (not followed), None if there is none."""
+def read_manifest(source, where: str) -> Manifest:
+    """The validated manifest of the checkpoint ``source`` reads (``where``: its path)."""
+    return Manifest.parse(source.manifest_bytes(), where=where)
+
+
+def examine(entry: Entry, source) -> Found:
+    """Classify one entry: read and validate its manifest (``source()`` opens it), compare
+    the data files it lists with those the store listed."""
+    item = Found(entry.where, DAMAGED, step=entry.step, size=entry.size, reason=entry.reason,
+                 entry=entry)
+    if entry.kind != CHECKPOINT:
+        item.status = {TEMPORARY: INCOMPLETE, STALE_ENTRY: STALE}.get(entry.kind, DAMAGED)
+        return item
+    if entry.reason:  # it could not be listed
+        item.reason = _relative(entry.reason, entry.where)
+        return item
+    if MANIFEST_NAME not in entry.files and MANIFEST_NAME not in entry.not_plain:
+        item.reason = f"no {MANIFEST_NAME}"
+        return item
     try:
-        st = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def gone(target, before: Optional[tuple], storage_options=None) -> bool:
-    """Whether checkpoint ``target`` (a path or an ``s3://`` URL) listed as ``before`` (its
-    :func:`identity` then; None: not known) was deleted or replaced since: a local one
-    renamed away (retention hides a checkpoint by renaming it before removing its files)
-    or another directory there now; in an object store, its manifest gone (a deletion
-    removes it first)."""
-    if is_remote(str(target)):
-        from .remote import remote_gone
-
-        return remote_gone(str(target), storage_options)
-    now = identity(target)
-    return now is None or (before is not None and now != before)
-
-
-def _symlink(path: Path) -> Optional[Found]:
-    """A symlink in a root named like a checkpoint: damaged, and never followed."""
-    hidden = _HIDDEN.match(path.name)
-    m = _STEP.match(hidden.group("name") if hidden else path.name)
-    if m is None and not hidden:
-        return None
-    return Found(path, DAMAGED, step=int(m.group(1)) if m else None,
-                 reason=f"{link_kind(path)}, not a checkpoint directory: not followed")
-
-
-def _classify(path: Path) -> Optional[Found]:
-    hidden = _HIDDEN.match(path.name)
-    if hidden:
-        m = _STEP.match(hidden.group("name"))
-        temp = hidden.group("mark") == TMP_MARK
-        return Found(path, INCOMPLETE if temp else STALE,
-                     step=int(m.group(1)) if m else None, size=dir_size(path),
-                     reason=("temporary directory of a save in progress or interrupted"
-                             if temp else "left by an interrupted delete or overwrite"))
-    if _STEP.match(path.name) or os.path.lexists(path / MANIFEST_NAME):
-        return examine(path, follow_symlinks=False)
-    return None
-
-
-def examine(path: Path, follow_symlinks: bool = True) -> Found:
-    """Classify one checkpoint directory (reads and validates only its manifest; data files
-    are only ``lstat``-ed: regular files of their recorded size). Never follows a
-    symlink inside the directory, nor at ``path`` itself without ``follow_symlinks``."""
-    path = Path(path)
-    m = _STEP.match(path.name)
-    item = Found(path, DAMAGED, step=int(m.group(1)) if m else None)
-    try:
-        dir_fd = open_dir(path, follow_symlinks=follow_symlinks)
+        with source() as src:
+            manifest = read_manifest(src, f"{entry.where}/{MANIFEST_NAME}")
     except UckptError as e:
         if isinstance(e, FileNotFoundError):
             raise
-        item.reason = _relative(str(e), path)
+        item.reason = _relative(str(e), entry.where)
         return item
-    try:
-        item.size = dir_size(path)
-        _examine_at(dir_fd, item)
-    finally:
-        os.close(dir_fd)
-    return item
-
-
-def _examine_at(dir_fd: int, item: Found) -> None:
-    path = item.path
-    try:
-        os.stat(MANIFEST_NAME, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        item.reason = f"no {MANIFEST_NAME}"
-        return
-    except OSError:
-        pass  # reading it says why
-    try:
-        manifest = manifest_at(dir_fd, path)
-    except UckptError as e:
-        item.reason = _relative(str(e), path)
-        return
     item.manifest = manifest
     if manifest.step is not None:
         item.step = manifest.step
     for f in manifest.files.values():
-        try:
-            actual = stat_regular(dir_fd, f.name, what="data file",
-                                  path=str(path / f.name)).st_size
-        except FileNotFoundError:
+        if f.name in entry.not_plain:
+            item.reason = f"data file {f.name!r} is {entry.not_plain[f.name]}, not a regular file"
+            return item
+        if f.name not in entry.files:
             item.reason = f"data file {f.name} is missing"
-            return
-        except UckptError as e:
-            item.reason = _relative(str(e), path)
-            return
-        item.reason = size_reason(f.name, actual, f.size)
+            return item
+        item.reason = size_reason(f.name, entry.files[f.name], f.size)
         if item.reason:
-            return
+            return item
     item.status = COMMITTED
+    return item
 
 
-def dir_size(top) -> int:
-    """Total size of the regular files below directory ``top``; never follows a symlink
-    below it; skips what vanishes or cannot be read."""
-    total = 0
-    pending = [top]  # a stack, not recursion: a deep tree cannot exhaust Python's stack
-    while pending:
-        where = pending.pop()
-        try:
-            with os.scandir(where) as it:
-                for e in it:
-                    try:
-                        if e.is_dir(follow_symlinks=False):
-                            pending.append(e.path)
-                        elif e.is_file(follow_symlinks=False):
-                            total += e.stat(follow_symlinks=False).st_size
-                    except OSError:  # vanished, or unreadable: count what can be seen
-                        continue
-        except OSError:
-            continue
-    return total
-
-
-def _relative(message: str, directory: Path) -> str:
-    """An error's first line, with the checkpoint's own path left out (it is in the table)."""
+def _relative(message: str, where: str) -> str:
+    """An error's first line, with the checkpoint's own path or URL left out (it is in the
+    table)."""
     line = message.splitlines()[0] if message else ""
-    for prefix in (str(directory) + os.sep, str(directory.absolute()) + os.sep):
+    for prefix in (where + os.sep, where + "/"):
         line = line.replace(prefix, "")
     return line

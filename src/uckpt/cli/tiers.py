@@ -14,11 +14,10 @@ tier lost with its node is a normal situation); when every root is missing,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointNotFoundError
-from ..storage import is_remote
+from ..storage import canonical, open_store, storage_options_for
 from .scan import COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, scan
 
 STATUS_ORDER = (COMMITTED, DAMAGED, STALE, INCOMPLETE)
@@ -38,7 +37,7 @@ class Tier:
     @property
     def path(self):
         """The root's absolute path (its URL for an object store)."""
-        return self.root if is_remote(self.root) else Path(self.root).absolute()
+        return canonical(self.root)
 
     def summary(self) -> str:
         """``"missing"``, ``"empty"`` or ``"2 committed, 1 incomplete"``."""
@@ -87,10 +86,11 @@ def scan_tiers(roots: Sequence[str], labels: Sequence[str], storage_options=None
     tiers: List[Tier] = []
     rows: Dict[tuple, Row] = {}
     for label, root in zip(labels, roots):
+        options = storage_options_for(root, storage_options)
         try:
-            found = scan(root, storage_options if is_remote(root) else None)
+            found = scan(root, options)
         except FileNotFoundError:  # CheckpointNotFoundError, or the root vanished mid-scan
-            if is_remote(root) or Path(root).exists():
+            if open_store(root, options).exists():
                 raise
             tiers.append(Tier(label, str(root), missing=True))
             continue

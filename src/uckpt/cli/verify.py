@@ -2,20 +2,17 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-from pathlib import Path
-from typing import List, Union
+from typing import List, NamedTuple, Optional
 
 from ..errors import CheckpointNotFoundError, UckptError
 from ..reader import CheckpointReader
-from ..storage import is_remote
 from .common import bytes_text, human_bytes, print_error
 from . import foreign
 from .inspect import add_from_argument
-from .remote import add_storage_arguments, options_for
-from .scan import COMMITTED, DAMAGED, gone, identity, scan
+from .scan import COMMITTED, DAMAGED, Found, scan
+from .storage_args import add_storage_arguments, options_for
 
 HELP = "re-check every checksum of checkpoints"
 DESCRIPTION = """\
@@ -47,19 +44,25 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def targets(args) -> List[Union[Path, str]]:
-    """Checkpoints to verify (Paths, or ``s3://`` URLs); with --all, an entry of a root
-    that is a symlink is not followed: it is reported (as a string: the error to print)
-    instead."""
+class Target(NamedTuple):
+    """A checkpoint to verify: its path or URL; with --all, how it was listed."""
+
+    where: str
+    found: Optional[Found] = None
+
+
+def targets(args) -> List[Target]:
+    """Checkpoints to verify; with --all, every committed or damaged one listed under each
+    root (an entry that is a symlink is not followed: it is reported instead)."""
     if not args.all:
-        return [p if is_remote(p) else Path(p) for p in args.paths]
-    out: List[Union[Path, str]] = []
+        return [Target(str(p)) for p in args.paths]
+    out: List[Target] = []
     for root in args.paths:
-        found = [f for f in scan(root, options_for(root, args)) if f.status in (COMMITTED, DAMAGED)]
+        found = [f for f in scan(root, options_for(root, args))
+                 if f.status in (COMMITTED, DAMAGED)]
         if not found:
             raise CheckpointNotFoundError(f"no checkpoints under {root!r}", path=root)
-        out += [f.url if f.url else f"{f.path}: {f.reason}" if os.path.islink(f.path)
-                else f.path for f in found]
+        out += [Target(f.where, f) for f in found]
     return out
 
 
@@ -109,19 +112,19 @@ def verify_one(path, storage_options=None) -> str:
 def run(args) -> int:
     paths = targets(args)
     failed = 0
-    for path in paths:
-        if isinstance(path, str) and not is_remote(path):  # not followed
+    for target in paths:
+        path, found = target.where, target.found
+        if found is not None and not found.followed:
             failed += 1
-            print_error(path)
+            print_error(f"{path}: {found.reason}")
             continue
-        before = None if is_remote(str(path)) else identity(path)
         try:
-            if not args.all and foreign.is_foreign(str(path)):
-                print(foreign.verify(str(path), args.src_format), flush=True)
+            if not args.all and foreign.is_foreign(path):
+                print(foreign.verify(path, args.src_format), flush=True)
             else:
                 print(verify_one(path, options_for(path, args)), flush=True)
         except (UckptError, OSError) as e:
-            if args.all and gone(path, before, options_for(path, args)):
+            if found is not None and found.gone():
                 print(f"skipped: {path}: deleted while it was verified (the root's writer "
                       "removed it)", flush=True)
                 continue
