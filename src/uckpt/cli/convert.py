@@ -10,6 +10,7 @@ from ..conversion import detect
 from ..conversion.errors import ConvertWarning
 from ..conversion.options import OptionError
 from .common import human_bytes, print_json, shape_str, table
+from .storage_args import add_storage_arguments, storage_options
 
 HELP = "convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face and uckpt"
 DESCRIPTION = """\
@@ -43,8 +44,9 @@ backslash) are refused. Trees that shared references would expand past
 --max-nodes, and data that would grow past --max-ratio bytes per stored byte,
 are refused before the work is done.
 
-DST is written under a temporary name and renamed into place: a failure or
-Ctrl-C leaves no partial output. An existing DST is replaced only with --force.
+DST is written under a temporary name and renamed into place (a uckpt DST may
+also be an s3://bucket/prefix URL: written as a save writes, its manifest
+last): a failure or Ctrl-C leaves no partial output. An existing DST is replaced only with --force.
 Memory stays about the largest array. A progress bar is drawn on standard
 error for large inputs when it is a terminal (not with --quiet).
 
@@ -56,7 +58,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help=HELP, description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("src", metavar="SRC", help="the checkpoint to read (a file or directory)")
-    p.add_argument("dst", metavar="DST", help="where to write the converted checkpoint")
+    p.add_argument("dst", metavar="DST", help="where to write the converted checkpoint (a "
+                                              "uckpt one may be an s3://bucket/prefix URL)")
     p.add_argument("--from", dest="src_format", metavar="FORMAT",
                    choices=sorted(detect.FORMATS + tuple(detect.ALIASES)),
                    help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, uckpt, "
@@ -89,6 +92,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_limit_options(p)
+    add_storage_arguments(p)
     p.set_defaults(run=run)
     return p
 
@@ -143,7 +147,8 @@ def run(args) -> int:
                              dry_run=args.dry_run, progress=bar, limits=limits_of(args),
                              select=args.select, strip_prefix=args.strip_prefix,
                              add_prefix=args.add_prefix, compress=_codec(args),
-                             max_shard_size=args.max_shard_size, hf_weights=args.hf_weights)
+                             max_shard_size=args.max_shard_size, hf_weights=args.hf_weights,
+                             storage_options=storage_options(args))
     finally:
         if bar:
             bar.finish()

@@ -8,12 +8,12 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..errors import UckptError
 from . import detect as _detect
 from . import layouts
-from .errors import ConvertWarning
+from .errors import ConvertWarning, UnknownFormatError
 from .limits import Limits, using
 from .model import Tree
 from .progress import Progress
@@ -85,7 +85,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             limits: Optional[Limits] = None, select: Optional[str] = None,
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None,
             compress: Optional[str] = None, max_shard_size=None,
-            hf_weights: str = "safetensors") -> Report:
+            hf_weights: str = "safetensors",
+            storage_options: Optional[Mapping[str, Any]] = None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -110,8 +111,13 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,
     the default, or pickle: ``pytorch_model-*.bin``). ``hf_weights`` (``safetensors`` or
     ``pickle``) is the kind of weight files a Hugging Face target (``dst_format="hf"``) gets.
+
+    A uckpt target may be an ``s3://bucket/prefix/name`` URL (``storage_options`` as for
+    :func:`uckpt.save`): it is written through its store as a save writes, the manifest
+    committed last; the other formats are written to local files.
     """
-    from .output import check_output, write_atomically
+    from ..storage import local_path, storage_options_for
+    from .output import check_checkpoint, check_output, write_atomically, write_checkpoint
 
     from .options import WriteOptions, for_target, parse_size, target_of
     from .prefetch import prefetch
@@ -126,13 +132,23 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     options = for_target(named, options)
     options.codec(dst_fmt)  # a codec the target cannot write fails before any work
     directory = dst_fmt in DIRECTORY_TARGETS
-    dst_path = Path(dst).absolute()
-    if Path(src).absolute() == dst_path or (dst_path.exists() and
-                                            os.path.samefile(src, dst_path)):
+    dst_options = storage_options_for(dst, storage_options)
+    local = local_path(dst)
+    if local is None and dst_fmt != "uckpt":
+        raise UnknownFormatError(f"{str(dst)!r}: a {dst_fmt} target is written to a local "
+                                 "file; only a uckpt checkpoint is written to an object store",
+                                 path=str(dst), hint="convert to a local path, or to a uckpt "
+                                                     "checkpoint (a name without an extension)")
+    dst_path = local.absolute() if local is not None else None
+    if dst_path is not None and (Path(src).absolute() == dst_path or (
+            dst_path.exists() and os.path.samefile(src, dst_path))):
         raise UckptError(f"{str(src)!r}: source and destination are the same",
                          hint="write the conversion to another path")
     if not dry_run:
-        check_output(dst_path, directory, force)
+        if dst_fmt == "uckpt":
+            check_checkpoint(dst if dst_path is None else dst_path, force, dst_options)
+        else:
+            check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
     kwargs = _write_arguments(writer, dst_fmt, options)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
@@ -151,8 +167,12 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             done = Progress(lay.nbytes, progress)
             stop = prefetch(lay.arrays) if src_fmt in PREFETCHED else (lambda: None)
             try:
-                write_atomically(dst_path, directory, force,
-                                 lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
+                if dst_fmt == "uckpt":  # through its store, as a save writes
+                    write_checkpoint(dst if dst_path is None else dst_path, force, dst_options,
+                                     lambda sink: writer.write(tree, lay, sink, done, **kwargs))
+                else:
+                    write_atomically(dst_path, directory, force,
+                                     lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
             finally:
                 stop()
     report.seconds = time.monotonic() - start

@@ -1,11 +1,12 @@
-"""Writing an output atomically: a temporary name beside it, fsync, rename.
+"""Writing an output atomically: a temporary name beside it, fsync, rename; a uckpt
+checkpoint through its store's sink and commit, as :func:`uckpt.save` writes one.
 
-A failure or Ctrl-C at any point removes the temporary file or directory; the
-destination either does not change or is complete. An existing destination is
-replaced only when asked (``force``): files with ``rename`` (atomic), uckpt
-checkpoints with uckpt's own commit (an atomic exchange). Without ``force``, a
-file is put in place with ``link``, which fails rather than replace one that
-appeared meanwhile.
+A failure or Ctrl-C at any point removes the temporary file or directory (or the
+sink's objects); the destination either does not change or is complete. An existing
+destination is replaced only when asked (``force``): files with ``rename`` (atomic),
+uckpt checkpoints with their store's commit (an atomic exchange on a local disk, the
+manifest written last in an object store). Without ``force``, a file is put in place
+with ``link``, which fails rather than replace one that appeared meanwhile.
 """
 from __future__ import annotations
 
@@ -13,24 +14,47 @@ import errno
 import os
 import secrets
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping, Optional, Union
 
 from .. import fsutil
-from ..leases import TMP_MARK
-from ..storage.local import check_target, publish
+from ..leases import OLD_MARK, TMP_MARK
 from ..errors import CheckpointExistsError
-from ..format import MANIFEST_NAME
+from ..storage import CheckpointSink, locate
 
 HINT = "pass --force (force=True) to replace it, or choose another name"
 
 
+def check_checkpoint(dst, force: bool, storage_options: Optional[Mapping] = None) -> None:
+    """Refuse early to replace what must not be: a committed checkpoint (unless ``force``),
+    a file, a directory that is neither empty nor a checkpoint."""
+    store, name = locate(dst, storage_options)
+    if not force and store.has(name):
+        where = str(store.location(name))
+        raise CheckpointExistsError(f"{where!r} already holds a committed checkpoint",
+                                    path=where, hint=HINT)
+    store.check_target(name, force)
+
+
+def write_checkpoint(dst, force: bool, storage_options: Optional[Mapping],
+                     write: Callable[[CheckpointSink], bytes]) -> Union[Path, str]:
+    """Open a sink for checkpoint ``dst`` (a path or URL) on its store, call ``write(sink)``
+    (it writes the data files and returns the manifest's bytes) and commit; returns the
+    checkpoint's location. Any failure (Ctrl-C included) removes what was written."""
+    store, name = locate(dst, storage_options)
+    sink = store.sink(name, overwrite=force)
+    try:
+        sink.commit(write(sink), overwrite=force)
+    except BaseException:
+        sink.abort()
+        raise
+    sink.release()
+    location: Union[Path, str] = store.location(name)
+    return location
+
 def check_output(dst: Path, directory: bool, force: bool) -> None:
     """Refuse early what must not be replaced."""
     if directory:
-        if (dst / MANIFEST_NAME).exists() and not force:
-            raise CheckpointExistsError(f"{str(dst)!r} already holds a committed checkpoint",
-                                        path=str(dst), hint=HINT)
-        check_target(dst, force)  # a file, or a directory that is not a checkpoint
+        check_checkpoint(dst, force)  # a file, or a directory that is not empty
         return
     if dst.is_dir():
         raise CheckpointExistsError(f"{str(dst)!r} is a directory; refusing to replace it with "
@@ -50,7 +74,7 @@ def write_atomically(dst, directory: bool, force: bool, write: Callable[[Path], 
         if directory:
             tmp.mkdir()
             write(tmp)
-            publish(tmp, dst, force)
+            _place_dir(tmp, dst, force)
         else:
             write(tmp)
             _fsync(tmp)
@@ -63,6 +87,26 @@ def write_atomically(dst, directory: bool, force: bool, write: Callable[[Path], 
             tmp.unlink()
         raise
     return dst
+
+
+def _place_dir(tmp: Path, dst: Path, force: bool) -> None:
+    """Rename directory ``tmp`` to ``dst`` (onto nothing or an empty directory; with
+    ``force``, swapped with what is there, which is then removed); fsync the parent."""
+    try:
+        os.rename(tmp, dst)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        if not force:
+            raise CheckpointExistsError(f"{str(dst)!r} was created by someone else during the "
+                                        "conversion", path=str(dst), hint=HINT) from None
+        if not fsutil.exchange(tmp, dst):
+            old = dst.parent / f".{dst.name}{OLD_MARK}{secrets.token_hex(4)}"
+            os.rename(dst, old)
+            os.rename(tmp, dst)
+            tmp = old
+        fsutil.remove_tree(tmp)  # now holds what was replaced
+    fsutil.fsync_dir(dst.parent)
 
 
 def _fsync(path: Path) -> None:

@@ -11,8 +11,10 @@ whose chunks tile it in flat order is also given a block at a time, in a constan
 The writer lays arrays out as uckpt's single-process save does (docs/format.md
 sections 6.1 and 7: 64-byte alignment, slabs along the first axis for large
 arrays), but reads, checksums and writes one array at a time, so a conversion
-holds at most one array in memory. It writes into the temporary directory the
-caller made; the caller commits it with uckpt's own atomic publish.
+holds at most one array in memory. It writes through the
+:class:`~uckpt.storage.base.CheckpointSink` the caller opened on the target's store (a
+directory or an object store, as :func:`uckpt.save` does), and the caller commits the
+manifest it returns.
 
 What a uckpt manifest has no field for (HDF5 attributes, an OrderedDict's
 attributes, a root that is not a dict) goes to the manifest's ``metadata``
@@ -23,8 +25,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-import os
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -32,16 +32,15 @@ import numpy as np
 from .. import knobs
 from .._version import __version__
 from ..codecs import Compression
-from ..format import MANIFEST_NAME, ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
-from ..fsutil import fsync_dir, preallocate, pwritev_all, write_file_durably
+from ..format import ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
 from ..reader import CheckpointReader
 from ..readruns import flat_chunks
+from ..storage import CheckpointSink
 from ..writer import encode_chunks
 from . import skeleton
 from .limits import Limits, check_ratio, current
 from .model import Leaf, Tree, reading
 from .progress import Progress
-from .zipout import write_pieces
 
 META_KEY = "uckpt_convert"
 STEP, METADATA = "uckpt.step", "uckpt.metadata"
@@ -118,65 +117,50 @@ def _chunks(shape: Tuple[int, ...], nbytes: int) -> List[Tuple[int, int]]:
     return [(r, min(per, rows - r)) for r in range(0, rows, per)]
 
 
-def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress,
-          compress: Optional[Compression] = None) -> None:
-    """Write the data file and the manifest into ``directory`` (an empty temporary one);
-    with ``compress``, each chunk compressed (stored raw where it does not shrink)."""
+def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Progress,
+          compress: Optional[Compression] = None) -> bytes:
+    """Write the data file through ``sink`` (a new checkpoint's, of any store: it is the
+    one path of the format's bytes to storage) and return the manifest's bytes, for the
+    caller to commit; with ``compress``, each chunk compressed (stored raw where it does
+    not shrink)."""
     name = data_file_name(0)
-    raw_end = 0
-    for _, leaf in lay.arrays:
-        raw_end = -(-raw_end // knobs.alignment) * knobs.alignment + leaf.nbytes
     arrays: Dict[str, ArrayEntry] = {}
     end = 0
-    fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        preallocate(fd, raw_end)  # the most it can take
+
+    def pieces():  # (offset, bytes) of each stored chunk, one array read at a time
+        nonlocal end
         for path, leaf in lay.arrays:
             arr = leaf.read()
             flat = arr.reshape(-1).view(np.uint8)
             row_bytes = leaf.nbytes // (leaf.shape[0] or 1) if leaf.shape else leaf.nbytes
-            pieces = []
+            cut = []
             for first, rows in _chunks(leaf.shape, leaf.nbytes):
                 start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
-                pieces.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
-                               flat[first * row_bytes:(first + rows) * row_bytes]))
-            encoded = encode_chunks(pieces, compress)  # checksums and content hashes too
+                cut.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
+                            flat[first * row_bytes:(first + rows) * row_bytes]))
+            encoded = encode_chunks(cut, compress)  # checksums and content hashes too
             at = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
             chunks = []
-            for (_, key, data), (codec, stored, checksum, content) in zip(pieces, encoded):
+            for (_, key, data), (codec, stored, checksum, content) in zip(cut, encoded):
                 stored = memoryview(stored).cast("B")
                 chunks.append(Chunk(name, at, len(stored), key.start, key.shape, codec, checksum,
                                     content))
-                write_pieces(_Positioned(fd, at), stored, None)
+                if len(stored):
+                    yield at, stored
                 progress.advance(data.nbytes)
                 at += len(stored)
             end = at
             arrays[path] = ArrayEntry(path, leaf.dtype, leaf.shape, tuple(chunks))
-            del arr, flat, pieces, encoded
-        if os.fstat(fd).st_size != end:
-            os.ftruncate(fd, end)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            del arr, flat, cut, encoded
+
+    sink.write_stream(name, pieces())
     manifest = Manifest(world_size=1, tree=lay.skeleton, arrays=arrays,
                         files={name: FileEntry(name, 0, end)}, step=_step(tree),
                         metadata=_metadata(tree, lay), generator=f"uckpt {__version__}",
                         created=_dt.datetime.now(_dt.timezone.utc)
                         .strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-    write_file_durably(directory / MANIFEST_NAME, manifest.to_bytes())
-    fsync_dir(directory)
-
-
-class _Positioned:
-    """Writes pieces one after another from a file offset on."""
-
-    def __init__(self, fd: int, offset: int) -> None:
-        self.fd, self.offset = fd, offset
-
-    def __call__(self, piece: memoryview) -> None:
-        pwritev_all(self.fd, [piece], self.offset)
-        self.offset += len(piece)
+    return manifest.to_bytes()
 
 
 def _step(tree: Tree) -> Any:
