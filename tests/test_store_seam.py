@@ -17,17 +17,10 @@ from uckpt.cli.scan import scan
 from uckpt.conversion.api import convert
 from uckpt.conversion.errors import UnknownFormatError
 from s3_server import s3_bucket, s3_options, s3_server  # noqa: F401
+from test_s3_tier import keys
 
 ARRAYS = {"w": np.arange(300_000, dtype=np.float32).reshape(600, 500),
           "b": np.linspace(0, 1, 7), "empty": np.zeros((0, 3), np.int16)}
-
-
-def keys(server, bucket, prefix=""):
-    out = {}
-    for page in server.client().get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                             Prefix=prefix):
-        out.update((o["Key"], o["Size"]) for o in page.get("Contents", ()))
-    return out
 
 
 def cli_flags(server):
