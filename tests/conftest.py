@@ -102,12 +102,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def small_chunks(monkeypatch):
-    """Make arrays split into many chunks so chunking paths run on tiny data."""
-    import uckpt.knobs as knobs
+def small_chunks():
+    """Save options that split arrays into many chunks, so chunking paths run on tiny
+    data (pass as ``uckpt.save(..., options=small_chunks)``)."""
+    import uckpt
 
-    monkeypatch.setattr(knobs, "chunk_bytes", 256)
-    return knobs
+    return uckpt.SaveOptions(chunk_bytes=256)
 
 
 def mount_tmpfs(path: Path, size: str):

@@ -69,7 +69,8 @@ def test_non_contiguous_and_big_endian(tmp_path):
 
 def test_chunked_arrays_roundtrip(tmp_path, small_chunks):
     arr = _array(np.float32, (100, 9), seed=1)
-    uckpt.save(tmp_path / "c", {"a": arr, "v": _array(np.int64, (1000,), 2)})
+    uckpt.save(tmp_path / "c", {"a": arr, "v": _array(np.int64, (1000,), 2)},
+               options=small_chunks)
     m = uckpt.manifest(tmp_path / "c")
     assert len(m.arrays["a"].chunks) > 5
     out = uckpt.load(tmp_path / "c")

@@ -185,12 +185,6 @@ def validator(schema):
     return jsonschema.Draft202012Validator(schema)
 
 
-@pytest.fixture
-def golden_knobs(monkeypatch):
-    for name, value in golden.KNOBS.items():
-        monkeypatch.setattr(knobs, name, value)
-
-
 # --- (a) golden checkpoints load to the expected state ------------------------------------------
 @pytest.mark.parametrize("version", VERSIONS)
 def test_golden_all_types_loads_bitwise(version):
@@ -346,9 +340,10 @@ SAVES = {
 @pytest.mark.parametrize("name", sorted(SAVES))
 def test_resave_is_byte_identical(tmp_path, monkeypatch, name):
     make_state, knob_values, kwargs = SAVES[name]
+    options, knob_values = golden.options_and_knobs(knob_values)
     for knob, value in knob_values.items():
         monkeypatch.setattr(knobs, knob, value)
-    fresh = uckpt.save(tmp_path / name, make_state(), **kwargs)
+    fresh = uckpt.save(tmp_path / name, make_state(), options=options, **kwargs)
     old = GOLDEN / name
     assert sorted(p.name for p in fresh.iterdir()) == sorted(p.name for p in old.iterdir())
     for data_file in old.glob("*.bin"):
@@ -433,7 +428,7 @@ def _fresh_states():
 @pytest.mark.parametrize("case", sorted(_fresh_states()))
 def test_fresh_manifest_validates(tmp_path, validator, small_chunks, case):
     state, kwargs = _fresh_states()[case]
-    path = uckpt.save(tmp_path / case, state, **kwargs)
+    path = uckpt.save(tmp_path / case, state, options=small_chunks, **kwargs)
     validator.validate(manifest_doc(path))
 
 
@@ -442,7 +437,8 @@ def test_fresh_multi_rank_manifest_validates(tmp_path, validator, small_chunks):
     from uckpt.testing import run_ranks
 
     path = tmp_path / "c"
-    for outcome in run_ranks(3, lambda comm: uckpt.save(path, golden.golden_state(), comm=comm)):
+    for outcome in run_ranks(3, lambda comm: uckpt.save(path, golden.golden_state(), comm=comm,
+                                                        options=small_chunks)):
         assert not isinstance(outcome, BaseException), outcome
     doc = manifest_doc(path)
     validator.validate(doc)
@@ -822,12 +818,13 @@ def test_golden_chain_loads_verifies_and_refers_to_its_base():
     assert m.files["data-00000.bin"].size == 16  # only the changed row was written
 
 
-def test_resave_of_the_golden_chain_is_byte_identical(tmp_path, monkeypatch):
-    for knob, value in golden.CHAIN_KNOBS.items():
-        monkeypatch.setattr(knobs, knob, value)
+def test_resave_of_the_golden_chain_is_byte_identical(tmp_path):
+    options, rest = golden.options_and_knobs(golden.CHAIN_KNOBS)
+    assert not rest  # every one is a layout option
     first, second = golden.chain_states()
-    uckpt.save(tmp_path / "step_00000001", first, step=1, incremental=True)
-    uckpt.save(tmp_path / "step_00000002", second, step=2, base=tmp_path / "step_00000001")
+    uckpt.save(tmp_path / "step_00000001", first, step=1, incremental=True, options=options)
+    uckpt.save(tmp_path / "step_00000002", second, step=2, base=tmp_path / "step_00000001",
+               options=options)
     for name in ("step_00000001", "step_00000002"):
         old, new = GOLDEN / "chain" / name, tmp_path / name
         assert (new / "data-00000.bin").read_bytes() == (old / "data-00000.bin").read_bytes()

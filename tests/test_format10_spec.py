@@ -354,11 +354,7 @@ def _rows(reader, doc, table):
 
 
 def test_doc_example_is_what_uckpt_writes(reader, tmp_path, monkeypatch, example):
-    import uckpt.knobs as knobs
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(knobs, "chunk_bytes", knobs.chunk_bytes)
-    monkeypatch.setattr(knobs, "alignment", 64)
     exec(compile(doc_block("example-save"), "format.md:example-save", "exec"), {})
     assert (tmp_path / "example" / "data-00000.bin").read_bytes() == _hexdump_bytes()
     _writes_1_0(tmp_path / "example")

@@ -28,13 +28,25 @@ __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds"
 
 __all__ += ["convert"]
 
+#: option objects, by the module defining them (imported on first use)
+_OPTIONS = {"SaveOptions": "options", "RetentionOptions": "manager_options",
+            "AsyncOptions": "manager_options", "IncrementalOptions": "manager_options"}
+__all__ += list(_OPTIONS)
+
 
 def __getattr__(name: str):
-    """``uckpt.convert`` (:func:`uckpt.conversion.convert`) is imported on first use, so
-    ``import uckpt`` stays light."""
+    """``uckpt.convert`` (:func:`uckpt.conversion.convert`) and the option objects
+    (:class:`uckpt.options.SaveOptions`, :mod:`uckpt.manager_options`) are imported on
+    first use, so ``import uckpt`` stays light."""
     if name == "convert":
         from .conversion.api import convert
 
         globals()["convert"] = convert
         return convert
+    if name in _OPTIONS:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_OPTIONS[name]}", __name__), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'uckpt' has no attribute {name!r}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Union
 
-from .codecs import compression_of
 from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
 from .comm import background_communicator, get_communicator
 from .engine import SaveHandle, default_saver
@@ -13,6 +12,7 @@ from .errors import (CorruptCheckpointError, DistributedError, ManifestError, Me
 from .format import Manifest
 from .gcpause import pausing
 from .incremental import Baseline
+from .options import SaveOptions, save_options
 from .reader import CheckpointReader, read_manifest
 from .restore import load_tree, restore_into
 from .storage import locate, open_source
@@ -25,7 +25,8 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
          storage_options: Optional[Mapping[str, Any]] = None,
          compression: Optional[str] = None,
          compression_level: Optional[int] = None,
-         base: Any = None, incremental: bool = False) -> Union[Path, str, SaveHandle]:
+         base: Any = None, incremental: bool = False,
+         options: Optional[SaveOptions] = None) -> Union[Path, str, SaveHandle]:
     """Save ``state`` to ``directory`` and commit it atomically.
 
     ``directory`` is a local path or an ``s3://bucket/prefix`` URL of an S3-compatible
@@ -42,6 +43,9 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     section 6.3); a chunk that does not shrink is stored raw. With ``blocking=False`` the
     compression runs in the background. Unknown names raise
     :class:`~uckpt.errors.CompressionError` (a ``ValueError``).
+
+    ``options`` (a :class:`uckpt.SaveOptions`) sets the layout: chunk size, alignment,
+    compression (then not also given as keywords: :class:`~uckpt.errors.OptionsError`).
 
     Returns the directory (a URL for an object store). With ``blocking=False``, returns a
     :class:`~uckpt.engine.SaveHandle` as soon as the state is copied to host
@@ -66,11 +70,11 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     chunk of the same box are not written but refer to where the base's bytes are
     (docs/format.md section 14). The new checkpoint then needs its bases to load; keep
     them, or make a self-contained copy with :func:`consolidate`. Chunks are then cut into
-    slabs of about ``knobs.incremental_chunk_bytes``; ``incremental=True`` cuts a save
+    slabs of about ``options.incremental_chunk_bytes``; ``incremental=True`` cuts a save
     without a base the same way, so that the first checkpoint of a chain can serve as one.
     """
     default_saver().raise_unreported()  # an earlier background save's error is never lost
-    codec = compression_of(compression, compression_level)
+    layout = save_options(options, compression, compression_level)
     c = get_communicator(comm)
     store, name = locate(directory, storage_options)
     flat = flatten_shared(state, c)
@@ -85,11 +89,11 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     given = None if baseline is None else (lambda: baseline)
     if blocking:
         return save_collective(store, name, flat, c, step=step, metadata=metadata,
-                               overwrite=overwrite, compression=codec, baseline=given)
+                               overwrite=overwrite, options=layout, baseline=given)
     # the plan exchange runs here (so only this rank's share is snapshotted, straight
     # into the layout of its data file); the write and commit run in the background
     prepared = prepare_collective(store, name, flat, c, step=step, metadata=metadata,
-                                  overwrite=overwrite, compression=codec, baseline=given)
+                                  overwrite=overwrite, options=layout, baseline=given)
     return submit_async_share(default_saver(), prepared, c, background_communicator(c),
                               f"save to {str(store.location(name))!r}")
 
@@ -184,23 +188,24 @@ def _load_local(open_, state, strict: bool, rank: int, max_bytes: Optional[int]
 def consolidate(src, dst, *, overwrite: bool = False,
                 storage_options: Optional[Mapping[str, Any]] = None,
                 compression: Optional[str] = None,
-                compression_level: Optional[int] = None) -> Union[Path, str]:
+                compression_level: Optional[int] = None,
+                options: Optional[SaveOptions] = None) -> Union[Path, str]:
     """Rewrite checkpoint ``src`` (written by any number of ranks) as a single-process one
     at ``dst``: one data file, each array in one piece, the same tree (adapters, classes,
     PerRank subtrees), step and metadata. ``uckpt convert`` takes either. The copy of an
     incremental checkpoint is self-contained (no ``bases``: every chunk read through its
     references).
-    ``compression`` and ``compression_level`` as for :func:`save`.
+    ``compression``, ``compression_level`` and ``options`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL.
     Each piece of the output is read from the source when it is written: memory is one
     source chunk (at most the largest array) plus a few pieces (:mod:`uckpt.consolidation`),
     not the whole checkpoint."""
     from .consolidation import consolidate as rewrite
 
-    codec = compression_of(compression, compression_level)
+    layout = save_options(options, compression, compression_level, "uckpt.consolidate")
     with CheckpointReader(src, storage_options=_for(src, storage_options)) as reader:
         return rewrite(reader, dst, overwrite=overwrite,
-                       storage_options=_for(dst, storage_options), compression=codec)
+                       storage_options=_for(dst, storage_options), options=layout)
 
 
 def _for(target, storage_options):

@@ -32,7 +32,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
-from . import knobs
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
@@ -40,6 +39,7 @@ from .errors import CheckpointExistsError, CheckpointNotFoundError, DamagedBaseE
 from .format import Chunk, Manifest
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
+from .options import DEFAULT, SaveOptions
 from .reader import CheckpointReader, _manifest_where
 from .recode import recode_files, recoded_manifest, target_bases
 from .save_errors import raise_save_failure
@@ -55,18 +55,18 @@ log = logging.getLogger("uckpt.collective")
 def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     comm: Communicator, *, step: Optional[int] = None,
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                    what: Optional[str] = None, compression: Optional[Compression] = None,
+                    what: Optional[str] = None, options: SaveOptions = DEFAULT,
                     baseline: Optional[Callable[[], Baseline]] = None,
                     on_commit: Optional[Callable[[Manifest], None]] = None):
-    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``
-    (chunks compressed with ``compression``, if given); returns its location.
+    """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``, laid
+    out (and compressed) as ``options`` say; returns its location.
     ``baseline``, ``on_commit``: see :func:`prepare_collective`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
-                                  overwrite=overwrite, what=what, compression=compression,
+                                  overwrite=overwrite, what=what, options=options,
                                   baseline=baseline, on_commit=on_commit)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
@@ -101,7 +101,7 @@ class PreparedSave:
     metadata: Dict[str, Any]
     overwrite: bool
     what: str
-    compression: Optional[Compression] = None
+    options: SaveOptions = DEFAULT
     #: incremental: gives, when this rank writes, the previous checkpoint's chunks
     #: (unchanged chunks refer to them)
     baseline: Optional[Callable[[], Baseline]] = None
@@ -113,13 +113,13 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
                        comm: Communicator, *, step: Optional[int] = None,
                        metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                        what: Optional[str] = None,
-                       compression: Optional[Compression] = None,
+                       options: SaveOptions = DEFAULT,
                        baseline: Optional[Callable[[], Baseline]] = None,
                        on_commit: Optional[Callable[[Manifest], None]] = None) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
 
     ``baseline``: make an incremental checkpoint: its chunks are cut into pieces of
-    ``knobs.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
+    ``options.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
     (called when this rank writes, after the saves before it committed) refer to it;
     every checkpoint it refers to is first checked to be committed."""
     what = what or f"save to {str(store.location(name))!r}"
@@ -151,14 +151,15 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
             for r in differ:
                 gathered[r]["replicated"] = full[r]
         gp = global_plan(gathered, comm.rank,  # raises the same error on every rank
-                         knobs.incremental_chunk_bytes if baseline is not None else 0)
+                         options.incremental_chunk_bytes if baseline is not None else 0,
+                         chunk_bytes=options.chunk_bytes, alignment=options.alignment)
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                        overwrite, what, compression, baseline, on_commit)
+                        overwrite, what, options, baseline, on_commit)
 
 
 def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):
@@ -178,13 +179,14 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
                 image = staged.images.get(file)
                 if p.baseline is None:
                     by_item = write_data_file(sink, file, size, mine, staged.arrays, image=image,
-                                              origins=gp.origins, compression=p.compression)
+                                              origins=gp.origins, compression=p.options.codec,
+                                              alignment=p.options.alignment)
                     chunks = [by_item[it] for it in mine]
                 else:
                     baseline = used["baseline"] = p.baseline()
                     check_bases(p.store, p.name, baseline)
                     chunks = write_changed(sink, file, mine, staged.arrays, image, gp.origins,
-                                           baseline, p.compression)
+                                           baseline, p.options.codec, p.options.alignment)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
@@ -249,7 +251,7 @@ def finish_or_redo(p: PreparedSave, staged: Union[Flat, BaseException], comm: Co
         log.warning("%s; saving it again, in full", e)
         again = prepare_collective(p.store, p.name, staged, comm, step=p.step,
                                    metadata=p.metadata, overwrite=True, what=p.what,
-                                   compression=p.compression, baseline=p.baseline,
+                                   options=p.options, baseline=p.baseline,
                                    on_commit=p.on_commit)
         return finish_collective(again, staged, comm)
 

@@ -17,11 +17,11 @@ from typing import Any, Callable, Dict, Optional
 from ._version import __version__ as _version
 from .errors import ManifestError
 from .format import ArrayEntry, FileEntry, Manifest
+from .options import DEFAULT, SaveOptions
 from .plan import SavePlan, WriteItem, metas, plan_save
 from .save_errors import raise_save_failure
 from .storage import locate
 from .tree import Flat
-from .codecs import Compression
 from .writer import file_end, write_data_file, write_read_pieces
 
 def check_metadata(metadata: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -45,17 +45,19 @@ def check_step(step) -> None:
 
 def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
-                     storage_options=None, compression: Optional[Compression] = None,
+                     storage_options=None, options: SaveOptions = DEFAULT,
                      read_piece: Optional[Callable[[WriteItem], Any]] = None):
-    """Write every data file of ``flat``'s plan (default: one file) from this process, its
-    chunks compressed with ``compression`` if given, and commit; returns the checkpoint's
+    """Write every data file of ``flat``'s plan (default: one file, laid out as ``options``
+    say) from this process, its chunks compressed as they say, and commit; returns the checkpoint's
     location (a Path, or a URL). With ``read_piece(item) -> raw bytes`` each item's bytes
     are fetched only when it is written (a few at a time); ``flat.arrays`` then need only
     ``dtype`` and ``shape``."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
-    plan = flat.plan or plan_save(metas(flat.arrays))
+    plan = flat.plan or plan_save(metas(flat.arrays), chunk_bytes=options.chunk_bytes,
+                                  alignment=options.alignment)
+    compression = options.codec
     where = store.location(name)
     sink = None
     try:
@@ -64,10 +66,11 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
         for rank, (file, size) in enumerate(plan.file_sizes):
             if read_piece is not None:
                 written = write_read_pieces(sink, file, plan.for_rank(rank), read_piece,
-                                            compression)
+                                            compression, options.alignment)
             else:
                 written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
-                                          image=flat.images.get(file), compression=compression)
+                                          image=flat.images.get(file), compression=compression,
+                                          alignment=options.alignment)
             chunks.update(written)
             sizes.append(size if compression is None and read_piece is None
                          else file_end(written.values()))

@@ -1,7 +1,7 @@
 """``uckpt.consolidate``: a checkpoint rewritten as a single-process one, a piece at a time.
 
 The target's plan is made from the source manifest's dtypes and shapes alone; each piece
-of it (an array, or a slab of ``knobs.chunk_bytes`` of a large one) is read from the source
+of it (an array, or a slab of ``SaveOptions.chunk_bytes`` of a large one) is read from the source
 only when it is written (:func:`uckpt.writer.write_read_pieces`): just the source chunks
 that hold it, every one checksummed, a compressed one decoded (one at a time). Peak memory:
 the pieces being encoded ahead of the writing (:func:`uckpt.writer.write_encoded`) plus one
@@ -14,13 +14,13 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import numpy as np
 
 from . import dtypes
-from .codecs import Compression
 from .commit import write_checkpoint
+from .options import SaveOptions
 from .plan import WriteItem
 from .reader import CheckpointReader
 from .tree import Flat
@@ -51,11 +51,12 @@ class _Pieces:
 
 
 def consolidate(reader: CheckpointReader, dst, *, overwrite: bool, storage_options,
-                compression: Optional[Compression]) -> Union[Path, str]:
-    """Write the checkpoint ``reader`` reads as a single-process one at ``dst``."""
+                options: SaveOptions) -> Union[Path, str]:
+    """Write the checkpoint ``reader`` reads as a single-process one at ``dst``, laid out
+    as ``options`` say."""
     m = reader.manifest
     declared = {p: _Declared(dtypes.to_numpy(e.dtype), tuple(e.shape), e.nbytes)
                 for p, e in m.arrays.items()}
     return write_checkpoint(dst, Flat(m.tree, declared), step=m.step, metadata=m.metadata,
                             overwrite=overwrite, storage_options=storage_options,
-                            compression=compression, read_piece=_Pieces(reader))
+                            options=options, read_piece=_Pieces(reader))

@@ -237,6 +237,12 @@ class CompressionError(UckptError, ValueError):
     """An unknown ``compression=`` name or an invalid ``compression_level=``."""
 
 
+class OptionsError(UckptError, ValueError):
+    """An options object (:class:`uckpt.SaveOptions`, the manager's option groups) or a
+    keyword given a value it cannot take, or given twice (as a keyword and inside an
+    options object); the message names the field."""
+
+
 class StorageDependencyError(UckptError, ImportError):
     """The storage needs an optional package that is not installed."""
 

@@ -20,11 +20,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import dtypes, knobs
+from . import dtypes
 from .adapter import DeviceArray
 from .checksum import crc32c
 from .errors import StateMismatchError
 from .format.tiling import find_defect
+from .options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
 from .plan import ArrayMeta, SavePlan, plan_holdings
 from .tree import Flat, unescape
 
@@ -128,8 +129,15 @@ class GlobalPlan:
     origins: Dict[str, Tuple[int, ...]]
 
 
-def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0) -> GlobalPlan:
-    """Check the ranks' metadata against each other and plan the save (same on every rank)."""
+def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0, *,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                alignment: int = DEFAULT_ALIGNMENT) -> GlobalPlan:
+    """Check the ranks' metadata against each other and plan the save (same on every rank).
+
+    Arrays are cut into pieces of ``piece_bytes`` when given (incremental saves), else of
+    at most ``chunk_bytes``: with several ranks, of about an eighth of a rank's share where
+    that is smaller, but not below 1 MiB (unless ``chunk_bytes`` is); each array starts at
+    a multiple of ``alignment`` in its data file."""
     world = len(gathered)
     bad = [r for r, g in enumerate(gathered) if g["tree"] != gathered[0]["tree"]]
     if bad:
@@ -171,9 +179,9 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0)
                for p, held in boxes.items()}
     total = sum(m.nbytes for m in metas.values())
     if not piece_bytes:
-        piece_bytes = knobs.chunk_bytes if world == 1 else \
-            max(1 << 20, min(knobs.chunk_bytes, total // (8 * world)))
-    plan = plan_holdings(metas, held_by, world, piece_bytes)
+        piece_bytes = chunk_bytes if world == 1 else \
+            min(chunk_bytes, max(1 << 20, total // (8 * world)))
+    plan = plan_holdings(metas, held_by, world, piece_bytes, alignment)
     origins = {path: tuple(start) for path, dtype, gshape, start, shape, small
                in gathered[rank]["own"] if tuple(shape) != tuple(gshape)}
     return GlobalPlan(plan, metas, origins)

@@ -16,9 +16,10 @@ from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
-from . import hashing, knobs
+from . import hashing
 from .checksum import crc32c, format_checksum
 from .format import Chunk, Manifest
+from .options import DEFAULT_ALIGNMENT
 from .plan import WriteItem, layout
 from .writer import encode_piece, piece_data, write_checksummed, write_encoded
 
@@ -61,15 +62,17 @@ def _based(c: Chunk, name: str) -> Chunk:
 
 def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, np.ndarray],
                   image: "np.ndarray | None", origins: "Mapping[str, tuple] | None",
-                  baseline: Baseline, compression=None) -> List[Chunk]:
+                  baseline: Baseline, compression=None,
+                  alignment: int = DEFAULT_ALIGNMENT) -> List[Chunk]:
     """Write data file ``file`` holding only those of ``items`` whose content differs from
-    ``baseline``'s chunk of the same box (compressed with ``compression``, if given);
+    ``baseline``'s chunk of the same box (compressed with ``compression``, if given; each
+    array starting at a multiple of ``alignment``);
     return a chunk per item, in the order of ``items``: the unchanged ones refer to where
     their bytes already are."""
     data = piece_data(items, arrays, image, origins)
     chunks: List[Optional[Chunk]] = [None] * len(items)
     if compression is None and image is None:
-        written = _stream_changed(sink, file, items, data, baseline, chunks)
+        written = _stream_changed(sink, file, items, data, baseline, chunks, alignment)
         log.debug("%s: %d of %d chunks changed", file, written, len(items))
         return chunks  # type: ignore[return-value]
     digests = hashing.digests(data)
@@ -87,11 +90,11 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
                                 memory)
 
         by_item = write_encoded(sink, file, [(items[i].path, items[i], items[i].length)
-                                             for i in changed], encode)
+                                             for i in changed], encode, alignment)
         written = [by_item[items[i]] for i in changed]
     else:
         packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
-                         for i in changed], 1)
+                         for i in changed], 1, alignment)
         placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
         # everything changed: the staging arena (if any) is the file, written in one piece
         whole = image is not None and all(p[0].offset == p[1] for p in placed) and \
@@ -105,10 +108,11 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
 
 
 def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarray],
-                    baseline: Baseline, chunks: List[Optional[Chunk]]) -> int:
+                    baseline: Baseline, chunks: List[Optional[Chunk]],
+                    alignment: int) -> int:
     """Write the raw ``data`` of those ``items`` whose content hash differs from
     ``baseline``'s, packed in item order (each array starting at a multiple of
-    ``knobs.alignment``), as a stream into data file ``file``; fill ``chunks`` (a chunk
+    ``alignment``), as a stream into data file ``file``; fill ``chunks`` (a chunk
     per item: written, or the baseline's); return how many were written.
 
     One thread hashes every item, and checksums the changed ones, ahead of the writes, as
@@ -147,7 +151,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
                 chunks[i] = baseline.chunks[(it.path, it.start, it.shape)]
                 continue
             if it.path != last:
-                end, last = -(-end // knobs.alignment) * knobs.alignment, it.path
+                end, last = -(-end // alignment) * alignment, it.path
             chunks[i] = Chunk(file, end, it.length, it.start, it.shape, "raw",
                               format_checksum(crc), content)
             yield end, d
@@ -158,7 +162,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
     try:
         # at most every item, each array aligned: reserved up front (a plain save's
         # writes go to preallocated space; without it they cost twice as much here)
-        bound = sum(it.length + knobs.alignment for it in items)
+        bound = sum(it.length + alignment for it in items)
         sink.write_stream(file, pieces(), reserve=bound)
     finally:
         hasher.join()

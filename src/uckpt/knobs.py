@@ -1,7 +1,14 @@
-"""Tuning knobs, in one place (tests flip them to exercise edge cases).
+"""Process-wide tuning, in one place (tests flip them to exercise edge cases).
+
+These change how fast uckpt works (threads, buffer and block sizes), timeouts and
+expiries, never the bytes a save writes: what shapes a checkpoint's layout (chunk
+sizes, alignment, compression) is passed to each save as a :class:`uckpt.SaveOptions`
+(:mod:`uckpt.options`), so that saves in one process with different layouts do not
+interfere. (``table_min_arrays`` is the one exception left, until format 1.0 drops
+the table.)
 
 Each can be overridden by an environment variable of the same name, upper-cased
-and prefixed with ``UCKPT_`` (e.g. ``UCKPT_CHUNK_BYTES``).
+and prefixed with ``UCKPT_`` (e.g. ``UCKPT_IO_THREADS``), read once at import.
 """
 from __future__ import annotations
 
@@ -13,13 +20,6 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value else default
 
 
-#: arrays larger than twice this are split into chunks of about this size along their first axis
-chunk_bytes: int = _env_int("chunk_bytes", 64 << 20)
-#: incremental saves cut arrays into slabs of about this size along their first axis, so
-#: that an update of a few rows rewrites only the slabs holding them
-incremental_chunk_bytes: int = _env_int("incremental_chunk_bytes", 1 << 20)
-#: every chunk starts at a multiple of this many bytes in its data file
-alignment: int = _env_int("alignment", 64)
 #: threads that read chunks and check their checksums in parallel when loading (an
 #: object store also verifies on this many; saves do not use it, see uckpt.writer)
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))

@@ -31,6 +31,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _Lightning
 
 from . import api
 from .errors import NotACheckpointError
+from .options import SaveOptions
 from .reader import CheckpointReader
 from .restore import load_tree
 from .storage import local_path, locate, storage_options_for
@@ -89,13 +90,17 @@ class CheckpointIO(_LightningCheckpointIO):
 
     ``blocking``: False for asynchronous saves (see the module docstring).
     ``storage_options``: for ``s3://`` checkpoint paths, as in :func:`uckpt.save`.
+    ``save_options``: the layout of the checkpoints (a :class:`uckpt.SaveOptions`: chunk
+    size, alignment, compression).
     """
 
     def __init__(self, *, blocking: bool = True,
-                 storage_options: Optional[Dict[str, Any]] = None) -> None:
+                 storage_options: Optional[Dict[str, Any]] = None,
+                 save_options: Optional[SaveOptions] = None) -> None:
         super().__init__()
         self.blocking = blocking
         self.storage_options = storage_options
+        self.save_options = save_options
         self._pending: List[Tuple[str, Any]] = []  # (path, SaveHandle), oldest first
 
     def _options(self, path) -> Optional[Mapping[str, Any]]:
@@ -113,7 +118,7 @@ class CheckpointIO(_LightningCheckpointIO):
         step = checkpoint.get("global_step")
         done = api.save(path, _plain(checkpoint), overwrite=True, blocking=self.blocking,
                         step=step if isinstance(step, int) and step >= 0 else None,
-                        storage_options=self._options(path))
+                        storage_options=self._options(path), options=self.save_options)
         if not self.blocking:
             self._pending.append((path, done))
 

@@ -34,7 +34,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from . import rollback as _rollback
 from .api import damage_behind, load_from
 from .commit import check_metadata
-from .codecs import compression_of
 from .collective import (copy_collective, flatten_shared, prepare_collective, save_collective,
                          submit_async_share)
 from .comm import get_communicator
@@ -44,6 +43,8 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
                      DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
                      StorageError, UckptError)
 from .leases import check_leases, check_roots, claim_roots
+from .manager_options import AsyncOptions, IncrementalOptions, RetentionOptions, manager_options
+from .options import SaveOptions
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .gcpause import pausing
@@ -68,6 +69,14 @@ class CheckpointManager:
         ``root`` is one directory; or give ``tiers=[fast, durable, ...]`` (paths
         or :class:`uckpt.Tier`) instead: saves commit to ``tiers[0]`` and are
         copied to the others in the background.
+    save_options, retention, async_save, incremental
+        the settings in groups (:mod:`uckpt.manager_options`):
+        ``save_options=uckpt.SaveOptions(...)`` (layout and compression of saves),
+        ``retention=uckpt.RetentionOptions(keep=..., durable_every=...)``,
+        ``async_save=uckpt.AsyncOptions(max_inflight=..., late_snapshot=...)`` (or True),
+        ``incremental=uckpt.IncrementalOptions(full_every=..., reverify_every=...)`` (or
+        True). The flat keywords below are shorthands for their fields; a shorthand and
+        its group given together raise :class:`~uckpt.errors.OptionsError`.
     keep_last / keep
         default retention of every tier without its own (``Tier(keep=...)``):
         ``keep_last=n`` keeps the newest n; ``keep`` takes a policy, a list of
@@ -132,7 +141,7 @@ class CheckpointManager:
         with ``incremental=True`` a save writes only the chunks whose content hash
         differs from this manager's previous save (held in memory), and refers to the
         others where they already are (docs/format.md section 14); arrays are cut into
-        slabs of ``knobs.incremental_chunk_bytes``. Every ``full_every``-th save (and
+        slabs of ``SaveOptions.incremental_chunk_bytes``. Every ``full_every``-th save (and
         the first of a manager, and an overwrite) writes everything. Retention never
         deletes a checkpoint that a kept one refers to, and deletes newest first;
         copies to durable tiers bring the checkpoints they refer to along.
@@ -168,39 +177,32 @@ class CheckpointManager:
 
     def __init__(self, root=None, *,
                  tiers: Optional[Sequence[Union[str, os.PathLike, Tier]]] = None,
-                 keep_last: Optional[int] = None, keep: Any = None,
-                 save_policy: Optional[SavePolicy] = None, async_save: bool = False,
-                 max_inflight: int = 1, durable_every: int = 1, comm: Any = None,
+                 save_options: Optional[SaveOptions] = None,
+                 retention: Optional[RetentionOptions] = None,
+                 async_save: Union[bool, AsyncOptions] = False,
+                 incremental: Union[bool, IncrementalOptions] = False,
+                 save_policy: Optional[SavePolicy] = None, comm: Any = None,
                  role: str = "auto", concurrent_writers: bool = False,
                  storage_options: Optional[Mapping[str, Any]] = None,
-                 compression: Optional[str] = None,
-                 compression_level: Optional[int] = None,
-                 late_snapshot: Any = None,
-                 incremental: bool = False, full_every: int = 10,
-                 reverify_every: int = 10, on_rollback: str = "refuse") -> None:
+                 on_rollback: str = "refuse",
+                 keep_last: Optional[int] = None, keep: Any = None,
+                 durable_every: Optional[int] = None, max_inflight: Optional[int] = None,
+                 late_snapshot: Any = None, compression: Optional[str] = None,
+                 compression_level: Optional[int] = None, full_every: Optional[int] = None,
+                 reverify_every: Optional[int] = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
-        if keep_last is not None and keep is not None:
-            raise ValueError("give keep_last or keep, not both")
-        if keep_last is not None and (not isinstance(keep_last, int) or keep_last < 1):
-            raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
-        if not isinstance(durable_every, int) or durable_every < 1:
-            raise ValueError(f"durable_every must be a positive int, got {durable_every!r}")
-        if late_snapshot is not None and not async_save:
-            raise ValueError("late_snapshot defers the copies of an asynchronous save: give "
-                             "async_save=True too (a synchronous save writes from live memory)")
-        self.late_snapshot = late_snapshot
-        if not isinstance(full_every, int) or isinstance(full_every, bool) or full_every < 1:
-            raise ValueError(f"full_every must be a positive int, got {full_every!r}")
-        if not isinstance(reverify_every, int) or isinstance(reverify_every, bool) or \
-                reverify_every < 1:
-            raise ValueError(f"reverify_every must be a positive int, got {reverify_every!r}")
-        if incremental and concurrent_writers:
-            raise ValueError("incremental saves need an exclusive writer: another writer's "
-                             "retention could delete the checkpoints this one refers to")
+        self.options = o = manager_options(
+            save_options=save_options, retention=retention, keep_last=keep_last, keep=keep,
+            durable_every=durable_every, async_save=async_save, max_inflight=max_inflight,
+            late_snapshot=late_snapshot, compression=compression,
+            compression_level=compression_level, incremental=incremental,
+            full_every=full_every, reverify_every=reverify_every,
+            concurrent_writers=concurrent_writers)
+        self.late_snapshot = o.async_save.late_snapshot if o.async_save else None
         if role not in _ROLES:
             raise ValueError(f"role must be one of {', '.join(map(repr, _ROLES))}, got {role!r}")
-        self.compression = compression_of(compression, compression_level)
+        self.compression = o.save.codec
         self.on_rollback = _rollback.check_mode(on_rollback)
         self._newest = -1  # the newest step of the live line (known once a writer)
         self.role = role
@@ -210,7 +212,7 @@ class CheckpointManager:
                                   for t in (tiers if tiers is not None else [root])]
         if not self.tiers:
             raise ValueError("tiers must name at least one directory")
-        default = keep if keep is not None else keep_last
+        default = o.retention.keep
         self._retention = [as_retention(t.keep if t.keep is not None else default)
                            for t in self.tiers]
         # one retention pass per tier at a time; tiers apart, so that the local tier's
@@ -219,14 +221,15 @@ class CheckpointManager:
         self._retaining = [threading.Lock() for _ in self.tiers]
         self.root = self.tiers[0].path
         self.keep_last = keep_last
-        self.durable_every = durable_every
+        self.durable_every = o.retention.durable_every
         self.save_policy: SavePolicy = save_policy if save_policy is not None else Never()
         self.comm = get_communicator(comm)
         distributed = self.comm.size > 1
-        self._saver = AsyncSaver(max_inflight, "uckpt-save") if async_save else None
+        self._saver = AsyncSaver(o.async_save.max_inflight, "uckpt-save") if o.async_save \
+            else None
         self._flusher = SerialRunner("uckpt-flush")
         # background threads talk over communicators of their own (collective to make)
-        self._save_comm = self.comm.duplicate() if distributed and async_save else self.comm
+        self._save_comm = self.comm.duplicate() if distributed and self._saver else self.comm
         self._copy_comm = (self.comm.duplicate() if distributed and len(self.tiers) > 1
                            else self.comm)
         self._pending: List[SaveHandle] = []
@@ -235,13 +238,14 @@ class CheckpointManager:
         self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
         self._lock = threading.RLock()  # pins and pending handles
         self._saves = 0
-        self.incremental = bool(incremental)
-        self.full_every = full_every
+        self.incremental = o.incremental is not None
+        self.full_every = (o.incremental or IncrementalOptions()).full_every
         self._baseline: Optional[Baseline] = None  # chunks of this manager's last save
         self._chain = 0  # incremental saves since the last full one
         # which chunks of this rank the next save may refer to (read back, re-read)
-        self._verifier = Verifier(self.tiers[0].store, self.comm.rank, reverify_every,
-                                  step_dir_name) if self.incremental else None
+        self._verifier = Verifier(self.tiers[0].store, self.comm.rank,
+                                  o.incremental.reverify_every,
+                                  step_dir_name) if o.incremental else None
         self._bases: Dict[tuple, Optional[List[int]]] = {}  # (tier, step) -> steps it refers to
         self._exit_agreed = False  # several ranks: some rank's policy asked to exit
         self._closed = False
@@ -405,7 +409,8 @@ class CheckpointManager:
         exiting = self._exit_agreed if self.comm.size > 1 else self.save_policy.pending_exit
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
         retains = store.acts_here(self.comm.rank)
-        options: Dict[str, Any] = dict(compression=self.tiers[0].codec(self.compression))
+        options: Dict[str, Any] = dict(
+            options=self.options.save.compressed(self.tiers[0].codec(self.compression)))
         if retains:  # retention learns of the new checkpoint without parsing it back
             options.update(on_commit=lambda m: self._learn(0, step, m))
         if self.incremental:

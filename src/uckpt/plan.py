@@ -1,12 +1,13 @@
 """Who writes which piece of which array, as plain data.
 
 ``plan_save`` is a pure function: the same array layouts give the same plan on
-every rank. Arrays larger than twice ``knobs.chunk_bytes`` are split along
+every rank. Arrays larger than twice ``chunk_bytes`` are split along
 their first axis; pieces are given to ranks largest first, each to the rank with
 the fewest bytes so far (ties to the lowest rank), so replicated state is
 written once in total and evenly across ranks. Within a rank's data file,
 pieces follow the arrays' order; each array starts at a multiple of
-``knobs.alignment`` and its pieces follow each other without gaps, so a
+``alignment`` (both from :class:`uckpt.SaveOptions`) and its pieces follow each other
+without gaps, so a
 single-rank file is exactly the arrays' bytes laid out like a staging arena
 (see :mod:`uckpt.staging`).
 """
@@ -15,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
-from . import dtypes, knobs
+from . import dtypes
 from .format import data_file_name
+from .options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
 
 Box = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, shape)
 
@@ -92,19 +94,19 @@ Holdings = Sequence[Tuple[Box, Tuple[int, ...]]]
 
 
 def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
-              chunk_bytes: int = 0, alignment: int = 0) -> SavePlan:
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
     """The plan for replicated arrays: every rank holds all of each array."""
     everyone = tuple(range(world_size))
     held = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
-    return plan_holdings(arrays, held, world_size, chunk_bytes or knobs.chunk_bytes, alignment)
+    return plan_holdings(arrays, held, world_size, chunk_bytes, alignment)
 
 
 def plan_holdings(arrays: Mapping[str, ArrayMeta], held: Mapping[str, Holdings], world_size: int,
-                  piece_bytes: int, alignment: int = 0) -> SavePlan:
+                  piece_bytes: int, alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
     """Split each held box into pieces of about ``piece_bytes`` and give each piece to one
     of the ranks holding it: largest pieces first, each to the holder with the fewest
     bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
-    alignment = alignment or knobs.alignment
     order = {p: i for i, p in enumerate(arrays)}
     pieces = [(p, start, shape, holders) for p, m in arrays.items()
               for (bstart, bshape), holders in held[p]
@@ -121,11 +123,10 @@ def plan_holdings(arrays: Mapping[str, ArrayMeta], held: Mapping[str, Holdings],
 
 
 def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
-           world_size: int, alignment: int = 0) -> SavePlan:
+           world_size: int, alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
     """Place pieces ``(path, start, shape, rank, length)`` in their ranks' data files, in
     the given order: an array's pieces follow each other, each array starts at a multiple
     of ``alignment``; each file ends with its last piece."""
-    alignment = alignment or knobs.alignment
     items: List[WriteItem] = []
     ends = [0] * world_size
     last_path: List[object] = [None] * world_size

@@ -27,6 +27,9 @@ Allocator = Callable[[int], Tuple[np.ndarray, Any]]
 
 
 PAGE = mmap.PAGESIZE
+#: where an arena is not a data file's image, its arrays start at multiples of this
+#: (a cache line; the data file's own layout is the plan's, see uckpt.SaveOptions)
+ARENA_ALIGNMENT = 64
 
 
 def round_up(n: int, to: int = PAGE) -> int:
@@ -118,7 +121,7 @@ def _layout(flat: Flat, plan: SavePlan) -> Tuple[Dict[str, int], int, bool]:
         return offsets, dict(plan.file_sizes)[data_file_name(0)], True
     offsets, end = {}, 0
     for path, arr in flat.arrays.items():
-        end = round_up(end, knobs.alignment)
+        end = round_up(end, ARENA_ALIGNMENT)
         offsets[path] = end
         end += arr.nbytes
     return offsets, end, False

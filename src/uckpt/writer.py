@@ -39,6 +39,7 @@ from .checksum import crc32c, format_checksum
 from .encode_memory import EncodeMemory
 from .format import Chunk
 from .fsutil import preallocate, pwritev_all, start_writeback
+from .options import DEFAULT_ALIGNMENT
 from .parallel import ordered_map, parallel_map
 from .plan import WriteItem
 
@@ -302,8 +303,8 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
 def write_data_file(sink, file: str, size: int, items: List[WriteItem],
                     arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
                     origins: "Mapping[str, tuple] | None" = None,
-                    compression: "Optional[codecs.Compression]" = None
-                    ) -> Dict[WriteItem, Chunk]:
+                    compression: "Optional[codecs.Compression]" = None,
+                    alignment: int = DEFAULT_ALIGNMENT) -> Dict[WriteItem, Chunk]:
     """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
     offset, durably; return the chunks (the file's size is :func:`file_end` of them).
 
@@ -311,29 +312,30 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     by the plan): it is written in one piece and the items are checksummed from it.
     ``origins`` gives, for arrays that are a box of a larger one, where the box
     starts: items' boxes are global, the arrays local. With ``compression``, chunks are
-    encoded first and the file laid out by their stored sizes (``size`` is then unused).
+    encoded first and the file laid out by their stored sizes (``size`` is then unused;
+    each array starting at a multiple of ``alignment``).
     """
     items = sorted(items, key=lambda it: it.offset)
     data = piece_data(items, arrays, image, origins)
     if compression is not None:
         return write_encoded(sink, file, [(it.path, it, it.length) for it in items],
                              lambda k, memory: encode_piece(compression, data[k], items[k],
-                                                            memory=memory))
+                                                            memory=memory), alignment)
     chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
                                image)
     return dict(zip(items, chunks))
 
 
 def write_read_pieces(sink, file: str, items: List[WriteItem], read,
-                      compression: "Optional[codecs.Compression]" = None
-                      ) -> Dict[WriteItem, Chunk]:
+                      compression: "Optional[codecs.Compression]" = None,
+                      alignment: int = DEFAULT_ALIGNMENT) -> Dict[WriteItem, Chunk]:
     """Write data file ``file`` of ``items`` as :func:`write_data_file` does, each item's
     raw bytes (flat uint8) from ``read(item)``, called only when the item is encoded (a
     few items ahead of the writing, :func:`write_encoded`), never for all at once."""
     items = sorted(items, key=lambda it: it.offset)
     return write_encoded(sink, file, [(it.path, it, it.length) for it in items],
                          lambda k, memory: encode_piece(compression, read(items[k]), items[k],
-                                                        memory=memory))
+                                                        memory=memory), alignment)
 
 
 def encode_piece(compression: "Optional[codecs.Compression]", raw: np.ndarray, box,
@@ -365,7 +367,7 @@ def encode_chunks(pieces, compression: "Optional[codecs.Compression]") -> List[t
                         knobs.compress_threads, "uckpt-compress")
 
 
-def write_encoded(sink, file: str, pieces, encode) -> Dict:
+def write_encoded(sink, file: str, pieces, encode, alignment: int = DEFAULT_ALIGNMENT) -> Dict:
     """Write data file ``file`` of ``pieces`` (``(path, key, raw size)`` in file order;
     ``key`` has the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the
     stored bytes of piece ``k`` being ``encode(k, memory) -> (codec, stored, checksum,
@@ -375,7 +377,7 @@ def write_encoded(sink, file: str, pieces, encode) -> Dict:
     Pieces are encoded on ``knobs.compress_threads`` threads ahead of the writing
     (:func:`~uckpt.parallel.ordered_map`: a few pieces, or more while they total at most
     ``knobs.compress_ahead_bytes``) and handed to the sink as a stream: each array
-    starts at a multiple of ``knobs.alignment``, its chunks follow without gaps. A sink
+    starts at a multiple of ``alignment``, its chunks follow without gaps. A sink
     that writes streams (local directories) holds only those few chunks at once; one
     that copies each piece before taking the next lets their buffers be reused. A piece
     is compressed on Zstandard's threads too only where it is so large a share of the
@@ -393,7 +395,7 @@ def write_encoded(sink, file: str, pieces, encode) -> Dict:
                               2 * threads, "uckpt-compress", sizes, knobs.compress_ahead_bytes)
         for (path, key, _), (codec, stored, checksum, content) in zip(pieces, encoded):
             if path != last:
-                end, last = -(-end // knobs.alignment) * knobs.alignment, path
+                end, last = -(-end // alignment) * alignment, path
             box, data = _box(key), _as_uint8(stored)
             chunks[key] = Chunk(file, end, data.nbytes, tuple(box.start), tuple(box.shape),
                                 codec, checksum, content)

@@ -446,17 +446,31 @@ def chain_states():
     return first, second
 
 
+def options_and_knobs(knob_values):
+    """Split ``knob_values`` into the ``uckpt.SaveOptions`` of its layout fields and the
+    rest (``uckpt.knobs`` attributes)."""
+    import dataclasses
+
+    import uckpt
+
+    fields = {f.name for f in dataclasses.fields(uckpt.SaveOptions)}
+    return (uckpt.SaveOptions(**{k: v for k, v in knob_values.items() if k in fields}),
+            {k: v for k, v in knob_values.items() if k not in fields})
+
+
 def save_with_knobs(directory, state, knob_values, **kw):
-    """``uckpt.save`` with knobs set for the call (and restored after); the manifest is
-    then re-written indented (``write_manifest``)."""
+    """``uckpt.save`` with ``knob_values`` (SaveOptions fields passed as options, knobs set
+    for the call and restored after); the manifest is then re-written indented
+    (``write_manifest``)."""
     import uckpt
     import uckpt.knobs as knobs
 
+    options, knob_values = options_and_knobs(knob_values)
     old = {k: getattr(knobs, k) for k in knob_values}
     try:
         for k, v in knob_values.items():
             setattr(knobs, k, v)
-        path = uckpt.save(directory, state, **kw)
+        path = uckpt.save(directory, state, options=options, **kw)
     finally:
         for k, v in old.items():
             setattr(knobs, k, v)

@@ -1,6 +1,7 @@
 """``convert(src, dst)`` and ``open_checkpoint(path)``: the Python API of ``uckpt convert``."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -86,7 +87,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None,
             compress: Optional[str] = None, max_shard_size=None,
             hf_weights: str = "safetensors",
-            storage_options: Optional[Mapping[str, Any]] = None) -> Report:
+            storage_options: Optional[Mapping[str, Any]] = None,
+            save_options=None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -111,6 +113,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,
     the default, or pickle: ``pytorch_model-*.bin``). ``hf_weights`` (``safetensors`` or
     ``pickle``) is the kind of weight files a Hugging Face target (``dst_format="hf"``) gets.
+    ``save_options`` (a :class:`uckpt.SaveOptions`: chunk size, alignment, compression)
+    lay out a uckpt target; ``compress`` and a compression in them are not given together.
 
     A uckpt target may be an ``s3://bucket/prefix/name`` URL (``storage_options`` as for
     :func:`uckpt.save`): it is written through its store as a save writes, the manifest
@@ -150,7 +154,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
         else:
             check_output(dst_path, directory, force)
     writer = _module(WRITERS[dst_fmt])
-    kwargs = _write_arguments(writer, dst_fmt, options)
+    kwargs = _write_arguments(writer, dst_fmt, options, save_options)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
         if select:
             select_node(tree, select)
@@ -179,19 +183,32 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     return report
 
 
-def _write_arguments(writer, fmt: str, options) -> Dict[str, Any]:
-    """What ``writer.write`` is given beyond the tree: its options, or for a writer that
-    takes none (uckpt's), the one option it may accept (``compress``, section 6.3)."""
-    from ..codecs import compression_of
+def _write_arguments(writer, fmt: str, options, save_options=None) -> Dict[str, Any]:
+    """What ``writer.write`` is given beyond the tree: its options, or for uckpt's writer
+    its :class:`~uckpt.SaveOptions` (``save_options``, with ``compress``'s codec)."""
+    from ..options import SaveOptions
     from .options import OptionError
 
     params = inspect.signature(writer.write).parameters
+    if save_options is not None and "save_options" not in params:
+        raise OptionError(f"save_options lay out a uckpt checkpoint, not a {fmt} target",
+                          hint="leave save_options out, or convert to a uckpt directory")
     if "options" in params:
         return {"options": options}
     codec = options.codec(fmt)
-    if codec is None:
+    if "save_options" not in params:
+        if codec is not None:
+            raise OptionError(f"compressing a {fmt} target ({codec}) is not supported by "
+                              "uckpt convert", hint="convert without --compress")
         return {}
-    if "compress" not in params:
-        raise OptionError(f"compressing a {fmt} target ({codec}) is not supported by "
-                          "uckpt convert", hint="convert without --compress")
-    return {"compress": compression_of(codec)}
+    if save_options is not None and not isinstance(save_options, SaveOptions):
+        raise OptionError(f"save_options must be a uckpt.SaveOptions, got "
+                          f"{type(save_options).__name__}",
+                          hint="pass uckpt.SaveOptions(chunk_bytes=..., alignment=...)")
+    layout = save_options or SaveOptions()
+    if codec is not None:
+        if layout.codec is not None:
+            raise OptionError("compress given both as a keyword and in save_options",
+                              hint="give the compression in one of them only")
+        layout = dataclasses.replace(layout, compression=codec)
+    return {"save_options": layout}

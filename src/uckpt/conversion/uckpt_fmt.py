@@ -9,9 +9,9 @@ whose chunks tile it in flat order is also given a block at a time, in a constan
 (``Leaf.stream``), and only a whole read is held to ``max_ratio``.
 
 The writer lays arrays out as uckpt's single-process save does (docs/format.md
-sections 6.1 and 7: 64-byte alignment, slabs along the first axis for large
-arrays), but reads, checksums and writes one array at a time, so a conversion
-holds at most one array in memory. It writes through the
+sections 6.1 and 7: aligned arrays, slabs along the first axis for large
+arrays, as :class:`uckpt.SaveOptions` say), but reads, checksums and writes one array
+at a time, so a conversion holds at most one array in memory. It writes through the
 :class:`~uckpt.storage.base.CheckpointSink` the caller opened on the target's store (a
 directory or an object store, as :func:`uckpt.save` does), and the caller commits the
 manifest it returns.
@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
-from .. import knobs
 from .._version import __version__
-from ..codecs import Compression
 from ..format import ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
+from ..options import DEFAULT, SaveOptions
 from ..reader import CheckpointReader
 from ..readruns import flat_chunks
 from ..storage import CheckpointSink
@@ -104,25 +103,26 @@ def plan(tree: Tree) -> skeleton.Layout:
     return skeleton.layout(tree.root)
 
 
-def _chunks(shape: Tuple[int, ...], nbytes: int) -> List[Tuple[int, int]]:
+def _chunks(shape: Tuple[int, ...], nbytes: int, chunk_bytes: int) -> List[Tuple[int, int]]:
     """(first row, rows) of each chunk, as a single-process uckpt save cuts an array."""
     if nbytes == 0:
         return []
     rows = shape[0] if shape else 1
-    if not shape or nbytes < 2 * knobs.chunk_bytes or rows < 2:
+    if not shape or nbytes < 2 * chunk_bytes or rows < 2:
         return [(0, rows)]
     row_bytes = nbytes // rows
-    n = math.ceil(rows / max(1, knobs.chunk_bytes // row_bytes))
+    n = math.ceil(rows / max(1, chunk_bytes // row_bytes))
     per = math.ceil(rows / n)
     return [(r, min(per, rows - r)) for r in range(0, rows, per)]
 
 
 def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Progress,
-          compress: Optional[Compression] = None) -> bytes:
+          save_options: SaveOptions = DEFAULT) -> bytes:
     """Write the data file through ``sink`` (a new checkpoint's, of any store: it is the
-    one path of the format's bytes to storage) and return the manifest's bytes, for the
-    caller to commit; with ``compress``, each chunk compressed (stored raw where it does
-    not shrink)."""
+    one path of the format's bytes to storage), laid out as ``save_options`` say, and
+    return the manifest's bytes, for the caller to commit; compressed chunks are stored
+    raw where they do not shrink."""
+    compress, align = save_options.codec, save_options.alignment
     name = data_file_name(0)
     arrays: Dict[str, ArrayEntry] = {}
     end = 0
@@ -134,13 +134,13 @@ def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Prog
             flat = arr.reshape(-1).view(np.uint8)
             row_bytes = leaf.nbytes // (leaf.shape[0] or 1) if leaf.shape else leaf.nbytes
             cut = []
-            for first, rows in _chunks(leaf.shape, leaf.nbytes):
+            for first, rows in _chunks(leaf.shape, leaf.nbytes, save_options.chunk_bytes):
                 start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
                 cut.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
                             flat[first * row_bytes:(first + rows) * row_bytes]))
             encoded = encode_chunks(cut, compress)  # checksums and content hashes too
-            at = -(-end // knobs.alignment) * knobs.alignment if leaf.nbytes else end
+            at = -(-end // align) * align if leaf.nbytes else end
             chunks = []
             for (_, key, data), (codec, stored, checksum, content) in zip(cut, encoded):
                 stored = memoryview(stored).cast("B")
