@@ -36,13 +36,15 @@ def say(*words) -> None:
 
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
+#: several chunks per array, so a kill can tear an array's chunks apart
+LAYOUT = uckpt.SaveOptions(chunk_bytes=256 << 10, incremental_chunk_bytes=8 << 10)
 asynchronous = "--async" in sys.argv
 bitrot = "--bitrot" in sys.argv
 incremental = "--incremental" in sys.argv or bitrot
 if "--rollback" in sys.argv:
     import rollback_saver
 
-    rollback_saver.run(args[0])
+    rollback_saver.run(args[0], LAYOUT)
 if bitrot:
     import incremental_common
 
@@ -59,16 +61,20 @@ if bitrot:
 
     logging.getLogger("uckpt.reverify").addHandler(Detected(logging.WARNING))
     logging.getLogger("uckpt.collective").addHandler(Detected(logging.WARNING))
-    mgr = uckpt.CheckpointManager(args[0], keep_last=6, incremental=True, reverify_every=2)
+    mgr = uckpt.CheckpointManager(args[0], keep_last=6, incremental=True, reverify_every=2,
+                                  save_options=LAYOUT)
 elif incremental:
     import incremental_common
 
-    mgr = uckpt.CheckpointManager(args[0], keep_last=2, incremental=True, full_every=3)
+    mgr = uckpt.CheckpointManager(args[0], keep_last=2, incremental=True, full_every=3,
+                                  save_options=LAYOUT)
 elif len(args) == 1:
-    mgr = uckpt.CheckpointManager(args[0], keep_last=3, async_save=asynchronous)
+    mgr = uckpt.CheckpointManager(args[0], keep_last=3, async_save=asynchronous,
+                                  save_options=LAYOUT)
 else:
     mgr = uckpt.CheckpointManager(tiers=[uckpt.Tier(args[0], keep=2), uckpt.Tier(args[1], keep=3)],
-                                  async_save=asynchronous, max_inflight=2)
+                                  async_save=asynchronous, max_inflight=2,
+                                  save_options=LAYOUT)
 step = (mgr.latest_step() or 0) + 1
 rot = random.Random(step)
 say("ready")

@@ -6,7 +6,6 @@
 The state: the replicated table of incremental_common, and a sharded table cut by rows
 over the saving ranks, of which step s changes one row (so one rank's chunk)."""
 import json
-import os
 import sys
 
 import numpy as np
@@ -43,7 +42,7 @@ def main():
     rank, size = comm.rank, comm.size
     lo, hi = rows(rank, size)
     if scenario == "save":
-        with uckpt.CheckpointManager(root, incremental=True, full_every=3, comm=comm) as mgr:
+        with ic.manager(root, incremental=True, full_every=3, comm=comm) as mgr:
             for step in range(1, 5):
                 state = ic.state(step)
                 state["sharded"] = uckpt.Shard(sharded(step)[lo:hi].copy(), SHARDED, (lo, 0))
@@ -60,5 +59,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("UCKPT_INCREMENTAL_CHUNK_BYTES", str(ic.CHUNK_BYTES))
     main()

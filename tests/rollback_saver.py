@@ -27,10 +27,10 @@ def same(out: dict, step: int, line: int) -> bool:
         np.array_equal(out["a"], want["a"]) and np.array_equal(out["b"], want["b"])
 
 
-def run(root: str) -> None:
+def run(root: str, save_options=None) -> None:
     rnd = random.Random(os.getpid() ^ time.time_ns())
     archive = rnd.random() < 0.5  # roll back by the save itself, or by rollback()
-    mgr = uckpt.CheckpointManager(root, keep_last=3,
+    mgr = uckpt.CheckpointManager(root, keep_last=3, save_options=save_options,
                                   on_rollback="archive" if archive else "refuse")
     out = empty()
     latest = mgr.restore(out)

@@ -8,17 +8,12 @@ import shutil
 import pytest
 
 import uckpt
-from uckpt import errors, knobs
-from incremental_common import CHUNK_BYTES, check, empty_state, state
-
-
-@pytest.fixture(autouse=True)
-def small_pieces(monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", CHUNK_BYTES)
+from uckpt import errors
+from incremental_common import check, empty_state, manager, state
 
 
 def chain(root, steps, **kw):
-    with uckpt.CheckpointManager(root, incremental=True, **kw) as mgr:
+    with manager(root, incremental=True, **kw) as mgr:
         for s in steps:
             mgr.save(s, state(s))
 
@@ -35,7 +30,7 @@ def test_base_without_manifest_is_refused_and_restore_falls_back(tmp_path):
     with pytest.raises(errors.CorruptCheckpointError, match=message):
         uckpt.verify(tmp_path / "step_00000004")
     with pytest.warns(RuntimeWarning, match="skipping checkpoint step 4"):
-        got = uckpt.CheckpointManager(tmp_path).restore(out := empty_state())
+        got = manager(tmp_path).restore(out := empty_state())
     assert got == 2
     check(out, 2)
 

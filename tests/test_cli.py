@@ -306,13 +306,11 @@ def test_inspect_text(root):
     assert "emb/tied" not in leaves  # stored once
 
 
-def test_inspect_json(root, monkeypatch):
-    import uckpt.knobs as knobs
-
-    monkeypatch.setattr(knobs, "chunk_bytes", 64)  # big is split into several chunks
+def test_inspect_json(root):
     big = np.arange(1000, dtype=np.float32)
     ckpt = uckpt.save(root.parent / "big", {"big": big, "opt": {"step": 5}}, step=99,
-                      metadata={"k": [1, 2]})
+                      metadata={"k": [1, 2]},
+                      options=uckpt.SaveOptions(chunk_bytes=64))  # big: several chunks
     proc = run_cli("inspect", "--json", ckpt)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)

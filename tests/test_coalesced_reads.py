@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors, fsutil, knobs
+from uckpt import errors, fsutil
 from uckpt import reader as reader_mod
 from uckpt.reader import CheckpointReader
 from uckpt.readruns import MAX_PIECES, plan_runs, split_whole
@@ -96,20 +96,21 @@ def test_file_cut_after_its_size_was_checked_names_the_leaf(tmp_path):
     assert "the file ends at" in str(ei.value)
 
 
-def test_compressed_and_partial_chunks_still_load(tmp_path, monkeypatch):
+def test_compressed_and_partial_chunks_still_load(tmp_path):
     """Chunks that are no run's pieces (compressed; rows of a box) load on their own,
     beside the runs of the others."""
-    monkeypatch.setattr(knobs, "chunk_bytes", 4096)
     state = small_state(12)
     state["rows"] = np.arange(16 * 1024, dtype=np.int32).reshape(64, 256)  # 4 chunks
-    path = uckpt.save(tmp_path / "ck", state)
+    small = uckpt.SaveOptions(chunk_bytes=4096)
+    path = uckpt.save(tmp_path / "ck", state, options=small)
     assert len(uckpt.manifest(path).arrays["rows"].chunks) > 1
     box = np.zeros((10, 256), dtype=np.int32)
     with CheckpointReader(path) as reader:
         got = reader.read_arrays({"rows": (box, (30, 0)), "t001": None})
     np.testing.assert_array_equal(box, state["rows"][30:40])
     np.testing.assert_array_equal(got["t001"], state["t001"])
-    zpath = uckpt.save(tmp_path / "z", state, compression="zstd")
+    zpath = uckpt.save(tmp_path / "z", state,
+                       options=uckpt.SaveOptions(chunk_bytes=4096, compression="zstd"))
     out = uckpt.load(zpath)
     for k, v in state.items():
         np.testing.assert_array_equal(out[k], v)

@@ -15,7 +15,6 @@ import zstandard
 
 import uckpt
 from uckpt.format import FORMAT_VERSION
-import uckpt.knobs as knobs
 from uckpt import errors
 from uckpt.format import integrity
 from grid_listing import listed
@@ -132,7 +131,7 @@ def test_compressed_is_smaller_and_layout_is_packed(tmp_path):
     m = uckpt.manifest(packed)
     assert m.files["data-00000.bin"].size == size
     ends = sorted((c.offset, c.offset + c.length) for a in m.arrays.values() for c in a.chunks)
-    assert ends[0][0] == 0 and ends[-1][1] == size and ends[1][0] % knobs.alignment == 0
+    assert ends[0][0] == 0 and ends[-1][1] == size and ends[1][0] % 64 == 0  # the default
     assert_bitwise(uckpt.load(packed)["b"], state["b"])
 
 
@@ -149,12 +148,12 @@ def test_empty_scalar_and_values(tmp_path):
     assert chunks["blob"][0].codec == "zstd"
 
 
-def test_incompressible_chunks_are_stored_raw(tmp_path, monkeypatch):
+def test_incompressible_chunks_are_stored_raw(tmp_path):
     """Random bytes do not shrink: stored raw, beside compressed chunks of the same array."""
-    monkeypatch.setattr(knobs, "chunk_bytes", 4096)
     noise = RNG.integers(0, 256, 8192, dtype=np.uint8)
     mixed = np.concatenate([np.zeros(8192, dtype=np.uint8), noise])
-    path = uckpt.save(tmp_path / "c", {"noise": noise, "mixed": mixed}, compression="zstd")
+    path = uckpt.save(tmp_path / "c", {"noise": noise, "mixed": mixed},
+                      options=uckpt.SaveOptions(chunk_bytes=4096, compression="zstd"))
     chunks = chunks_of(path)
     assert {c.codec for c in chunks["noise"]} == {"raw"}
     assert {c.codec for c in chunks["mixed"]} == {"raw", "zstd"}
@@ -164,11 +163,11 @@ def test_incompressible_chunks_are_stored_raw(tmp_path, monkeypatch):
     assert_bitwise(out["mixed"], mixed)
 
 
-def test_mixed_codecs_in_one_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setattr(knobs, "chunk_bytes", 4096)
+def test_mixed_codecs_in_one_checkpoint(tmp_path):
     state = {"f": smooth((400, 10), np.float32), "u8": np.zeros(500, dtype=np.uint8),
              "noise": RNG.integers(0, 256, 300, dtype=np.uint8), "tiny": np.ones(2)}
-    path = uckpt.save(tmp_path / "c", state, compression="zstd", compression_level=5)
+    path = uckpt.save(tmp_path / "c", state, options=uckpt.SaveOptions(
+        chunk_bytes=4096, compression="zstd", compression_level=5))
     codecs = {c.codec for cs in chunks_of(path).values() for c in cs}
     assert codecs == {"raw", "zstd", "zstd+bytegroup"}
     out = uckpt.load(path)
@@ -186,11 +185,11 @@ def test_async_save_compresses_in_the_background(tmp_path):
     assert_bitwise(uckpt.load(path)["w"], want)
 
 
-def test_partial_loads_read_only_needed_chunks(tmp_path, monkeypatch):
+def test_partial_loads_read_only_needed_chunks(tmp_path):
     """A box of a compressed array: only the chunks it intersects are decoded."""
-    monkeypatch.setattr(knobs, "chunk_bytes", 1024)
     full = np.round(smooth((64, 64), np.float32) * 8) / 8
-    path = uckpt.save(tmp_path / "c", {"w": full}, compression="zstd")
+    path = uckpt.save(tmp_path / "c", {"w": full},
+                      options=uckpt.SaveOptions(chunk_bytes=1024, compression="zstd"))
     chunks = chunks_of(path)["w"]
     assert len(chunks) > 4 and all(c.codec == "zstd+bytegroup" for c in chunks)
     # damage the last chunk: a box that does not touch it still loads

@@ -33,12 +33,10 @@ def run_kills(roots, extra_args, rnd, kills, lines=None, window=0.25):
     ready), ``kills`` times; yield the newest step it reported as committed after each kill
     (``lines``: gets every line it printed, with its newline: the last line of a round
     has none where the kill tore it)."""
-    env = dict(os.environ, UCKPT_CHUNK_BYTES=str(256 << 10),
-               UCKPT_INCREMENTAL_CHUNK_BYTES=str(incremental_common.CHUNK_BYTES))
     last, interrupted = 0, 0
     for i in range(kills):
         p = subprocess.Popen([sys.executable, str(SAVER), *map(str, roots), *extra_args],
-                             stdout=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, text=True)
         assert p.stdout.readline().strip() == "ready"
         printed = []
         if i == 0:  # make sure a first checkpoint exists

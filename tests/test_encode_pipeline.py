@@ -83,14 +83,14 @@ def test_encode_memory_lends_and_reuses_buffers():
 def test_compressed_save_through_reused_buffers_round_trips(tmp_path, monkeypatch):
     """Many chunks share a few frame buffers and a small stream buffer: every chunk
     still holds its own bytes."""
-    monkeypatch.setattr(knobs, "chunk_bytes", 96 << 10)
     monkeypatch.setattr(knobs, "stream_buffer_bytes", 3 * 4096)
     monkeypatch.setattr(knobs, "compress_ahead_bytes", 1 << 20)
     state = {"w": RNG.standard_normal((512, 1024)).astype(np.float32),
              "h": RNG.standard_normal((300, 700)).astype(ml_dtypes.bfloat16),
              "noise": RNG.integers(0, 256, 700_000, dtype=np.uint8),
              "ids": np.arange(100_000, dtype=np.int64), "b": np.ones(3, dtype=np.float32)}
-    path = uckpt.save(tmp_path / "c", state, compression="zstd")
+    path = uckpt.save(tmp_path / "c", state,
+                      options=uckpt.SaveOptions(chunk_bytes=96 << 10, compression="zstd"))
     chunks = uckpt.manifest(path).arrays
     assert len(chunks["w"].chunks) > 10
     assert {c.codec for c in chunks["noise"].chunks} == {"raw"}

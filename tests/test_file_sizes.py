@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors, knobs
+from uckpt import errors
 from uckpt.cli.scan import scan
 from uckpt.tiers import copy_checkpoint
-from incremental_common import CHUNK_BYTES, state
+from incremental_common import manager, state
 from s3_server import s3_bucket, s3_server  # noqa: F401
 
 STATE = {"w": np.arange(1000, dtype=np.float32), "b": np.ones(8)}
@@ -49,9 +49,8 @@ def test_longer_data_file_is_refused_by_load_verify_and_restore(tmp_path):
     assert listed["step_00000001"] == ("committed", "")
 
 
-def test_longer_base_file_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", CHUNK_BYTES)
-    with uckpt.CheckpointManager(tmp_path, incremental=True) as mgr:
+def test_longer_base_file_is_refused(tmp_path):
+    with manager(tmp_path, incremental=True) as mgr:
         mgr.save(1, state(1))
         mgr.save(2, state(2))
     assert uckpt.manifest(tmp_path / "step_00000002").bases

@@ -205,10 +205,9 @@ def fuzz_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fresh(fuzz_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(uckpt.knobs, "chunk_bytes", 160)
-        path = uckpt.save(fuzz_dir / "sources" / "fresh", fresh_state(), step=7,
-                          metadata={"purpose": "fuzz", "nested": {"k": [1, 2, "\u00e9"]}})
+    path = uckpt.save(fuzz_dir / "sources" / "fresh", fresh_state(), step=7,
+                      metadata={"purpose": "fuzz", "nested": {"k": [1, 2, "\u00e9"]}},
+                      options=uckpt.SaveOptions(chunk_bytes=160))
     assert len(manifest_doc((path / MANIFEST).read_bytes())["arrays"]["big"]["chunks"]) > 5
     return path
 

@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 import uckpt
-import uckpt.knobs as knobs
 from uckpt import errors
 from uckpt.format import Chunk, Manifest
 from uckpt.format.grid import grid_cut
@@ -53,15 +52,16 @@ def test_uckpt_reads_golden_grids_as_the_spec_decoder_does(name):
 
 
 # --- what uckpt writes ----------------------------------------------------------------------
-def test_incremental_save_writes_grids_and_reads_them_back(tmp_path, monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", 64)
+def test_incremental_save_writes_grids_and_reads_them_back(tmp_path):
     rng = np.random.default_rng(0)
     state = {"emb": rng.standard_normal((300, 16)).astype(np.float32),
              "wide": rng.standard_normal((1, 400)).astype(np.float32),  # cut along axis 1
              "small": np.arange(3.0)}
-    first = uckpt.save(tmp_path / "s1", state, incremental=True)
+    slabs = uckpt.SaveOptions(incremental_chunk_bytes=64)
+    first = uckpt.save(tmp_path / "s1", state, incremental=True, options=slabs)
     state["emb"][[3, 150, 299]] += 1
-    second = uckpt.save(tmp_path / "s2", state, base=first, compression="zstd")
+    second = uckpt.save(tmp_path / "s2", state, base=first, options=uckpt.SaveOptions(
+        incremental_chunk_bytes=64, compression="zstd"))
     doc = doc_of(second)
     emb = doc["arrays"]["emb"]["grid"]
     assert (emb["axis"], emb["rows"], emb["count"]) == (0, 1, 300)

@@ -12,16 +12,11 @@ import sys
 import pytest
 
 import uckpt
-from uckpt import errors, knobs
+from uckpt import errors
 from uckpt.format import integrity
 from conftest import PYTHON, flip_byte
 from grid_listing import listed
-from incremental_common import CHUNK_BYTES, check, empty_state, state, table
-
-
-@pytest.fixture(autouse=True)
-def small_pieces(monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", CHUNK_BYTES)
+from incremental_common import CHUNK_BYTES, check, empty_state, manager, save, state, table
 
 
 def data_size(path) -> int:
@@ -35,15 +30,15 @@ def restored(mgr, step=None):
 
 
 def save_chain(root, steps, **kw):
-    with uckpt.CheckpointManager(root, incremental=True, **kw) as mgr:
+    with manager(root, incremental=True, **kw) as mgr:
         for s in steps:
             mgr.save(s, state(s))
     return mgr
 
 
 def test_save_with_base_writes_only_changed_chunks(tmp_path):
-    one = uckpt.save(tmp_path / "one", state(1), incremental=True)
-    two = uckpt.save(tmp_path / "two", state(2), base=one)
+    one = save(tmp_path / "one", state(1), incremental=True)
+    two = save(tmp_path / "two", state(2), base=one)
     m = uckpt.manifest(two)
     own = [c for c in m.arrays["table"].chunks if c.base is None]
     assert len(own) == 1 and own[0].start == ((2 * 37) // 8 * 8, 0)  # the chunk of row 74
@@ -57,9 +52,9 @@ def test_save_with_base_writes_only_changed_chunks(tmp_path):
 
 
 def test_same_state_has_the_same_merkle_root_plain_incremental_or_consolidated(tmp_path):
-    one = uckpt.save(tmp_path / "one", state(1), incremental=True)
-    two = uckpt.save(tmp_path / "two", state(2), base=one)
-    fresh = uckpt.save(tmp_path / "fresh", state(2), incremental=True)
+    one = save(tmp_path / "one", state(1), incremental=True)
+    two = save(tmp_path / "two", state(2), base=one)
+    fresh = save(tmp_path / "fresh", state(2), incremental=True)
     assert uckpt.manifest(two).merkle_root == uckpt.manifest(fresh).merkle_root
     assert uckpt.manifest(one).merkle_root != uckpt.manifest(two).merkle_root
 
@@ -75,7 +70,7 @@ def test_manager_rebases_every_full_every_saves(tmp_path):
 
 
 def test_everything_changed_writes_everything_and_refers_to_nothing(tmp_path):
-    with uckpt.CheckpointManager(tmp_path, incremental=True) as mgr:
+    with manager(tmp_path, incremental=True) as mgr:
         mgr.save(1, state(1))
         mgr.save(2, state(2, table(2) + 1))
     m = uckpt.manifest(tmp_path / "step_00000002")
@@ -84,13 +79,13 @@ def test_everything_changed_writes_everything_and_refers_to_nothing(tmp_path):
 
 def test_retention_deleting_every_older_checkpoint_keeps_the_newest_whole(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="uckpt.manager")
-    with uckpt.CheckpointManager(tmp_path, incremental=True, full_every=4, keep_last=1) as mgr:
+    with manager(tmp_path, incremental=True, full_every=4, keep_last=1) as mgr:
         for s in range(1, 11):
             mgr.save(s, state(s))
             steps = mgr.steps()
             chain_start = s - (s - 1) % 4  # the newest full save
             assert steps == list(range(chain_start, s + 1)), (s, steps)
-            got, out = restored(uckpt.CheckpointManager(tmp_path, role="reader"))
+            got, out = restored(manager(tmp_path, role="reader"))
             assert got == s
             check(out, s)
     deleted = [int(m) for m in re.findall(r"deleted step (\d+)", caplog.text)]
@@ -98,13 +93,13 @@ def test_retention_deleting_every_older_checkpoint_keeps_the_newest_whole(tmp_pa
 
 
 def test_retention_keeps_bases_of_what_the_policy_keeps(tmp_path):
-    with uckpt.CheckpointManager(tmp_path, incremental=True, full_every=100,
+    with manager(tmp_path, incremental=True, full_every=100,
                                  keep=uckpt.KeepEvery(5)) as mgr:
         for s in range(1, 8):
             mgr.save(s, state(s))
-    for s in uckpt.CheckpointManager(tmp_path).steps():  # whatever is left loads
+    for s in manager(tmp_path).steps():  # whatever is left loads
         check(uckpt.load(tmp_path / f"step_{s:08d}"), s)
-    assert 1 in uckpt.CheckpointManager(tmp_path).steps()  # the base of every later step
+    assert 1 in manager(tmp_path).steps()  # the base of every later step
 
 
 @pytest.mark.parametrize("damage", ["flip", "delete", "truncate"])
@@ -128,7 +123,7 @@ def test_damaged_base_is_named_and_restore_falls_back(tmp_path, damage):
     if damage == "flip":
         assert "'table'" in str(info.value) and str(referred.offset) in str(info.value)
     with pytest.warns(RuntimeWarning) as warned:
-        got, out = restored(uckpt.CheckpointManager(tmp_path))
+        got, out = restored(manager(tmp_path))
     skipped = [re.search(r"skipping checkpoint step (\d+)", str(w.message)).group(1) for w in warned]
     assert skipped == ["4", "3"] and all(str(base_file) in str(w.message) for w in warned)
     assert got == 2
@@ -145,7 +140,7 @@ def test_base_checkpoint_deleted_by_hand_is_named(tmp_path):
 
 
 def test_async_incremental_saves(tmp_path):
-    with uckpt.CheckpointManager(tmp_path, incremental=True, async_save=True, max_inflight=2,
+    with manager(tmp_path, incremental=True, async_save=True, max_inflight=2,
                                  full_every=4) as mgr:
         handles = [mgr.save(s, state(s)) for s in range(1, 7)]
     assert all(h.done() for h in handles)
@@ -156,19 +151,19 @@ def test_async_incremental_saves(tmp_path):
 
 def test_durable_tier_holds_what_its_checkpoints_refer_to(tmp_path):
     fast, durable = tmp_path / "fast", tmp_path / "durable"
-    with uckpt.CheckpointManager(tiers=[fast, uckpt.Tier(durable, keep=1)], incremental=True,
+    with manager(tiers=[fast, uckpt.Tier(durable, keep=1)], incremental=True,
                                  full_every=10, durable_every=3, async_save=True) as mgr:
         for s in range(1, 8):
             mgr.save(s, state(s))
     # steps 3 and 6 were copied (durable_every), each after the checkpoints it refers to
     shutil.rmtree(fast)  # the node is lost
-    got, out = restored(uckpt.CheckpointManager(tiers=[fast, durable]))
+    got, out = restored(manager(tiers=[fast, durable]))
     assert got == 6
     check(out, 6)
-    for s in uckpt.CheckpointManager(durable).steps():
+    for s in manager(durable).steps():
         uckpt.verify(durable / f"step_{s:08d}")
     # step 6 refers to chunks last changed at steps 1 to 5: kept whatever keep=1 says
-    assert uckpt.CheckpointManager(durable).steps() == [1, 2, 3, 4, 5, 6]
+    assert manager(durable).steps() == [1, 2, 3, 4, 5, 6]
 
 
 def test_consolidate_makes_a_self_contained_checkpoint(tmp_path):
@@ -185,9 +180,9 @@ def test_consolidate_makes_a_self_contained_checkpoint(tmp_path):
 
 
 def test_base_must_be_beside_the_new_checkpoint(tmp_path):
-    one = uckpt.save(tmp_path / "a" / "one", state(1), incremental=True)
+    one = save(tmp_path / "a" / "one", state(1), incremental=True)
     with pytest.raises(errors.UnsafePathError, match="not beside"):
-        uckpt.save(tmp_path / "b" / "two", state(2), base=one)
+        save(tmp_path / "b" / "two", state(2), base=one)
     assert not (tmp_path / "b" / "two").exists()
 
 
@@ -202,7 +197,7 @@ def test_base_reached_through_a_symlink_is_refused(tmp_path):
 
 
 def test_overwriting_a_base_is_refused(tmp_path):
-    with uckpt.CheckpointManager(tmp_path, incremental=True) as mgr:
+    with manager(tmp_path, incremental=True) as mgr:
         mgr.save(1, state(1))
         mgr.save(2, state(2))
         with pytest.raises(errors.CheckpointExistsError, match="step 2 refers to"):
@@ -214,9 +209,9 @@ def test_overwriting_a_base_is_refused(tmp_path):
 
 def test_incremental_needs_an_exclusive_writer(tmp_path):
     with pytest.raises(ValueError, match="exclusive writer"):
-        uckpt.CheckpointManager(tmp_path, incremental=True, concurrent_writers=True)
+        manager(tmp_path, incremental=True, concurrent_writers=True)
     with pytest.raises(ValueError, match="full_every"):
-        uckpt.CheckpointManager(tmp_path, incremental=True, full_every=0)
+        manager(tmp_path, incremental=True, full_every=0)
 
 
 def _resealed(path, change):
@@ -269,8 +264,8 @@ def test_verify_detects_a_hash_that_does_not_match_the_bytes(tmp_path):
 
 
 def test_incremental_saves_compress_the_changed_chunks(tmp_path):
-    one = uckpt.save(tmp_path / "one", state(1), incremental=True, compression="zstd")
-    two = uckpt.save(tmp_path / "two", state(2), base=one, compression="zstd")
+    one = save(tmp_path / "one", state(1), incremental=True, compression="zstd")
+    two = save(tmp_path / "two", state(2), base=one, compression="zstd")
     m = uckpt.manifest(two)
     own = [c for a in m.arrays.values() for c in a.chunks if c.base is None]
     assert own and all(c.codec != "raw" for c in own if c.length > 64)
@@ -278,25 +273,25 @@ def test_incremental_saves_compress_the_changed_chunks(tmp_path):
     check(uckpt.load(two), 2)
     uckpt.verify(two)  # compressed chunks decoded: their hashes are of the raw bytes
     # the same state saved raw has the same Merkle root: hashes do not depend on codecs
-    raw = uckpt.save(tmp_path / "raw", state(2), incremental=True)
+    raw = save(tmp_path / "raw", state(2), incremental=True)
     assert uckpt.manifest(raw).merkle_root == m.merkle_root
 
 
 def test_s3_durable_tier_holds_the_bases_and_restores_after_node_loss(tmp_path, s3_server,
                                                                       s3_bucket, s3_options):
     fast, durable = tmp_path / "fast", f"s3://{s3_bucket}/inc"
-    with uckpt.CheckpointManager(tiers=[fast, uckpt.Tier(durable, keep=1)], incremental=True,
+    with manager(tiers=[fast, uckpt.Tier(durable, keep=1)], incremental=True,
                                  durable_every=2, async_save=True,
                                  storage_options=s3_options) as mgr:
         for s in range(1, 6):
             mgr.save(s, state(s))
-    on_s3 = uckpt.CheckpointManager(durable, storage_options=s3_options).steps()
+    on_s3 = manager(durable, storage_options=s3_options).steps()
     assert on_s3 == [1, 2, 3, 4]  # step 4 and the steps it refers to (copied first)
     m4 = uckpt.manifest(f"{durable}/step_00000004", storage_options=s3_options)
     assert set(m4.bases) == {"step_00000001", "step_00000002", "step_00000003"}
     uckpt.verify(f"{durable}/step_00000004", storage_options=s3_options)
     shutil.rmtree(fast)  # the node is lost
-    got, out = restored(uckpt.CheckpointManager(tiers=[fast, durable],
+    got, out = restored(manager(tiers=[fast, durable],
                                                 storage_options=s3_options))
     assert got == 4
     check(out, 4)

@@ -13,14 +13,9 @@ import pytest
 
 import uckpt
 from uckpt import errors, knobs
-from incremental_common import CHUNK_BYTES, check, empty_state, state
+from incremental_common import CHUNK_BYTES, check, empty_state, manager, state
 
 _IOPRIO_GET = {"x86_64": 252, "aarch64": 31}.get(platform.machine())
-
-
-@pytest.fixture(autouse=True)
-def small_pieces(monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", CHUNK_BYTES)
 
 
 def flip_bit(path, offset: int) -> None:
@@ -64,7 +59,7 @@ def test_flipped_bit_in_a_base_is_found_logged_and_the_next_save_is_full(tmp_pat
     refers to nothing, and steps 12-14 restore bitwise."""
     caplog.set_level(logging.INFO, logger="uckpt")
     root = tmp_path / "ck"
-    with uckpt.CheckpointManager(root, incremental=True, full_every=100) as mgr:
+    with manager(root, incremental=True, full_every=100) as mgr:
         mgr.save(1, state(1))
         mgr.save(2, state(2))
         chunk = referenced_chunk(mgr, 2, 1)
@@ -83,7 +78,7 @@ def test_flipped_bit_in_a_base_is_found_logged_and_the_next_save_is_full(tmp_pat
         in warned[0]
     assert "committed steps that refer to it (they may not restore): " \
         f"{list(range(1, 12))}" in warned[0]
-    mgr = uckpt.CheckpointManager(root)
+    mgr = manager(root)
     for s in (12, 13, 14):  # every save acknowledged after the detection
         got, out = restored(mgr, s)
         assert got == s
@@ -105,7 +100,7 @@ def test_a_chunk_damaged_before_its_read_back_is_never_referenced(tmp_path, capl
             flipped.append(file)
             flip_bit(root / name / file, 3 * CHUNK_BYTES + 5)
 
-    with uckpt.CheckpointManager(root, incremental=True) as mgr:
+    with manager(root, incremental=True) as mgr:
         mgr._verifier.before_read = rot
         mgr.save(1, state(1))
         mgr.save(2, state(2))
@@ -117,7 +112,7 @@ def test_a_chunk_damaged_before_its_read_back_is_never_referenced(tmp_path, capl
     assert len(warned) == 1 and "step_00000001/data-00000.bin: leaf 'table'" in warned[0]
     assert "committed steps that refer to it (they may not restore): [1]" in warned[0]
     for s in (2, 3):
-        got, out = restored(uckpt.CheckpointManager(root), s)
+        got, out = restored(manager(root), s)
         check(out, s)
 
 
@@ -132,7 +127,7 @@ def test_an_unreadable_read_back_leaves_chunks_unverified(tmp_path, caplog):
         if name == "step_00000001":
             os.rename(root / name / file, hidden)
 
-    with uckpt.CheckpointManager(root, incremental=True) as mgr:
+    with manager(root, incremental=True) as mgr:
         mgr._verifier.before_read = hide
         mgr.save(1, state(1))
         mgr._verifier.join()
@@ -150,7 +145,7 @@ def test_reverify_every_sets_how_often_a_base_is_read_again(tmp_path, every):
     """Step 1 stays the base of most chunks; saves 2-7 refer to it: it is read back once
     after its save, then once every ``every`` saves that refer to it."""
     reads = []
-    with uckpt.CheckpointManager(tmp_path / "ck", incremental=True, full_every=100,
+    with manager(tmp_path / "ck", incremental=True, full_every=100,
                                  reverify_every=every) as mgr:
         mgr._verifier.before_read = lambda name, file: reads.append(name)
         for s in range(1, 8):
@@ -163,7 +158,7 @@ def test_reverify_every_sets_how_often_a_base_is_read_again(tmp_path, every):
 def test_reverify_every_must_be_a_positive_int(tmp_path):
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="reverify_every must be a positive int"):
-            uckpt.CheckpointManager(tmp_path, incremental=True, reverify_every=bad)
+            manager(tmp_path, incremental=True, reverify_every=bad)
 
 
 def _io_class() -> int:
@@ -184,7 +179,7 @@ def test_reads_run_off_the_callers_thread_at_low_io_priority(tmp_path, async_sav
             (t is not threading.main_thread(),
              _io_class() if sys.platform == "linux" and _IOPRIO_GET else None))
 
-    with uckpt.CheckpointManager(tmp_path / "ck", incremental=True, async_save=async_save,
+    with manager(tmp_path / "ck", incremental=True, async_save=async_save,
                                  reverify_every=1) as mgr:
         mgr._verifier.before_read = record
         for s in range(1, 4):
@@ -207,7 +202,7 @@ def test_a_save_committed_after_the_damage_was_recorded_is_saved_again_in_full(
     caplog.set_level(logging.INFO, logger="uckpt")
     root = tmp_path / "ck"
     took_baseline = threading.Event()
-    with uckpt.CheckpointManager(root, incremental=True, full_every=100, reverify_every=1,
+    with manager(root, incremental=True, full_every=100, reverify_every=1,
                                  async_save=async_save) as mgr:
         verifier = mgr._verifier
         mgr.save(1, state(1))
@@ -253,7 +248,7 @@ def test_a_save_committed_after_the_damage_was_recorded_is_saved_again_in_full(
                r.getMessage().endswith("; saving it again, in full") for r in caplog.records)
     warned = damage_warnings(caplog)
     assert len(warned) == 1 and "refer to it (they may not restore): [1, 2" in warned[0]
-    mgr = uckpt.CheckpointManager(root)
+    mgr = manager(root)
     for s in (3, 4):
         got, out = restored(mgr, s)
         check(out, s)

@@ -11,20 +11,15 @@ from pathlib import Path
 import pytest
 
 import uckpt
-from uckpt import Tier, errors, knobs
+from uckpt import Tier, errors
 from uckpt.format import FORMAT_VERSION
 from uckpt.tiers import copy_checkpoint
 from conftest import PYTHON
-from incremental_common import CHUNK_BYTES, check, empty_state, state
+from incremental_common import check, empty_state, manager, save, state
 
 GOLDEN = Path(__file__).with_name("data")
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(autouse=True)
-def small_pieces(monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", CHUNK_BYTES)
 
 
 def cli_verify(path) -> subprocess.CompletedProcess:
@@ -39,11 +34,11 @@ def own(m):
 
 def test_compressed_durable_tier_holds_recoded_bases_and_references(tmp_path):
     fast, durable = tmp_path / "fast", tmp_path / "durable"
-    with uckpt.CheckpointManager(tiers=[fast, Tier(durable, keep=1, compression="zstd")],
+    with manager(tiers=[fast, Tier(durable, keep=1, compression="zstd")],
                                  incremental=True, durable_every=2, async_save=True) as mgr:
         for s in range(1, 6):
             mgr.save(s, state(s))
-    steps = uckpt.CheckpointManager(durable).steps()
+    steps = manager(durable).steps()
     assert steps == [1, 2, 3, 4]  # step 4 and the steps it refers to (copied first)
     for s in steps:
         name = f"step_{s:08d}"
@@ -68,13 +63,13 @@ def test_compressed_durable_tier_holds_recoded_bases_and_references(tmp_path):
         assert proc.returncode == 0, proc.stdout + proc.stderr
     shutil.rmtree(fast)  # the node is lost
     out = empty_state()
-    assert uckpt.CheckpointManager(tiers=[fast, durable]).restore(out) == 4
+    assert manager(tiers=[fast, durable]).restore(out) == 4
     check(out, 4)
 
 
 def test_copy_with_compression_needs_the_bases_on_the_target(tmp_path):
-    one = uckpt.save(tmp_path / "src" / "one", state(1), incremental=True)
-    two = uckpt.save(tmp_path / "src" / "two", state(2), base=one)
+    one = save(tmp_path / "src" / "one", state(1), incremental=True)
+    two = save(tmp_path / "src" / "two", state(2), base=one)
     with pytest.raises(errors.CheckpointNotFoundError, match="copy the bases first"):
         copy_checkpoint(two, tmp_path / "dst" / "two", compression="zstd")
     assert not (tmp_path / "dst" / "two").exists()
@@ -104,9 +99,9 @@ def test_plain_copy_points_references_at_the_bases_as_the_target_stores_them(tmp
     there without compression: the copy's references must name the target's
     (compressed) chunks, not the source's raw offsets, or it would not load there."""
     src, dst = tmp_path / "src", tmp_path / "dst"
-    one = uckpt.save(src / "one", state(1), incremental=True)
+    one = save(src / "one", state(1), incremental=True)
     copy_checkpoint(one, dst / "one", compression="zstd")
-    two = uckpt.save(src / "two", state(2), base=one)
+    two = save(src / "two", state(2), base=one)
     copy_checkpoint(two, dst / "two")  # plain
     m_src, m_dst = uckpt.manifest(two), uckpt.manifest(dst / "two")
     assert m_src.bases and set(m_dst.bases) == set(m_src.bases)

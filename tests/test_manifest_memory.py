@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import knobs
 from uckpt.cli.main import main as cli_main
 from uckpt.format.manifest import Manifest
 from conftest import REPO
@@ -85,13 +84,13 @@ def test_a_table_of_one_element_arrays_is_parsed_within_12x_its_size(tmp_path):
     assert peak <= 12 * len(data), f"parse peaked at {peak / len(data):.2f}x"
 
 
-def test_a_grid_manifest_is_parsed_within_8x_its_size(tmp_path, monkeypatch):
+def test_a_grid_manifest_is_parsed_within_8x_its_size(tmp_path):
     """An array cut into 10,000 slabs (27 bytes of manifest a slab) peaks at most 8 times
     its size (today 18.9 times: a Chunk object with its own strings for every slab; now
     the slabs stay columns, made into chunks when read)."""
-    monkeypatch.setattr(knobs, "chunk_bytes", 64)
     ckpt = tmp_path / "c"
-    uckpt.save(ckpt, {"g": np.arange(N * 64, dtype=np.int64).astype(np.int8)})
+    uckpt.save(ckpt, {"g": np.arange(N * 64, dtype=np.int64).astype(np.int8)},
+               options=uckpt.SaveOptions(chunk_bytes=64))
     data = _manifest_bytes(ckpt)
     assert b'"grid":' in data
     parsed = []

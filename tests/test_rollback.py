@@ -10,7 +10,7 @@ import pytest
 import incremental_common
 import uckpt
 from conftest import entries
-from uckpt import errors, knobs
+from uckpt import errors
 from uckpt.cli.scan import scan
 
 KEEP = uckpt.KeepLast(3) | uckpt.KeepEvery(5)
@@ -171,18 +171,17 @@ def test_uckpt_ls_lists_archived_steps_only_when_asked(tmp_path, capsys):
 
 
 # --- incremental saves, tiers -------------------------------------------------------------
-def test_incremental_saves_across_a_rollback(tmp_path, monkeypatch):
+def test_incremental_saves_across_a_rollback(tmp_path):
     """Archived incremental checkpoints keep their bases (those of the live line are linked
     into the archive): they read back bitwise after the live line's retention deleted the
     bases; the first save after a rollback refers to nothing archived."""
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", incremental_common.CHUNK_BYTES)
     root = tmp_path / "ck"
-    with uckpt.CheckpointManager(root, keep_last=2, incremental=True, full_every=100) as m:
+    with incremental_common.manager(root, keep_last=2, incremental=True, full_every=100) as m:
         for s in range(1, 7):
             m.save(s, incremental_common.state(s))
         old = m.steps()
         assert 1 in old and m.manifest(6).bases  # 6 refers to the full save of step 1
-    with uckpt.CheckpointManager(root, keep_last=2, incremental=True, full_every=100) as m:
+    with incremental_common.manager(root, keep_last=2, incremental=True, full_every=100) as m:
         out = incremental_common.empty_state()
         assert m.restore(out, step=1) == 1
         moved = m.rollback(to=1)

@@ -107,12 +107,11 @@ def test_save_on_n_ranks_loads_whole_in_one_process(tmp_path, size):
     assert entries(tmp_path) == ["ckpt"]  # no temporary directory left
 
 
-def test_replicated_bytes_are_split_across_ranks(tmp_path, monkeypatch):
-    import uckpt.knobs as knobs
-
-    monkeypatch.setattr(knobs, "chunk_bytes", 1 << 12)
+def test_replicated_bytes_are_split_across_ranks(tmp_path):
     state = {f"p{i}": np.full((64, 16), i, dtype=np.float32) for i in range(8)}  # 4 KiB each
-    values(run_ranks(4, lambda comm: uckpt.save(tmp_path / "c", state, comm=comm)))
+    small = uckpt.SaveOptions(chunk_bytes=1 << 12)
+    values(run_ranks(4, lambda comm: uckpt.save(tmp_path / "c", state, comm=comm,
+                                                options=small)))
     per_file = {}
     for entry in uckpt.manifest(tmp_path / "c").arrays.values():
         for c in entry.chunks:

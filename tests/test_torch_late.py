@@ -139,13 +139,10 @@ def test_ranges():
     assert not r.holds(np.zeros(3)) and not r.holds(a[:0])
 
 
-def test_late_incremental_compressed_saves_hold_the_state_at_save(tmp_path, monkeypatch):
+def test_late_incremental_compressed_saves_hold_the_state_at_save(tmp_path):
     """Every option of the manager together: late snapshots, incremental saves and
     compression. A frozen first layer is referred to, not written again; each checkpoint
     is the state at save though the copies and the hashing happen after save returns."""
-    from uckpt import knobs
-
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", 64 << 10)
     model, opt = _net()
     model[0].requires_grad_(False)  # a frozen backbone: never changes
     x, y = torch.randn(64, 256), torch.randint(0, 8, (64,))
@@ -153,8 +150,10 @@ def test_late_incremental_compressed_saves_hold_the_state_at_save(tmp_path, monk
     expected = {}
     with uckpt.torch.LateSnapshot(opt) as late, \
             uckpt.CheckpointManager(tmp_path, async_save=True, late_snapshot=late,
-                                    incremental=True, full_every=3, compression="zstd",
-                                    compression_level=1) as mgr:
+                                    incremental=True, full_every=3,
+                                    save_options=uckpt.SaveOptions(
+                                        incremental_chunk_bytes=64 << 10, compression="zstd",
+                                        compression_level=1)) as mgr:
         for step in range(1, 5):
             mgr.save(step, {"model": model, "optimizer": opt, "step": step})
             expected[step] = _expected(model, opt)
