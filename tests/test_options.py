@@ -205,6 +205,17 @@ def test_manager_saves_with_its_save_options(tmp_path):
     assert min(c.offset for c in man.arrays["b"].chunks) % 32768 == 0
 
 
+def test_compressed_copies_to_a_durable_tier_keep_the_alignment(tmp_path):
+    opts = uckpt.SaveOptions(alignment=32768)
+    with uckpt.CheckpointManager(tiers=[tmp_path / "fast", uckpt.Tier(
+            tmp_path / "durable", compression="zstd")], save_options=opts) as m:
+        m.save(1, STATE)
+        m.wait()
+    copied = uckpt.manifest(m.path(1, tier=1))
+    assert {c.codec for c in copied.arrays["w"].chunks} == {"zstd+bytegroup"}
+    assert first_offsets(m.path(1, tier=1))["b"] == 32768
+
+
 def test_manager_incremental_options(tmp_path):
     with uckpt.CheckpointManager(tmp_path, incremental=uckpt.IncrementalOptions(full_every=2),
                                  save_options=uckpt.SaveOptions(incremental_chunk_bytes=4096)

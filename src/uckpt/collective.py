@@ -311,14 +311,16 @@ def submit_async_share(saver, prepared: PreparedSave, comm: Communicator, backgr
 
 
 def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
-                    verify: bool = True, compression: Optional[Compression] = None):
+                    verify: bool = True, compression: Optional[Compression] = None,
+                    alignment: int = DEFAULT.alignment):
     """Collective: copy committed checkpoint ``name`` of ``src`` (each rank's replica of it)
     to ``dst``; returns its location there, or None if it was already committed there.
 
     Every rank copies the data files it wrote (the manifest's ``files[...].rank``; in one
     process, every file) and checks every chunk of them read back from ``dst``; then the
     lowest rank of each replica of ``dst`` commits, with the source's manifest bytes. With
-    ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`) and the
+    ``compression``, raw chunks are compressed on the way (:mod:`uckpt.recode`; arrays
+    start at multiples of ``alignment`` in the new files) and the
     manifest committed is the source's with the new chunks. References to bases (an
     incremental checkpoint) always point at the bases' chunks as ``dst`` holds them
     (same content hash, checked), where the bases must be committed already.
@@ -363,7 +365,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
                 if compression is not None or manifest.bases:
                     found["bases"] = target_bases(dst, manifest)  # copied before (manager)
                 if compression is not None:
-                    recoded = recode_files(source, manifest, mine, sink, compression)
+                    recoded = recode_files(source, manifest, mine, sink, compression,
+                                           alignment)
                 else:
                     for n in mine:
                         sink.copy_file(source, n, manifest.files[n].size)

@@ -640,7 +640,8 @@ class CheckpointManager:
             if not self.tiers[tier].store.has(step_dir_name(base)):
                 self._copy_with_bases(tier, base)
         copy_collective(self.tiers[0].store, self.tiers[tier].store, step_dir_name(step),
-                        self._copy_comm, compression=self.tiers[tier].codec(self.compression))
+                        self._copy_comm, compression=self.tiers[tier].codec(self.compression),
+                        alignment=self.options.save.alignment)
 
     def _pin(self, step: int) -> None:
         with self._lock:

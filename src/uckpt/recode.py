@@ -25,6 +25,7 @@ from . import hashing
 from .codecs import Compression
 from .errors import CheckpointNotFoundError, CorruptCheckpointError
 from .format import Chunk, FileEntry, Manifest
+from .options import DEFAULT_ALIGNMENT
 from .reader import CheckpointReader, read_manifest
 from .writer import encode_piece, file_end, write_encoded
 
@@ -33,9 +34,11 @@ Key = Tuple[str, int]
 
 
 def recode_files(source, manifest: Manifest, files: Sequence[str], sink,
-                 compression: Compression) -> Dict[str, list]:
+                 compression: Compression, alignment: int = DEFAULT_ALIGNMENT
+                 ) -> Dict[str, list]:
     """Write ``files`` (of the checkpoint's own) of the checkpoint ``source`` holds
-    (``manifest``: its manifest) into ``sink``, raw chunks encoded with ``compression``,
+    (``manifest``: its manifest) into ``sink``, raw chunks encoded with ``compression``
+    (each array starting at a multiple of ``alignment``),
     a few chunks at a time (:func:`uckpt.writer.write_encoded`); returns what
     :func:`recoded_manifest` needs: ``{"chunks": [(path, index, offset, length, codec,
     checksum, hash)], "sizes": [(file, size)]}``."""
@@ -57,7 +60,7 @@ def recode_files(source, manifest: Manifest, files: Sequence[str], sink,
             return encode_piece(compression, stored, chunk, chunk.hash or None, memory)
 
         written = write_encoded(sink, name, [(key[0], key, key[2].length) for key in keys],
-                                encode)
+                                encode, alignment)
         out["chunks"].extend((path, i, c.offset, c.length, c.codec, c.checksum, c.hash)
                              for (path, i, _), c in written.items())
         out["sizes"].append((name, file_end(written.values())))
