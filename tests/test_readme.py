@@ -53,12 +53,12 @@ def localized(code, root, bucket):
 
 
 #: blocks (by index) that are jobs of their own, and the directory each runs under
-OWN_ROOTS = {1: "two-tier", 4: "compressed", 5: "incremental"}
+OWN_ROOTS = {1: "two-tier", 4: "compressed", 5: "incremental", 6: "options"}
 
 
 def test_readme_has_the_blocks_this_test_knows():
     found = blocks()
-    assert len(found) == 7, "a block was added or removed: check the stand-ins here"
+    assert len(found) == 8, "a block was added or removed: check the stand-ins here"
     assert "def state(step)" in found[0]
     assert all("manager.restore(state)" not in b for b in found[:2]), \
         "the first blocks define state(step): call it"
@@ -75,7 +75,7 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
     managers = []
     try:
         for i, code in enumerate(blocks()):
-            if i == 6:  # the evaluator restores into a model of its own
+            if i == 7:  # the evaluator restores into a model of its own
                 import torch
 
                 ns["eval_model"] = torch.nn.Linear(4, 2)
@@ -102,5 +102,8 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
     assert set(uckpt.load("ckpt")["model"]) == {"weight", "bias"}  # tiny arrays: stored raw
     assert not uckpt.manifest(tmp_path / "incremental/export/final").bases  # self-contained
     assert set(uckpt.load(tmp_path / "incremental/export/final")["model"]) == {"weight", "bias"}
+    laid_out = uckpt.CheckpointManager(str(tmp_path / "options/ckpt/run1"), role="reader")
+    assert laid_out.latest_step() == ns["step"]
+    assert set(uckpt.load("ckpt-aligned")["model"]) == {"weight", "bias"}
     loaded = uckpt.load(f"s3://{s3_bucket}/final", storage_options=s3_options)
     assert set(loaded["model"]) == {"weight", "bias"}
