@@ -112,6 +112,21 @@ def test_async_saves_wait_and_refusals(tmp_path):
     assert (tmp_path / "other" / "x").read_text() == "keep"
 
 
+def test_save_options_lay_out_the_checkpoints(tmp_path):
+    import torch
+
+    import uckpt.lightning
+
+    io = uckpt.lightning.CheckpointIO(save_options=uckpt.SaveOptions(
+        chunk_bytes=1024, alignment=8192, compression="zstd"))
+    io.save_checkpoint({"state_dict": {"w": torch.zeros(64, 64), "b": torch.ones(3)},
+                        "global_step": 1}, tmp_path / "a.ckpt")
+    m = uckpt.manifest(tmp_path / "a.ckpt")
+    w, b = m.arrays["state_dict/w"].chunks, m.arrays["state_dict/b"].chunks
+    assert len(w) == 16 and {c.codec for c in w} == {"zstd+bytegroup"}
+    assert b[0].offset % 8192 == 0 and b[0].offset > 0
+
+
 def test_import_uckpt_does_not_import_lightning():
     code = "import sys, uckpt; assert 'lightning' not in sys.modules and 'torch' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
