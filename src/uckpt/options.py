@@ -74,7 +74,8 @@ def check_count(owner: object, name: str, value: object) -> None:
                            f"{value!r}", hint=f"give {name} as an int of at least 1")
 
 
-def save_options(options: Optional[SaveOptions], compression=None,
+def save_options(options: Optional[SaveOptions],
+                 compression: Union[str, Compression, None] = None,
                  compression_level: Optional[int] = None,
                  what: str = "uckpt.save") -> SaveOptions:
     """The options of a call that takes ``options=`` and the shorthand keywords
