@@ -61,13 +61,16 @@ def step_bytes(path: Path) -> Dict[str, int]:
             "bases": len(m.bases)}
 
 
-def run_saves(root: Path, make_step, state, steps: int, incremental: bool) -> List[dict]:
-    """Save after each of ``steps`` steps; returns per-save seconds and bytes."""
+def run_saves(root: Path, make_step, state, steps: int, incremental: bool,
+              piece: int = 1 << 20) -> List[dict]:
+    """Save after each of ``steps`` steps (incremental ones cut into ``piece``-byte chunks);
+    returns per-save seconds and bytes."""
     import uckpt
 
     out = []
     with uckpt.CheckpointManager(root, incremental=incremental, full_every=steps + 1,
-                                 keep_last=2) as mgr:
+                                 keep_last=2, save_options=uckpt.SaveOptions(
+                                     incremental_chunk_bytes=piece)) as mgr:
         for s in range(1, steps + 1):
             make_step()
             start = time.perf_counter()
@@ -114,11 +117,8 @@ def finetune(tmp: Path, steps: int) -> dict:
 def embedding(tmp: Path, steps: int, rows: int, pieces: List[int]) -> dict:
     import torch
 
-    import uckpt.knobs as knobs
-
     out = {"rows": rows, "dim": 256, "table_bytes": rows * 256 * 4, "by_chunk_bytes": {}}
     for piece in pieces:
-        knobs.incremental_chunk_bytes = piece
         emb = torch.nn.Embedding(rows, 256, sparse=True)
         opt = torch.optim.SparseAdam(emb.parameters(), lr=1e-3)
         gen = torch.Generator().manual_seed(1)
@@ -131,7 +131,7 @@ def embedding(tmp: Path, steps: int, rows: int, pieces: List[int]) -> dict:
 
         train_step()  # the Adam state exists from the first save on
         records = run_saves(tmp / f"emb{piece}", train_step, {"emb": emb, "optimizer": opt},
-                            steps, True)
+                            steps, True, piece)
         full = records[0]["data"]
         later = records[1:]
         out["by_chunk_bytes"][piece] = {
@@ -206,11 +206,10 @@ def verification(tmp: Path, steps: int, rows: int, repeat: int, gap: float) -> d
     """Save times with and without the read-back verification, sync and async; ``gap``
     seconds of (simulated) training between the end of a save and the next."""
     import uckpt
-    import uckpt.knobs as knobs
     import uckpt.manager as manager
     from uckpt.reverify import Verifier
 
-    knobs.incremental_chunk_bytes = 64 << 10
+    layout = uckpt.SaveOptions(incremental_chunk_bytes=64 << 10)
     rng = np.random.default_rng(4)
     table = rng.standard_normal((rows, 256), dtype=np.float32)
     out: Dict[str, dict] = {}
@@ -223,7 +222,8 @@ def verification(tmp: Path, steps: int, rows: int, repeat: int, gap: float) -> d
                                            "read_s": 0.0, "saves": 0, "first_read": 0})
                 root = tmp / f"v{r}{mode}{verified}"
                 with uckpt.CheckpointManager(root, incremental=True, full_every=10 ** 9,
-                                             keep_last=2, async_save=mode == "async") as mgr:
+                                             keep_last=2, async_save=mode == "async",
+                                             save_options=layout) as mgr:
                     for s in range(1, steps + 2):
                         time.sleep(gap if s > 1 else 0)
                         ids = rng.integers(0, rows, max(1, rows // 100))
