@@ -1,6 +1,8 @@
 """Where checkpoint bytes live: the storage layer (see :mod:`uckpt.storage.base`).
 
-A root or a checkpoint is named by a local path or an ``s3://bucket/prefix`` URL.
+A root or a checkpoint is named by a local path, an ``s3://bucket/prefix`` URL, or a URL
+of a store on the blob layer (:mod:`.checkpoint.urls`: ``memory://name/prefix``, a store
+in this process's memory, and ``fsspec+<protocol>://...``, any fsspec file system).
 :func:`open_store` gives the :class:`~uckpt.storage.base.Store` of a root,
 :func:`locate` the store and name of one checkpoint, :func:`open_source` a
 :class:`~uckpt.storage.base.CheckpointSource` to read one.
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, Union
 
 from .base import CheckpointSink, CheckpointSource, Entry, Store
+from .checkpoint.urls import is_blob_url, takes_options
 from .s3_url import is_s3_url, parse_url
 
 __all__ = ["CheckpointSink", "CheckpointSource", "Entry", "Store", "canonical", "local_path",
@@ -23,20 +26,21 @@ __all__ = ["CheckpointSink", "CheckpointSource", "Entry", "Store", "canonical", 
 
 
 def is_remote(target: Any) -> bool:
-    """Whether ``target`` names a checkpoint or root in an object store (for this package
-    only: callers outside it ask the store, or the functions below)."""
-    return is_s3_url(target)
+    """Whether ``target`` names a checkpoint or root by a URL (an object store, memory, an
+    fsspec file system), not a local path (for this package only: callers outside it ask
+    the store, or the functions below)."""
+    return is_s3_url(target) or is_blob_url(target)
 
 
 def storage_options_for(target: Any, storage_options: Optional[Mapping]) -> Optional[Mapping]:
     """The ``storage_options`` that apply to ``target``: all of them for a URL of a store
-    that takes options, None for a local path (which takes none)."""
-    return storage_options if is_remote(target) else None
+    that takes options, None for a local path or a ``memory://`` URL (which take none)."""
+    return storage_options if is_s3_url(target) or takes_options(target) else None
 
 
 def canonical(target: Any) -> Union[Path, str]:
     """``target`` as one spelling of it: an absolute Path for a local path, the URL without
-    a trailing ``/`` for an object store."""
+    a trailing ``/`` for a URL."""
     if is_remote(target):
         return str(target).rstrip("/")
     return Path(target).absolute()
@@ -44,7 +48,7 @@ def canonical(target: Any) -> Union[Path, str]:
 
 def local_path(target: Any) -> Optional[Path]:
     """The local file-system path ``target`` names, None where it names none (an object
-    store URL): for what only a local file can be (another format's input file, the save
+    store's or another URL): for what only a local file can be (another format's input file, the save
     costs a manager records beside its first tier)."""
     return None if is_remote(target) else Path(target)
 
@@ -62,6 +66,8 @@ def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
     if isinstance(root, Store):
         return root
     _check_options(root, storage_options)
+    if is_blob_url(root):
+        return _blob_root(root, storage_options)
     if is_remote(root):
         from .objects import ObjectStore
 
@@ -71,11 +77,24 @@ def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
     return LocalStore(root)
 
 
+def _blob_root(url: str, storage_options: Optional[Mapping]) -> Store:
+    from .checkpoint import BlobCheckpointStore
+    from .checkpoint.urls import open_blob_url
+
+    blob, prefix, where = open_blob_url(url, storage_options)
+    return BlobCheckpointStore(blob, prefix, where)
+
+
 def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, str]:
     """The store holding checkpoint ``target`` (a path or URL) and the checkpoint's name
     in it: ``/a/b/ckpt`` -> (``/a/b``, ``ckpt``), ``s3://bucket/a/ckpt`` ->
     (``s3://bucket/a``, ``ckpt``)."""
     _check_options(target, storage_options)
+    if is_blob_url(target):
+        from .checkpoint.urls import split
+
+        parent, name = split(target)
+        return _blob_root(parent, storage_options), name
     if is_remote(target):
         bucket, prefix = parse_url(target)
         if not prefix:

@@ -255,6 +255,12 @@ class BlobStore(abc.ABC):
             return False
         return True
 
+    def age(self, key: str) -> float | None:
+        """Seconds since the object was last written, by the store's own clock; None where
+        the store cannot tell (the default). The checkpoint layer removes a dead save's
+        objects on a store without advisory locks only once they are old enough."""
+        return None
+
     def read(self, key: str, cap: int) -> bytes:
         """The whole object, refused (CorruptCheckpointError) when it holds more than
         ``cap`` bytes; at most ``cap + 1`` bytes are ever read."""

@@ -11,6 +11,7 @@ file system (fsspec's ``memory``), where a lock makes it atomic.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -94,6 +95,16 @@ class FsspecStore(BlobStore):
         if info["type"] != "file":
             self._error(FileNotFoundError(key), key, "reading")
         return int(info["size"])
+
+    def age(self, key: str) -> float | None:
+        """From the file's ``modified`` time (compared with this host's clock: the file
+        system's own clock is not exposed); None where the file system gives none."""
+        try:
+            modified = self.fs.modified(self._path(check_key(key)))
+        except (OSError, NotImplementedError):
+            return None
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else None
+        return None if stamp is None else max(0.0, time.time() - stamp)
 
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         prefix = check_prefix(prefix)

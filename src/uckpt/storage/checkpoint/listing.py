@@ -1,0 +1,57 @@
+"""What a listing of a root on a blob store shows (:meth:`Store.entries`,
+:meth:`Store.itself`), from one listing of its keys; nothing is read or changed."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional
+
+from ..base import CHECKPOINT, STALE, TEMPORARY, Entry, step_of
+from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
+
+if TYPE_CHECKING:
+    from .store import BlobCheckpointStore
+
+
+def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry:
+    """The entry of child ``name`` whose keys below it are ``keys`` (relative: size)."""
+    files = {k: n for k, n in keys.items() if "/" not in k}
+    below = {k.partition("/")[0] for k in keys if "/" in k}
+    entry = Entry(name, CHECKPOINT, store.location(name), step=step_of(name),
+                  size=sum(keys.values()), files=files,
+                  not_plain={b: "a prefix holding further objects" for b in sorted(below)})
+    m = HIDDEN.match(name)
+    if m:
+        entry.step = step_of(m.group(1))
+        entry.kind = TEMPORARY if m.group(2) == TMP_MARK else STALE
+        entry.reason = ("what a save in progress or interrupted wrote" if entry.kind == TEMPORARY
+                        else "what an interrupted deletion or overwrite left")
+    elif MANIFEST_NAME not in files:
+        entry.kind = TEMPORARY  # the manifest is the commit (docs/format.md section 3)
+        entry.reason = "objects of a save in progress or interrupted (no manifest)"
+    return entry
+
+
+def entries(store: BlobCheckpointStore) -> List[Entry]:
+    children: Dict[str, Dict[str, int]] = {}
+    for key, size in store.blob.list(store.prefix):
+        name, sep, rest = key[len(store.prefix):].partition("/")
+        if sep:
+            children.setdefault(name, {})[rest] = size
+    out = []
+    for name, keys in sorted(children.items()):
+        entry = _entry(store, name, keys)
+        if entry.kind == CHECKPOINT or entry.step is not None:
+            out.append(entry)
+    return out
+
+
+def itself(store: BlobCheckpointStore) -> Optional[Entry]:
+    if not store.prefix or not store.blob.exists(store.prefix + MANIFEST_NAME):
+        return None
+    keys = {k[len(store.prefix):]: n for k, n in store.blob.list(store.prefix)}
+    name = store.prefix[:-1].rpartition("/")[2]
+    entry = _entry(store, name, keys)
+    entry.where = store.where
+    return entry
+
+
+__all__ = ["entries", "itself"]

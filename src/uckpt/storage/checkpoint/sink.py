@@ -1,0 +1,203 @@
+"""Writing one checkpoint to a blob store (:class:`~uckpt.storage.base.CheckpointSink`),
+and its commit, chosen by the store's capabilities (docs/format.md section 3):
+
+* ``atomic_rename``: the data files and then the manifest are written under the save's
+  temporary prefix, held by its save lease, which is then renamed into place (an
+  overwrite renames the old checkpoint aside first, and removes it after);
+* otherwise: the data files are written under the final prefix and the manifest, written
+  last (``create_if_absent`` unless overwriting), is the commit (section 3.1).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
+
+from ...errors import CheckpointExistsError, CheckpointNotFoundError, RootLockedError, SaveError
+from .. import base
+from .names import (COORDINATOR_MARK, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, forget, hidden,
+                    live)
+from .source import BlobSource
+
+if TYPE_CHECKING:
+    from ..blob.base import BlobLock
+    from .store import BlobCheckpointStore
+
+log = logging.getLogger("uckpt.storage.checkpoint")
+
+#: bytes copied at once from a source into a blob writer, and zeros written at once
+COPY_BLOCK = 8 << 20
+
+
+def committed_meanwhile(where: str) -> CheckpointExistsError:
+    return CheckpointExistsError(f"{where!r} was committed by another save during this one",
+                                 path=where,
+                                 hint="two savers wrote the same step; the first one's "
+                                      "checkpoint is kept, this one is discarded")
+
+
+class BlobSink(base.CheckpointSink):
+    """One rank's part of a save of checkpoint ``name`` into ``store``. ``token``: the
+    temporary prefix's name (stores with ``atomic_rename``), else the checkpoint's name.
+    The coordinator's sink is made by :meth:`BlobCheckpointStore.sink`, the others' by
+    :meth:`BlobCheckpointStore.join_sink`."""
+
+    copies_stream_pieces = True  # a blob writer is done with a buffer once write() returns
+
+    def __init__(self, store: BlobCheckpointStore, name: str, token: str,
+                 coordinator: bool, shared: bool) -> None:
+        self.store, self.blob, self.name = store, store.blob, name
+        self.where = str(store.location(name))
+        self.renames = store.blob.atomic_rename
+        self.token = token
+        self.prefix = store.key(token) + "/"
+        self.coordinator, self.shared = coordinator, shared
+        self.keys: List[str] = []
+        self.lease: Optional[BlobLock] = None
+        self.made_prefix = False
+        live(self.blob, self.prefix)
+        if self.renames and coordinator:
+            self._take_lease()
+            if shared:
+                self.blob.write(self.prefix + COORDINATOR_MARK, b"")
+
+    def _take_lease(self) -> None:
+        """Hold the temporary prefix (so that no writer takes it for debris), and own it."""
+        if self.blob.advisory_locks:
+            self.lease = self.blob.lock(self.prefix[:-1] + LEASE_SUFFIX)
+        self.made_prefix = True
+
+    def view(self) -> str:
+        if not self.renames:
+            return "shared"  # every rank sees the same objects, under their final names
+        if self.coordinator and not self.shared:
+            return "coordinator"
+        if self.blob.exists(self.prefix + COORDINATOR_MARK):
+            return "coordinator"
+        if not self.made_prefix:  # this rank's own copy of the store (node-local)
+            try:
+                self._take_lease()
+            except RootLockedError:
+                pass  # another rank of this copy holds it
+        return f"{socket.gethostname()}:{os.getpid()}:{id(self.blob)}"
+
+    def _key(self, name: str) -> str:
+        key = self.prefix + name
+        self.keys.append(key)
+        return key
+
+    def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Any]]) -> None:
+        self._write(name, pieces, size)
+
+    def write_stream(self, name: str, pieces: Iterable[Tuple[int, Any]],
+                     reserve: Optional[int] = None) -> None:
+        self._write(name, pieces, None)
+
+    def _write(self, name: str, pieces: Iterable[Tuple[int, Any]], size: Optional[int]) -> None:
+        """Write ``pieces`` (sorted by offset, gaps zero) and, with ``size``, zeros to it."""
+        zeros = memoryview(bytes(min(COPY_BLOCK, 1 << 16)))
+        pos = 0
+        with self.blob.open_writer(self._key(name)) as out:
+            def pad(to: int) -> None:
+                nonlocal pos
+                while pos < to:
+                    n = min(len(zeros), to - pos)
+                    out.write(zeros[:n])
+                    pos += n
+            for offset, piece in pieces:
+                pad(offset)
+                view = memoryview(piece).cast("B")
+                out.write(view)
+                pos += len(view)
+            if size is not None:
+                pad(size)
+
+    def write_image(self, name: str, image: Any, size: int) -> None:
+        self.blob.write(self._key(name), memoryview(image).cast("B")[:size])
+
+    def copy_file(self, source: base.CheckpointSource, name: str, size: int) -> None:
+        actual = source.open_file(name)
+        if actual != size:
+            raise base.wrong_size(source.file_where(name), actual, size)
+        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))
+        done = 0
+        with self.blob.open_writer(self._key(name)) as out:
+            while done < size:
+                want = min(len(buf), size - done)
+                n = source.read_into(name, buf[:want], done)
+                out.write(buf[:n])
+                done += n
+                if n < want:  # cut short while it was copied
+                    raise base.wrong_size(source.file_where(name), done, size)
+
+    def written(self, manifest: Any) -> base.CheckpointSource:
+        return BlobSource(self.blob, self.prefix, self.where)
+
+    def commit(self, manifest_bytes: bytes, overwrite: bool = False) -> None:
+        self.store.check_writer()
+        if self.renames:
+            if self.shared:
+                self.blob.delete(self.prefix + COORDINATOR_MARK)
+            self.blob.write(self.prefix + MANIFEST_NAME, manifest_bytes)
+            self._publish(overwrite)
+            self.made_prefix = False
+        else:
+            key = self.prefix + MANIFEST_NAME
+            if overwrite:
+                self.blob.write(key, manifest_bytes)
+            elif not self.blob.create_if_absent(key, manifest_bytes):
+                raise committed_meanwhile(self.where)
+        self.release()
+
+    def _publish(self, overwrite: bool) -> None:
+        """Rename the temporary prefix into place (swapping out a committed checkpoint
+        when overwriting: the old one goes aside first and comes back if the move fails)."""
+        final = self.store.key(self.name)
+        old = None
+        if self.blob.exists(final + "/" + MANIFEST_NAME):
+            if not overwrite:  # appeared since check_target: never clobber
+                raise committed_meanwhile(self.where)
+            old = self.store.key(hidden(self.name, OLD_MARK))
+            self.blob.rename_prefix(final, old)
+        try:
+            self.blob.rename_prefix(self.prefix, final)
+        except CheckpointExistsError:
+            raise committed_meanwhile(self.where) from None
+        except CheckpointNotFoundError:
+            raise SaveError(f"could not commit {self.where!r}: its temporary prefix "
+                            f"{self.token!r} was removed by another process during the save",
+                            path=self.where,
+                            hint="only the root's writer removes interrupted saves, and "
+                                 "never a live one; something outside uckpt deleted it"
+                            ) from None
+        except BaseException:
+            if old is not None:
+                self.blob.rename_prefix(old, final)  # the committed checkpoint stays
+            raise
+        if old is not None:
+            self.blob.delete_prefix(old)
+
+    def release(self) -> None:
+        forget(self.blob, self.prefix)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+            self.blob.delete(self.prefix[:-1] + LEASE_SUFFIX)
+
+    def abort(self) -> None:
+        """Remove what this rank wrote (the temporary prefix it made, else its own objects,
+        unless a manifest committed them meanwhile); what cannot be removed now is debris
+        the root's writer removes later."""
+        try:
+            if self.renames and self.made_prefix:
+                self.blob.delete_prefix(self.prefix)
+            elif self.keys and not (not self.renames and
+                                    self.blob.exists(self.prefix + MANIFEST_NAME)):
+                for key in self.keys:
+                    self.blob.delete(key)
+        except Exception as e:  # noqa: BLE001 - the failure being handled is what matters
+            log.warning("could not remove what a failed save wrote under %s (%s); the root's "
+                        "writer removes it later", self.where, e)
+        finally:
+            self.release()

@@ -1,0 +1,66 @@
+"""Reading one checkpoint from a blob store (:class:`~uckpt.storage.base.CheckpointSource`)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ... import knobs
+from ...errors import CheckpointNotFoundError, ManifestError, NotACheckpointError
+from .. import base
+from .names import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from ..blob.base import BlobStore
+
+
+class BlobSource(base.CheckpointSource):
+    """The checkpoint under ``prefix`` (``"a/step_1/"``) of ``blob``; ``where`` is its URL
+    or path, for messages. Data files are sized once (:meth:`open_file`), then read in
+    ranges straight into the caller's buffers."""
+
+    def __init__(self, blob: BlobStore, prefix: str, where: str) -> None:
+        self.blob, self.prefix, self.where = blob, prefix, where
+        self.block_bytes = knobs.read_block_bytes
+        self.read_threads = self.verify_threads = knobs.io_threads
+
+    def _missing(self) -> NotACheckpointError:
+        return NotACheckpointError(
+            f"{self.where!r} is not a committed uckpt checkpoint: it has no {MANIFEST_NAME}",
+            path=self.where,
+            hint="a save that was interrupted leaves no manifest; use an earlier checkpoint "
+                 "(CheckpointManager.restore() picks the newest committed one)")
+
+    def manifest_bytes(self) -> bytes:
+        key, cap = self.prefix + MANIFEST_NAME, base.MAX_MANIFEST_BYTES
+        try:
+            buf = bytearray(min(self.blob.size(key), cap) + 1)
+            n = self.blob.read_into(key, 0, buf)
+        except CheckpointNotFoundError:
+            raise self._missing() from None
+        if n > cap:
+            raise ManifestError(f"the manifest of {self.where!r} holds more than {cap} bytes, "
+                                "the most read for one", path=self.file_where(MANIFEST_NAME))
+        del buf[n:]
+        return bytes(buf)
+
+    def file_where(self, name: str) -> str:
+        return f"{self.where}/{name}"
+
+    def open_file(self, name: str) -> int:
+        try:
+            return self.blob.size(self.prefix + name)
+        except CheckpointNotFoundError:
+            where = self.file_where(name)
+            raise CheckpointNotFoundError(f"data file {where!r} listed in the manifest is "
+                                          "missing", path=where) from None
+
+    def read_into(self, name: str, buf: Any, offset: int) -> int:
+        return self.blob.read_into(self.prefix + name, offset, buf)
+
+    def sibling(self, name: str) -> "BlobSource":
+        """The checkpoint ``name`` beside this one (a base of an incremental checkpoint)."""
+        parent = self.prefix[:-1].rpartition("/")[0]
+        prefix = f"{parent}/{name}/" if parent else f"{name}/"
+        where = f"{self.where.rpartition('/')[0]}/{name}"
+        if not self.blob.exists(prefix + MANIFEST_NAME):
+            raise base.uncommitted_base(where, f"it has no {MANIFEST_NAME}")
+        return BlobSource(self.blob, prefix, where)
