@@ -328,7 +328,7 @@ def test_s3_rollback_killed_midway_is_finished(tmp_path, s3_server, s3_bucket, s
         for s in range(1, 11):
             m.save(s, state(s))
     store = m.tiers[0].store
-    store.client.copy_limit = 1024  # this store's copies of larger objects: UploadPartCopy
+    store.blob.client.copy_limit = 1024  # this store's copies of larger objects: UploadPartCopy
     store.put_record(INTENT_NAME, encode_intent(to=5, archive="rollback_0001", steps=[8, 9, 10]))
     assert store.archive("step_00000010", "rollback_0001")
     assert store.archive("step_00000009", "rollback_0001", keep=True)  # killed before deleting

@@ -18,7 +18,7 @@ import pytest
 import uckpt
 import uckpt.knobs as knobs
 from uckpt import errors
-from uckpt.storage.objects import CONCURRENT_DIR, LOCK_NAME
+from uckpt.storage.checkpoint.lock import CONCURRENT_DIR, LOCK_NAME
 
 pytestmark = pytest.mark.timeout(300)
 MiB = 1 << 20

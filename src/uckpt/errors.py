@@ -61,6 +61,11 @@ class CheckpointNotFoundError(_OSFlavoured, FileNotFoundError):
         super().__init__(message, **kw)
 
 
+class StoreNotFoundError(CheckpointNotFoundError):
+    """The store itself (an object store's bucket) does not exist, so nothing in it can:
+    not to be taken for one missing checkpoint."""
+
+
 class NotACheckpointError(UckptError, ValueError):
     """The directory exists but is not a committed uckpt checkpoint."""
 

@@ -47,7 +47,7 @@ comm_timeout: float = float(os.environ.get("UCKPT_COMM_TIMEOUT", "300"))
 debris_expiry_s: float = float(os.environ.get("UCKPT_DEBRIS_EXPIRY_S", "3600"))
 #: seconds an object store root's writer lock stays valid without renewal; its holder
 #: renews it every third of that, and another writer may take it over once it has expired
-#: on the store's clock (uckpt.storage.object_lock)
+#: on the store's clock (uckpt.storage.checkpoint.lease_lock)
 lock_lease_s: float = float(os.environ.get("UCKPT_LOCK_LEASE_S", "60"))
 #: 1: Python's cyclic garbage collector is paused while a save or load runs on the
 #: caller's thread (uckpt.gcpause); 0: left alone

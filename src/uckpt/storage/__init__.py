@@ -69,9 +69,8 @@ def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
     if is_blob_url(root):
         return _blob_root(root, storage_options)
     if is_remote(root):
-        from .objects import ObjectStore
-
-        return ObjectStore.from_url(root, storage_options)
+        bucket, prefix = parse_url(root)
+        return _s3_root(bucket, prefix, storage_options)
     from .local import LocalStore
 
     return LocalStore(root)
@@ -83,6 +82,16 @@ def _blob_root(url: str, storage_options: Optional[Mapping]) -> Store:
 
     blob, prefix, where = open_blob_url(url, storage_options)
     return BlobCheckpointStore(blob, prefix, where)
+
+
+def _s3_root(bucket: str, prefix: str, storage_options: Optional[Mapping]) -> Store:
+    """The root ``s3://bucket/prefix``: the checkpoint layer on the bucket's blob store."""
+    from .blob.s3 import S3Store, client_for
+    from .checkpoint import BlobCheckpointStore
+    from .s3_url import url_of
+
+    blob = S3Store(client_for(bucket, storage_options))
+    return BlobCheckpointStore(blob, prefix + "/" if prefix else "", url_of(bucket, prefix))
 
 
 def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, str]:
@@ -103,9 +112,7 @@ def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, st
             raise StorageConfigError(f"{target!r} names a bucket, not a checkpoint in it",
                                      path=target, hint="write s3://bucket/name")
         parent, _, name = prefix.rpartition("/")
-        from .objects import ObjectStore, client_for
-
-        return ObjectStore(client_for(bucket, storage_options), parent), name
+        return _s3_root(bucket, parent, storage_options), name
     from .local import LocalStore
 
     path = Path(target).absolute()

@@ -25,7 +25,7 @@ import logging
 import time
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..errors import CheckpointNotFoundError
+from ..errors import StoreNotFoundError
 from .s3_config import Connection, S3Options
 from .s3_errors import ObjectStoreError, StorageConfigError, http_status, map_error
 from .s3_read import ObjectInfo, Reads
@@ -198,12 +198,13 @@ class S3Client(Reads, Writes):
         return map_error(exc, url=url, doing=doing, endpoint=self.endpoint, attempts=attempts)
 
     def _check_bucket(self) -> None:
-        """Raises CheckpointNotFoundError naming the bucket if it does not exist."""
+        """Raises StoreNotFoundError (a CheckpointNotFoundError) if the bucket does not
+        exist."""
         try:
             self._s3.head_bucket(Bucket=self.bucket)
         except Exception as e:
             if http_status(e) == 404:
-                raise CheckpointNotFoundError(
+                raise StoreNotFoundError(
                     f"no bucket {self.bucket!r} at {self.endpoint}", path=self.url(),
                     endpoint=self.endpoint,
                     hint="create the bucket, or correct the URL or the endpoint_url") from e

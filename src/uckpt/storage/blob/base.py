@@ -44,6 +44,7 @@ missing key raises :class:`~uckpt.errors.CheckpointNotFoundError` (a
 from __future__ import annotations
 
 import abc
+import hashlib
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
@@ -51,6 +52,8 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidKeyError, SaveError,
                        StoreCapabilityError, UnsupportedObjectError)
 
+#: bytes streamed at once by :meth:`BlobStore.copy`'s default
+COPY_BLOCK = 8 << 20
 #: the first characters of a key component a store uses for its own temporary objects
 RESERVED = ".uckpt-part-"
 
@@ -59,6 +62,18 @@ if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
 
     #: what :meth:`BlobStore.write` takes: one buffer, or buffers one after another
     Data = Buffer | Iterable[Buffer]
+
+
+class Version(NamedTuple):
+    """A small object read whole with its version (:meth:`BlobStore.read_versioned`)."""
+
+    data: bytes
+    #: changes with every write of the object (an ETag; else a hash of its bytes)
+    tag: str
+    #: when it was last written and when it was read, both on the store's clock (seconds
+    #: since the epoch); None where the store has no clock to ask
+    modified: float | None
+    now: float | None
 
 
 class Listing(NamedTuple):
@@ -236,6 +251,13 @@ class BlobStore(abc.ABC):
     multipart: ClassVar[bool] = False
     #: committed objects outlive the process (and, on POSIX, a crash of the machine)
     durable: bool = True
+    #: :meth:`replace_if` and :meth:`delete_if` are atomic, and :meth:`read_versioned`
+    #: tells the store's clock (else they are a read, a compare, then a write)
+    versioned: ClassVar[bool] = False
+    #: for a remote store: bytes a reader should ask for in one ranged read, and ranged
+    #: reads worth having in flight at once (0: the local defaults of :mod:`uckpt.knobs`)
+    read_block_bytes: int = 0
+    read_threads: int = 0
 
     # --- reading ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -309,6 +331,62 @@ class BlobStore(abc.ABC):
     def delete_prefix(self, prefix: str) -> None:
         """Remove every object below ``prefix`` (which must not be the root), and the
         store's temporary objects there."""
+
+    # --- versions of small objects (a lease lock's), atomic where :attr:`versioned` -------
+    def read_versioned(self, key: str, cap: int) -> Version:
+        """The whole object (at most ``cap`` bytes) with its version tag; this default
+        tags it by a hash of its bytes and knows no clock."""
+        data = self.read(key, cap)
+        return Version(data, hashlib.blake2b(data, digest_size=16).hexdigest(), None, None)
+
+    def create_versioned(self, key: str, data: Buffer) -> str | None:
+        """:meth:`create_if_absent`, returning the new object's tag (None: it existed)."""
+        if not self.create_if_absent(key, data):
+            return None
+        return hashlib.blake2b(flat(data), digest_size=16).hexdigest()
+
+    def replace_if(self, key: str, data: Buffer, tag: str) -> str | None:
+        """Replace the object if its tag is still ``tag``; its new tag, or None if it was
+        written or deleted meanwhile (this default: a read, a compare, then a write)."""
+        try:
+            if self.read_versioned(key, 1 << 20).tag != tag:
+                return None
+        except CheckpointNotFoundError:
+            return None
+        self.write(key, data)
+        return hashlib.blake2b(flat(data), digest_size=16).hexdigest()
+
+    def delete_if(self, key: str, tag: str) -> bool:
+        """Delete the object if its tag is still ``tag``; whether it did (this default:
+        a read, a compare, then a delete)."""
+        try:
+            if self.read_versioned(key, 1 << 20).tag != tag:
+                return False
+        except CheckpointNotFoundError:
+            return False
+        self.delete(key)
+        return True
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy object ``src`` to ``dst`` (replacing it), on the server where the store
+        can; this default streams it through this process in bounded blocks."""
+        size = self.size(src)
+        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))
+        done = 0
+        with self.open_writer(dst) as out:
+            while done < size:
+                n = self.read_into(src, done, buf)
+                if not n:
+                    break
+                out.write(buf[:n])
+                done += n
+
+    def abort_incomplete(self, prefix: str, older_than_s: float,
+                         keep: Iterable[str] = ()) -> int:
+        """Abort the store's own unfinished writes below ``prefix`` (multipart uploads)
+        started at least ``older_than_s`` ago, except those below a prefix in ``keep``;
+        returns how many. Nothing to do (the default) where a writer leaves nothing."""
+        return 0
 
     # --- optional operations, promised by the capability flags ---------------------------
     def rename_prefix(self, src: str, dst: str) -> None:

@@ -30,23 +30,6 @@ def read_record(store: BlobCheckpointStore, name: str) -> Optional[bytes]:
         return b""
 
 
-def copy_object(store: BlobCheckpointStore, src: str, dst: str) -> None:
-    """Copy object ``src`` to ``dst`` (keys of ``store.blob``) in bounded blocks."""
-    from .sink import COPY_BLOCK
-
-    blob = store.blob
-    size = blob.size(src)
-    buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))
-    done = 0
-    with blob.open_writer(dst) as out:
-        while done < size:
-            n = blob.read_into(src, done, buf)
-            if not n:
-                break
-            out.write(buf[:n])
-            done += n
-
-
 def archive(store: BlobCheckpointStore, name: str, into: str, keep: bool) -> bool:
     blob = store.blob
     here, there = store.key(name) + "/", store.key(into, name) + "/"
@@ -66,7 +49,7 @@ def archive(store: BlobCheckpointStore, name: str, into: str, keep: bool) -> boo
             return False
         data = sorted(k for k in objects if k != here + MANIFEST_NAME and "/" not in k[len(here):])
         for key in data + [here + MANIFEST_NAME]:  # the manifest last: it commits the copy
-            copy_object(store, key, there + key[len(here):])
+            blob.copy(key, there + key[len(here):])
     if not keep and objects:
         blob.delete(here + MANIFEST_NAME)  # un-commit here first
         blob.delete_prefix(here)

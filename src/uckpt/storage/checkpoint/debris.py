@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Dict, List
 from ... import knobs
 from ...errors import RootLockedError
 from ..base import STEP_NAME
-from .names import HIDDEN, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, TMP_MARK, is_live
+from .names import (HIDDEN, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, TMP_MARK, is_live,
+                    live_below, take_failed)
 
 if TYPE_CHECKING:
     from .store import BlobCheckpointStore
@@ -35,7 +36,7 @@ def remove_debris(store: BlobCheckpointStore) -> List[str]:
 def _dead(store: BlobCheckpointStore, prefix: str) -> bool:
     """Whether no save holds the temporary prefix ``prefix`` (``a/.x.uckpt-tmp-t/``)."""
     blob = store.blob
-    if is_live(blob, prefix):
+    if is_live(store.location(prefix[len(store.prefix):-1])):
         return False
     if not blob.advisory_locks:
         return True
@@ -92,10 +93,10 @@ def _unmanifested_debris(store: BlobCheckpointStore) -> List[str]:
         prefix = store.key(name) + "/"
         if prefix + MANIFEST_NAME in keys:
             continue
-        ages = [blob.age(k) for k in keys]
-        if is_live(blob, prefix):
+        if is_live(store.location(name)):
             log.debug("kept %s: a save of this process is writing it", prefix)
             continue
+        ages = [blob.age(k) for k in keys]
         if any(a is None or a < knobs.debris_expiry_s for a in ages):
             log.debug("kept %s: it has no manifest, but an object of it is recent (or of "
                       "unknown age): a save of another process may be writing it", prefix)
@@ -105,4 +106,16 @@ def _unmanifested_debris(store: BlobCheckpointStore) -> List[str]:
         log.info("removed %s: %d objects of an interrupted save or deletion (no manifest; "
                  "newest object %.0f s old)", store.location(name), len(keys),
                  min(a for a in ages if a is not None))
+    live = [store.key(w.rpartition("/")[2]) + "/" for w in live_below(store.where)]
+    blob.abort_incomplete(store.prefix, knobs.debris_expiry_s, keep=live)
     return removed
+
+
+def remove_failed(store: BlobCheckpointStore) -> None:
+    """Remove what this process's failed saves under ``store`` left while the store could
+    not be reached (they are dead: no other process writes them)."""
+    for where in take_failed(store.where):
+        name = where.rpartition("/")[2]
+        if not store.blob.exists(store.key(name, MANIFEST_NAME)):
+            store.blob.delete_prefix(store.key(name))
+            log.info("removed %s: the objects of a failed save of this process", where)

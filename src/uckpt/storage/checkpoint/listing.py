@@ -45,10 +45,10 @@ def entries(store: BlobCheckpointStore) -> List[Entry]:
 
 
 def itself(store: BlobCheckpointStore) -> Optional[Entry]:
-    if not store.prefix or not store.blob.exists(store.prefix + MANIFEST_NAME):
+    if not store.blob.exists(store.prefix + MANIFEST_NAME):
         return None
     keys = {k[len(store.prefix):]: n for k, n in store.blob.list(store.prefix)}
-    name = store.prefix[:-1].rpartition("/")[2]
+    name = (store.prefix[:-1] or store.where).rpartition("/")[2]
     entry = _entry(store, name, keys)
     entry.where = store.where
     return entry

@@ -26,9 +26,14 @@ COORDINATOR_MARK = ".uckpt-coordinator"
 #: what a data file of a checkpoint may be called (anything else there is not ours)
 DATA_FILE = re.compile(r"^data-\d+\.bin$")
 
-__all__ = ["MANIFEST_NAME", "hidden", "live", "forget", "is_live"]
+__all__ = ["MANIFEST_NAME", "failed", "forget", "hidden", "is_live", "live", "live_below",
+           "take_failed"]
 
-_live: set[tuple[int, str]] = set()  # (id of the blob store, prefix) of live saves
+# URLs (paths) of the prefixes this process's live saves write below
+_live: set[str] = set()
+# URLs of this process's failed saves whose objects could not be removed then (the store
+# was unreachable): removed by the next save to that root
+_failed: set[str] = set()
 _guard = threading.Lock()
 
 
@@ -37,18 +42,39 @@ def hidden(name: str, mark: str) -> str:
     return f".{name}{mark}{secrets.token_hex(4)}"
 
 
-def live(blob: object, prefix: str) -> None:
-    """Record that a save of this process writes below ``prefix`` of ``blob``."""
+def live(where: str) -> None:
+    """Record that a save of this process writes below ``where`` (a URL or path)."""
     with _guard:
-        _live.add((id(blob), prefix))
+        _live.add(where)
 
 
-def forget(blob: object, prefix: str) -> None:
+def forget(where: str) -> None:
     with _guard:
-        _live.discard((id(blob), prefix))
+        _live.discard(where)
 
 
-def is_live(blob: object, prefix: str) -> bool:
-    """Whether a save of this process writes below ``prefix`` of ``blob``."""
+def is_live(where: str) -> bool:
+    """Whether a save of this process writes below ``where``."""
     with _guard:
-        return (id(blob), prefix) in _live
+        return where in _live
+
+
+def live_below(root: str) -> list[str]:
+    """The live saves of this process directly below root URL ``root``."""
+    with _guard:
+        return [w for w in _live if w.rpartition("/")[0] == root]
+
+
+def failed(where: str) -> None:
+    """Record that a failed save of this process left objects below ``where``."""
+    with _guard:
+        _failed.add(where)
+
+
+def take_failed(root: str) -> list[str]:
+    """Forget and return this process's failed saves directly below root URL ``root``
+    (none of them live)."""
+    with _guard:
+        mine = [w for w in _failed if w.rpartition("/")[0] == root and w not in _live]
+        _failed.difference_update(mine)
+    return mine

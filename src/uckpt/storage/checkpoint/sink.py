@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
 from ...errors import CheckpointExistsError, CheckpointNotFoundError, RootLockedError, SaveError
 from .. import base
-from .names import (COORDINATOR_MARK, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, forget, hidden,
-                    live)
+from ..blob.base import COPY_BLOCK
+from .names import (COORDINATOR_MARK, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, failed, forget,
+                    hidden, live)
 from .source import BlobSource
 
 if TYPE_CHECKING:
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("uckpt.storage.checkpoint")
 
-#: bytes copied at once from a source into a blob writer, and zeros written at once
-COPY_BLOCK = 8 << 20
+#: zeros written at once into a gap between pieces
+ZEROS = bytes(1 << 16)
 
 
 def committed_meanwhile(where: str) -> CheckpointExistsError:
@@ -56,7 +57,8 @@ class BlobSink(base.CheckpointSink):
         self.keys: List[str] = []
         self.lease: Optional[BlobLock] = None
         self.made_prefix = False
-        live(self.blob, self.prefix)
+        self.live = store.location(token)
+        live(self.live)
         if self.renames and coordinator:
             self._take_lease()
             if shared:
@@ -96,7 +98,7 @@ class BlobSink(base.CheckpointSink):
 
     def _write(self, name: str, pieces: Iterable[Tuple[int, Any]], size: Optional[int]) -> None:
         """Write ``pieces`` (sorted by offset, gaps zero) and, with ``size``, zeros to it."""
-        zeros = memoryview(bytes(min(COPY_BLOCK, 1 << 16)))
+        zeros = memoryview(ZEROS)
         pos = 0
         with self.blob.open_writer(self._key(name)) as out:
             def pad(to: int) -> None:
@@ -120,7 +122,7 @@ class BlobSink(base.CheckpointSink):
         actual = source.open_file(name)
         if actual != size:
             raise base.wrong_size(source.file_where(name), actual, size)
-        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))
+        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))  # bounded memory
         done = 0
         with self.blob.open_writer(self._key(name)) as out:
             while done < size:
@@ -179,7 +181,7 @@ class BlobSink(base.CheckpointSink):
             self.blob.delete_prefix(old)
 
     def release(self) -> None:
-        forget(self.blob, self.prefix)
+        forget(self.live)
         if self.lease is not None:
             self.lease.release()
             self.lease = None
@@ -192,12 +194,15 @@ class BlobSink(base.CheckpointSink):
         try:
             if self.renames and self.made_prefix:
                 self.blob.delete_prefix(self.prefix)
-            elif self.keys and not (not self.renames and
-                                    self.blob.exists(self.prefix + MANIFEST_NAME)):
+            elif not self.renames and self.blob.exists(self.prefix + MANIFEST_NAME):
+                pass  # another save of this checkpoint committed it meanwhile: keep it
+            else:
                 for key in self.keys:
                     self.blob.delete(key)
+                self.blob.abort_incomplete(self.prefix, 0.0)
         except Exception as e:  # noqa: BLE001 - the failure being handled is what matters
-            log.warning("could not remove what a failed save wrote under %s (%s); the root's "
-                        "writer removes it later", self.where, e)
+            failed(self.live)
+            log.warning("could not remove what a failed save wrote under %s (%s); the next "
+                        "save to this root removes it", self.where, e)
         finally:
             self.release()

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ... import knobs
-from ...errors import CheckpointNotFoundError, ManifestError, NotACheckpointError
+from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
+                       StoreNotFoundError)
 from .. import base
 from .names import MANIFEST_NAME
 
@@ -19,8 +20,8 @@ class BlobSource(base.CheckpointSource):
 
     def __init__(self, blob: BlobStore, prefix: str, where: str) -> None:
         self.blob, self.prefix, self.where = blob, prefix, where
-        self.block_bytes = knobs.read_block_bytes
-        self.read_threads = self.verify_threads = knobs.io_threads
+        self.block_bytes = max(knobs.read_block_bytes, blob.read_block_bytes)
+        self.read_threads = self.verify_threads = max(knobs.io_threads, blob.read_threads)
 
     def _missing(self) -> NotACheckpointError:
         return NotACheckpointError(
@@ -34,6 +35,8 @@ class BlobSource(base.CheckpointSource):
         try:
             buf = bytearray(min(self.blob.size(key), cap) + 1)
             n = self.blob.read_into(key, 0, buf)
+        except StoreNotFoundError:
+            raise
         except CheckpointNotFoundError:
             raise self._missing() from None
         if n > cap:

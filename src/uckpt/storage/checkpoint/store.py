@@ -10,7 +10,7 @@ from ..base import Entry
 from ..archive import hidden_steps
 from . import archive as archives_
 from . import listing
-from .debris import remove_debris
+from .debris import remove_debris, remove_failed
 from .lock import writer_lock
 from .names import DATA_FILE, DEL_MARK, MANIFEST_NAME, hidden
 from .sink import BlobSink
@@ -18,7 +18,7 @@ from .source import BlobSource
 
 if TYPE_CHECKING:
     from ..blob.base import BlobStore
-    from .lock import LeaseWriterLock
+    from .lease_lock import LeaseWriterLock
 
 log = logging.getLogger("uckpt.storage.checkpoint")
 
@@ -83,7 +83,8 @@ class BlobCheckpointStore(base.Store):
         return self.blob.exists(self.key(name, MANIFEST_NAME))
 
     def files_present(self, name: str, files: Sequence[str]) -> bool:
-        return all(self.blob.exists(self.key(name, f)) for f in files)
+        """Without a rename every rank sees the same objects; else ask for each."""
+        return not self.blob.atomic_rename or all(self.blob.exists(self.key(name, f)) for f in files)
 
     def source(self, name: str, manifest: Any = None) -> BlobSource:
         return BlobSource(self.blob, self.key(name) + "/", self.location(name))
@@ -111,6 +112,7 @@ class BlobCheckpointStore(base.Store):
                 hint="choose an empty or new location")
 
     def sink(self, name: str, overwrite: bool = False, shared: bool = False) -> BlobSink:
+        remove_failed(self)
         self.check_target(name, overwrite)
         if self.blob.atomic_rename:
             return BlobSink(self, name, hidden(name, ".uckpt-tmp-"), True, shared)

@@ -1,35 +1,42 @@
-"""The writer lock of an object store root: a lock object with a lease.
+"""The writer lock of a root on a blob store without advisory locks: a lock object with
+a lease, on the versions of :class:`~uckpt.storage.blob.base.BlobStore`
+(``create_versioned``, ``read_versioned``, ``replace_if``, ``delete_if``).
 
 ``<root>/.uckpt-writer.lock`` (exclusive), or ``<root>/.uckpt-writers/<job>`` for each
 writer with ``concurrent_writers=True``, holds a JSON record: the holder's ``host``,
 ``pid``, ``job``, ``mode``, ``since`` (its clock, informative), ``lease_s`` and a ``nonce``
 that changes with every write. See docs/format.md section 3.1 and docs/architecture.md.
 
-* **Taking it.** A conditional PUT (``If-None-Match: *``) creates it. If it exists, its
-  holder is watched for at most the rest of its lease: a holder that rewrites it (a new
-  ETag) is alive and keeps the root; one whose lease runs out is dead, and the new writer
-  takes the lock over with a PUT conditional on the ETag it read (``If-Match``), so two
-  writers racing for a dead holder's lock cannot both win. The takeover is logged at
-  WARNING with the old holder's host, pid and job and how long its lease had expired.
-* **Clocks.** Expiry is judged on the store's clock alone: the lock object's
-  ``Last-Modified`` (when its holder last wrote it) against the ``Date`` of the answer
-  that read it, both whole seconds, so a second of margin is added. The holder measures
+* **Taking it.** ``create_versioned`` (S3: a PUT with ``If-None-Match: *``) creates it.
+  If it exists, its holder is watched for at most the rest of its lease: a holder that
+  rewrites it (a new version) is alive and keeps the root; one whose lease runs out is
+  dead, and the new writer takes the lock over with ``replace_if`` on the version it read
+  (S3: ``If-Match`` on the ETag), so two writers racing for a dead holder's lock cannot
+  both win where the store is :attr:`~uckpt.storage.blob.base.BlobStore.versioned`. The
+  takeover is logged at WARNING with the old holder's host, pid and job and how long its
+  lease had expired.
+* **Clocks.** Expiry is judged on the store's clock alone where it has one: the lock
+  object's last write against the time of the answer that read it (S3: ``Last-Modified``
+  and ``Date``, both whole seconds, so a second of margin is added). A store without a
+  clock is watched on this process's monotonic clock for a whole lease after the first
+  read. The holder measures
   its own lease on its monotonic clock from the moment it *sent* a renewal, which is never
   later than the store's ``Last-Modified``: it stops trusting the lease before anyone else
   may take it over. Only a difference in the *rate* of the two clocks (tiny) is left.
 * **Renewing it.** The holder rewrites the object every third of its lease from a
   background thread, after reading it back to check that it still holds its own record,
-  with ``If-Match`` on the ETag of its last write. A renewal refused (someone took the lock
+  with ``replace_if`` on the version of its last write. A renewal refused (someone took the lock
   over or deleted it), or none succeeding before the lease runs out (the store was
-  unreachable), loses the lease: :meth:`ObjectWriterLock.check` then raises
+  unreachable), loses the lease: :meth:`LeaseWriterLock.check` then raises
   :class:`~uckpt.errors.WriterLeaseLostError`, and the root's checkpoint layer calls it
   before every commit and deletion, so a writer that lost its lease never writes beside a
   new holder.
-* **Stores without conditional writes.** Where a store ignores ``If-Match`` (or answers
-  it with ``NotImplemented``), the read-back before each renewal and after a takeover is
-  the only check: two writers taking over the same dead lease at the same moment may then
-  both believe they won until one of them reads the other's record at its next renewal
-  (within a third of a lease), and a commit of the loser in that window is not prevented.
+* **Stores without conditional writes.** Where a store is not ``versioned`` (or, S3,
+  answers ``If-Match`` with ``NotImplemented``), the read-back before each renewal and
+  after a takeover is the only check: two writers taking over the same dead lease at the
+  same moment may then both believe they won until one of them reads the other's record
+  at its next renewal (within a third of a lease), and a commit of the loser in that
+  window is not prevented.
   SeaweedFS, MinIO and AWS S3 honour both conditions.
 * **Records without a lease** (written by uckpt before leases) never expire: the refusal
   names the object to delete if their holder is dead.
@@ -42,14 +49,16 @@ import os
 import socket
 import threading
 import time
-from typing import Dict, List, NamedTuple, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Set, Tuple
 
-from .. import knobs
-from ..errors import (CheckpointExistsError, CheckpointNotFoundError, RootLockedError,
-                      UckptError, WriterLeaseLostError)
-from .base import WriterLock
+from ... import knobs
+from ...errors import CheckpointNotFoundError, RootLockedError, UckptError, WriterLeaseLostError
+from ..base import WriterLock
 
-log = logging.getLogger("uckpt.storage.object_lock")
+if TYPE_CHECKING:
+    from .store import BlobCheckpointStore
+
+log = logging.getLogger("uckpt.storage.checkpoint.lease_lock")
 
 LOCK_NAME = ".uckpt-writer.lock"
 CONCURRENT_DIR = ".uckpt-writers"  # one object per concurrent writer (concurrent_writers=True)
@@ -71,24 +80,27 @@ class Seen(NamedTuple):
     """One read of a lock object."""
     record: Dict[str, object]
     etag: str
-    modified: float    # store's clock: its last write
-    server_now: float  # store's clock: this read
+    modified: float    # store's clock (else this process's): its last write, or first read
+    server_now: float  # store's clock (else this process's): this read
 
     @property
     def lease(self) -> Optional[float]:
         v = self.record.get("lease_s")
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e9
-        return float(v) if ok else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e9:
+            return float(v)
+        return None
 
     @property
-    def expires(self) -> Optional[float]:
-        """When the lease runs out unless renewed (store's clock), None if it has none."""
-        return None if self.lease is None else self.modified + self.lease + GRANULARITY_S
+    def expires(self) -> float:
+        """When the lease runs out unless renewed (store's clock); only for a record with
+        a lease."""
+        return self.modified + (self.lease or 0.0) + GRANULARITY_S
 
     @property
-    def expired_for(self) -> Optional[float]:
-        """Seconds since the lease ran out (negative: still valid), None if it has none."""
-        return None if self.expires is None else self.server_now - self.expires
+    def expired_for(self) -> float:
+        """Seconds since the lease ran out (negative: still valid); only for a record with
+        a lease."""
+        return self.server_now - self.expires
 
 
 def describe(record: Dict[str, object]) -> str:
@@ -99,7 +111,7 @@ def describe(record: Dict[str, object]) -> str:
             f"{record.get('job', '?')})")
 
 
-class ObjectWriterLock(WriterLock):
+class LeaseWriterLock(WriterLock):
     """``<root>/.uckpt-writer.lock``, or with ``shared`` (concurrent writers)
     ``<root>/.uckpt-writers/<job>``, held under a lease of ``knobs.lock_lease_s`` (see the
     module docstring). A shared lock is refused while a live exclusive one exists, and an
@@ -110,14 +122,16 @@ class ObjectWriterLock(WriterLock):
 
     one_per_job = True
 
-    def __init__(self, store, job: str, shared: bool, lease_s: Optional[float] = None) -> None:
-        self.store, self.client = store, store.client
+    def __init__(self, store: BlobCheckpointStore, job: str, shared: bool,
+                 lease_s: Optional[float] = None) -> None:
+        self.store, self.blob = store, store.blob
         self.job, self.shared = job, shared
         self.root = store.where
         self.lease_s = float(lease_s if lease_s is not None else knobs.lock_lease_s)
         self.exclusive_key = store.key(LOCK_NAME)
         self.key = store.key(CONCURRENT_DIR, job) if shared else self.exclusive_key
-        self.path = self.client.url(self.key)
+        self.path = self.url(self.key)
+        self._first_seen: Dict[Tuple[str, str], float] = {}  # (key, tag) -> wall clock
         self._held = False
         self._etag = ""
         self._nonce = ""
@@ -129,6 +143,9 @@ class ObjectWriterLock(WriterLock):
         self._io = threading.Lock()  # renewals against release
         self._thread: Optional[threading.Thread] = None
 
+    def url(self, key: str) -> str:
+        return self.store.location(key[len(self.store.prefix):])
+
     # -- reading and writing lock objects ----------------------------------------------------
     def _record(self) -> bytes:
         self._nonce = os.urandom(8).hex()  # a new ETag for every write
@@ -139,31 +156,27 @@ class ObjectWriterLock(WriterLock):
 
     def _look(self, key: str) -> Optional[Seen]:
         try:
-            v = self.client.get_versioned(key, RECORD_CAP, what="writer lock")
+            v = self.blob.read_versioned(key, RECORD_CAP)
         except CheckpointNotFoundError:
             return None
         try:
             record = json.loads(v.data.decode() or "{}")
         except ValueError:
             record = {}
-        return Seen(record if isinstance(record, dict) else {}, v.etag, v.modified,
-                    v.server_now)
+        now = v.now if v.now is not None else time.time()
+        # no store clock: a version counts from when this process first saw it
+        modified = v.modified if v.modified is not None else \
+            self._first_seen.setdefault((key, v.tag), now)
+        return Seen(record if isinstance(record, dict) else {}, v.tag, modified, now)
 
     def _put_if_match(self, key: str, etag: str) -> Optional[str]:
         """Write our record over the version ``etag`` of ``key``; its new ETag, or None if
         that version is gone (another writer's write or deletion came first)."""
-        try:
-            return self.client.put(key, self._record(), if_match=etag)
-        except UckptError as e:
-            code = getattr(e, "code", None)
-            if code == "NotImplemented":  # the store has no conditional writes
-                log.warning("%s does not take If-Match; the writer lock %s is checked by "
-                            "reading it back only", self.client.endpoint, self.path)
-                return self.client.put(key, self._record())
-            if code not in ("PreconditionFailed", "ConditionalRequestConflict"):
-                raise
-            seen = self._look(key)  # a retry of a write whose answer was lost?
-            return seen.etag if seen and seen.record.get("nonce") == self._nonce else None
+        tag = self.blob.replace_if(key, self._record(), etag)
+        if tag is not None:
+            return tag
+        seen = self._look(key)  # a retry of a write whose answer was lost?
+        return seen.etag if seen and seen.record.get("nonce") == self._nonce else None
 
     def _watch(self, key: str) -> Tuple[str, Optional[Seen]]:
         """Whether the holder of ``key`` is ``"live"`` (it rewrote the lock), ``"expired"``,
@@ -172,7 +185,7 @@ class ObjectWriterLock(WriterLock):
         first = seen = self._look(key)
         deadline = None
         while True:
-            if seen is None:
+            if seen is None or first is None:
                 return "gone", first
             if seen.etag != first.etag:
                 return "live", seen
@@ -184,7 +197,7 @@ class ObjectWriterLock(WriterLock):
                 deadline = time.monotonic() - seen.expired_for + 2 * GRANULARITY_S
                 log.info("%s holds the writer lock %s; waiting up to %.0f s for it to renew "
                          "its lease (alive) or for the lease to run out (dead)",
-                         describe(seen.record), self.client.url(key), -seen.expired_for)
+                         describe(seen.record), self.url(key), -seen.expired_for)
             elif time.monotonic() > deadline:  # the store's clock stands still?
                 return "live", seen
             time.sleep(min(max(0.2, seen.lease / 12), 2.0, -seen.expired_for + 0.05))
@@ -196,21 +209,20 @@ class ObjectWriterLock(WriterLock):
         self._since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         etag, sent = None, 0.0  # the lease counts from when the write that took it was sent
         for _ in range(3):  # a lock removed while we watched it: try again
-            try:
-                sent = time.monotonic()
-                etag = self.client.put(self.key, self._record(), if_absent=True)
+            sent = time.monotonic()
+            etag = self.blob.create_versioned(self.key, self._record())
+            if etag is not None:
                 break
-            except CheckpointExistsError:
-                verdict, seen = self._watch(self.key)
-                if verdict == "expired":
-                    sent = time.monotonic()
-                    etag = self._put_if_match(self.key, seen.etag)
-                    if etag is not None:
-                        self._took_over(self.key, seen, "took over")
-                        break
-                    verdict, seen = "live", self._look(self.key)
-                if verdict != "gone":
-                    return self._refuse(verdict, self.key, seen)
+            verdict, seen = self._watch(self.key)  # it exists: is its holder alive?
+            if verdict == "expired" and seen is not None:
+                sent = time.monotonic()
+                etag = self._put_if_match(self.key, seen.etag)
+                if etag is not None:
+                    self._took_over(self.key, seen, "took over")
+                    break
+                verdict, seen = "live", self._look(self.key)
+            if verdict != "gone":
+                return self._refuse(verdict, self.key, seen)
         if etag is None:
             return self._refuse("live", self.key, self._look(self.key))
         self._start(etag, sent)
@@ -218,19 +230,11 @@ class ObjectWriterLock(WriterLock):
         # renews it meanwhile), so at least one of two racing writers sees the other
         for key in self._blockers():
             verdict, seen = self._watch(key)
-            if verdict == "expired":
-                try:
-                    self.client.delete_if_match(key, seen.etag)
+            if verdict == "expired" and seen is not None:
+                if self.blob.delete_if(key, seen.etag):
                     self._took_over(key, seen, "removed")
                     continue
-                except UckptError as e:
-                    if getattr(e, "code", None) == "NotImplemented":  # no conditional delete
-                        self.client.delete([key])
-                        self._took_over(key, seen, "removed")
-                        continue
-                    if getattr(e, "code", None) != "PreconditionFailed":
-                        raise
-                    verdict, seen = "live", self._look(key)
+                verdict, seen = "live", self._look(key)
             if verdict != "gone":
                 self.release()
                 return self._refuse(verdict, key, seen)
@@ -240,16 +244,16 @@ class ObjectWriterLock(WriterLock):
 
     def _blockers(self) -> List[str]:
         if self.shared:
-            return [self.exclusive_key] if self.client.exists(self.exclusive_key) else []
-        prefix = self.store.key(CONCURRENT_DIR) + "/"
-        return [k for k in self.client.list(prefix, delimiter=None).objects if k != self.key]
+            return [self.exclusive_key] if self.blob.exists(self.exclusive_key) else []
+        return sorted(k for k, _ in self.blob.list(self.store.key(CONCURRENT_DIR))
+                      if k != self.key)
 
     def _took_over(self, key: str, seen: Seen, done: str) -> None:
         r = seen.record
         log.warning("%s the writer lock %s of process %s on host %s (job %s, %s writer): its "
                     "lease of %g s was last renewed at %s and had expired %.1f s ago (on the "
                     "store's clock); that writer is taken for dead", done,
-                    self.client.url(key), r.get("pid", "?"), r.get("host", "?"),
+                    self.url(key), r.get("pid", "?"), r.get("host", "?"),
                     r.get("job", "?"), r.get("mode", "?"), seen.lease, utc(seen.modified),
                     seen.expired_for)
 
@@ -334,17 +338,18 @@ class ObjectWriterLock(WriterLock):
     def refusal(self) -> RootLockedError:
         verdict, key, seen = self._refused or ("live", self.key, self._look(self.key))
         h = seen.record if seen else {}
-        url = self.client.url(key)
+        url = self.url(key)
+        rm = f" (e.g. `aws s3 rm {url}`)" if url.startswith("s3://") else ""
         if verdict == "legacy":
             hint = (f"that lock has no lease (a uckpt without lock leases wrote it) and never "
-                    f"expires: if its holder is dead, delete {url} (e.g. `aws s3 rm {url}`) "
+                    f"expires: if its holder is dead, delete {url}{rm} "
                     "and save again; otherwise stop it, or use another root")
         else:
             when = (f"its lease runs until {utc(seen.expires)} and is renewed while it "
                     f"lives: if it is dead, wait until {utc(seen.expires)} and save again (a "
-                    "new writer takes an expired lease over), or delete "
-                    f"{url} (e.g. `aws s3 rm {url}`)") if seen and seen.lease else \
-                f"if it is dead, delete {url} (e.g. `aws s3 rm {url}`) and save again"
+                    f"new writer takes an expired lease over), or delete {url}{rm}"
+                    ) if seen and seen.lease else \
+                f"if it is dead, delete {url}{rm} and save again"
             if h.get("mode") == "shared" and not self.shared:
                 fix = ("concurrent writers hold this root: stop them, or pass "
                        "concurrent_writers=True to this writer too (every writer of a root "
@@ -376,7 +381,7 @@ class ObjectWriterLock(WriterLock):
         return level, text
 
     def _verdict(self, seen: Seen) -> Tuple[int, str]:
-        who, url = describe(seen.record), self.client.url(self.exclusive_key)
+        who, url = describe(seen.record), self.url(self.exclusive_key)
         if seen.lease is None:
             return logging.WARNING, (
                 f"{self.root} is held by {who} under a lock without a lease, which never "
@@ -405,10 +410,8 @@ class ObjectWriterLock(WriterLock):
             return  # not ours any more
         try:
             with self._io:
-                self.client.delete_if_match(self.key, self._etag)  # never another writer's
+                self.blob.delete_if(self.key, self._etag)  # never another writer's
         except Exception as e:  # noqa: BLE001 - best effort; say how to clean up
-            if getattr(e, "code", None) == "PreconditionFailed":
-                return
             log.warning("could not remove the writer lock %s (%s); it expires %g s after "
                         "its last renewal, or delete it by hand", self.path, e, self.lease_s)
 
