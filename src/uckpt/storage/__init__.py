@@ -47,9 +47,9 @@ def canonical(target: Any) -> Union[Path, str]:
 
 
 def local_path(target: Any) -> Optional[Path]:
-    """The local file-system path ``target`` names, None where it names none (an object
-    store's or another URL): for what only a local file can be (another format's input file, the save
-    costs a manager records beside its first tier)."""
+    """The local file-system path ``target`` names, None where it names none (a URL): for
+    what only a local file can be (another format's input file, the save costs a manager
+    records beside its first tier)."""
     return None if is_remote(target) else Path(target)
 
 

@@ -84,7 +84,8 @@ class BlobCheckpointStore(base.Store):
 
     def files_present(self, name: str, files: Sequence[str]) -> bool:
         """Without a rename every rank sees the same objects; else ask for each."""
-        return not self.blob.atomic_rename or all(self.blob.exists(self.key(name, f)) for f in files)
+        return not self.blob.atomic_rename or all(self.blob.exists(self.key(name, f))
+                                                  for f in files)
 
     def source(self, name: str, manifest: Any = None) -> BlobSource:
         return BlobSource(self.blob, self.key(name) + "/", self.location(name))
