@@ -277,6 +277,29 @@ class StoreTests:
     def _create(store: BlobStore, key: str, i: int) -> bool:
         return store.create_if_absent(key, pattern(64 + i, seed=i))
 
+    # --- versions (a lease lock's object), copies ------------------------------------------
+    def test_versions(self, store: BlobStore) -> None:
+        tag = store.create_versioned("v/lock", b"one")
+        assert tag is not None and store.create_versioned("v/lock", b"two") is None
+        seen = store.read_versioned("v/lock", 100)
+        assert seen.data == b"one" and seen.tag == tag
+        assert (seen.modified is None) == (seen.now is None)
+        new = store.replace_if("v/lock", b"three", tag)
+        assert new is not None and new != tag
+        assert store.replace_if("v/lock", b"four", tag) is None  # a stale version
+        assert store.delete_if("v/lock", tag) is False
+        assert self.get(store, "v/lock") == b"three"
+        assert store.delete_if("v/lock", new) is True and not store.exists("v/lock")
+        assert store.replace_if("v/lock", b"five", new) is None  # gone
+
+    def test_copy(self, store: BlobStore) -> None:
+        data = pattern(self.large_size, seed=3)
+        store.write("c/src", data)
+        store.copy("c/src", "c/dst")
+        assert self.get(store, "c/dst") == data and self.get(store, "c/src") == data
+        with pytest.raises(CheckpointNotFoundError):
+            store.copy("c/none", "c/dst2")
+
     # --- concurrency --------------------------------------------------------------------
     def test_concurrent_writers_and_readers(self, store: BlobStore) -> None:
         size, rounds = 4096 + 100, 6
