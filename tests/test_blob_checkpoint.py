@@ -163,9 +163,8 @@ def test_rollback_archives_the_old_line(root, caplog):
         uckpt.verify(m.path(4, archive="rollback_0001"))
 
 
-def test_incremental_saves_with_bases(root, monkeypatch):
-    monkeypatch.setattr(knobs, "incremental_chunk_bytes", incremental_common.CHUNK_BYTES)
-    with uckpt.CheckpointManager(root, keep_last=2, incremental=True, full_every=100) as m:
+def test_incremental_saves_with_bases(root):
+    with incremental_common.manager(root, keep_last=2, incremental=True, full_every=100) as m:
         for s in range(1, 5):
             m.save(s, incremental_common.state(s))
         assert m.manifest(4).bases  # refers to the full save of step 1, kept as a base
