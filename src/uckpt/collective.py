@@ -265,7 +265,9 @@ def _compact(c: Chunk) -> tuple:
 
 def _chunk(it, c: tuple) -> Chunk:
     file, offset, length, codec, checksum, content, base = c
-    return Chunk(file, offset, length, it.start, it.shape, codec, checksum, content, base)
+    # (the pipeline may arrive as a list: a communicator may send objects as JSON)
+    return Chunk(file, offset, length, it.start, it.shape, tuple(codec), checksum, content,
+                 base)
 
 
 def check_bases(store: Store, name: str, baseline: Baseline) -> None:

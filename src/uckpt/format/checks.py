@@ -46,10 +46,14 @@ class Item:
         self.parent, self.key = parent, key
 
     def __str__(self) -> str:
-        if self.key is None:
-            return f"{self.parent}.state"
-        key = _key(self.key) if isinstance(self.key, str) else self.key
-        return f"{self.parent}.items[{key}]"
+        parts: list[str] = []
+        item: object = self
+        while isinstance(item, Item):  # (a loop: a tree may nest MAX_TREE_DEPTH levels)
+            key = item.key
+            parts.append(".state" if key is None else
+                         f".items[{_key(key) if isinstance(key, str) else key}]")
+            item = item.parent
+        return str(item) + "".join(reversed(parts))
 
     def __add__(self, other: str) -> str:
         return str(self) + other

@@ -254,7 +254,7 @@ class _Parser(Checker):
                         ("dtype", "shape", "chunks"))
             root = self.hash_text(entry["root"], loc + ".root") if v4 else ""
             dtype, shape = self.dtype_shape(entry, loc)
-        itemsize = self.array_size(dtype, shape, loc)
+        itemsize = self.array_size(dtype, shape, loc + ".shape")
         chunks = tuple(_fast_chunk(c, itemsize, shape, files, self.codecs, v4, bases) or
                        self.checked_chunk(c, _Loc(loc, i), dtype, shape, files, bases)
                        for i, c in enumerate(self.need(entry["chunks"], loc + ".chunks", list,
@@ -271,7 +271,7 @@ class _Parser(Checker):
         self.fields(entry, loc, _GRID_ARRAY_FIELDS)
         root = self.hash_text(entry["root"], loc + ".root")
         dtype, shape = self.dtype_shape(entry, loc)
-        itemsize = self.array_size(dtype, shape, loc)
+        itemsize = self.array_size(dtype, shape, loc + ".shape")
         chunks = grid.decode(self, entry["grid"], loc, itemsize, shape, files, bases, make_chunk,
                              MAX_RATIO)
         return ArrayEntry(path, dtype, shape, chunks, root)
