@@ -26,7 +26,6 @@ DIGEST_BYTES = 20  # per row: u32 CRC-32C + 16-byte XXH3-128 digest
 ROW_BYTES = 25  # per row, besides its box: u32 array, u64 offset, u64 length, u32 source, u8 codec
 #: a compressed chunk decodes to at most this many bytes per stored byte (zstd's bound)
 MAX_RATIO = 32768
-_BLOCK = 4096  # rows made into chunks at a time
 
 
 def encode(rows: Sequence[Tuple[int, Chunk]], codec_index: Dict[Pipeline, int]) -> Dict[str, Any]:
@@ -186,26 +185,33 @@ def _chunks(n: int, nd: np.ndarray, box: np.ndarray, names: List[str],
             base_of: List[Optional[str]], source: np.ndarray, offset: np.ndarray,
             length: np.ndarray, codec: np.ndarray, codecs: Sequence[Pipeline],
             digests: bytes) -> List[Chunk]:
-    """The rows' chunks, made a block at a time (no list of a field for every row held)."""
-    out: List[Chunk] = []
-    crcs = np.frombuffer(digests, "<u4", n)
-    boxes = box.tolist()
-    pos = 0
+    """The rows' chunks, their fields made column by column (tuples by ``zip``, in C); equal
+    shapes share one tuple."""
+    at = np.zeros(n, np.int64)  # where each row's box starts in ``box``
+    np.cumsum(2 * nd[:-1], out=at[1:])
+    starts: List[Tuple[int, ...]] = [()] * n
+    shapes: List[Tuple[int, ...]] = [()] * n
+    for d in np.unique(nd).tolist():
+        rows = np.flatnonzero(nd == d)
+        if d == 0:
+            continue
+        first = at[rows]
+        got_starts = list(zip(*(box[first + j].tolist() for j in range(d))))
+        got_shapes = list(zip(*(box[first + d + j].tolist() for j in range(d))))
+        if len(rows) == n:  # (the common case: every row of the same rank)
+            starts, shapes = got_starts, got_shapes
+            break
+        for k, st, sh in zip(rows.tolist(), got_starts, got_shapes):
+            starts[k], shapes[k] = st, sh
     seen: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
-    for at in range(0, n, _BLOCK):
-        end = min(n, at + _BLOCK)
-        hexes = digests[4 * n + 16 * at:4 * n + 16 * end].hex()
-        for k, (s, off, ln, c, crc, d) in enumerate(zip(
-                source[at:end].tolist(), offset[at:end].tolist(), length[at:end].tolist(),
-                codec[at:end].tolist(), crcs[at:end].tolist(), nd[at:end].tolist())):
-            start = tuple(boxes[pos:pos + d])
-            shape = tuple(boxes[pos + d:pos + 2 * d])
-            pos += 2 * d
-            start, shape = seen.setdefault(start, start), seen.setdefault(shape, shape)
-            out.append(make_chunk(names[s], off, ln, start, shape, codecs[c],
-                                  "crc32c:%08x" % crc, "xxh3-128:" + hexes[32 * k:32 * k + 32],
-                                  base_of[s]))
-    return out
+    shapes = list(map(seen.setdefault, shapes, shapes))
+    hexes = digests[4 * n:].hex()
+    hashes = ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)]
+    crcs = ["crc32c:%08x" % c for c in np.frombuffer(digests, "<u4", n).tolist()]
+    src = source.tolist()
+    return list(map(make_chunk, [names[s] for s in src], offset.tolist(), length.tolist(),
+                    starts, shapes, [codecs[c] for c in codec.tolist()], crcs, hashes,
+                    [base_of[s] for s in src]))
 
 
 def _sources(p: Checker, obj: Any, at: str, n: int, files: Dict[str, Any],
