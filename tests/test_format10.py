@@ -190,6 +190,33 @@ def test_a_damaged_or_missing_part_is_refused_and_the_manager_falls_back(tmp_pat
     same(dest, state)
 
 
+@pytest.mark.parametrize("compression", [None, "zstd"])
+def test_a_tier_copy_carries_the_parts(tmp_path, compression):
+    """Two ranks save to a fast tier; the copy to the durable tier (its chunks re-encoded
+    with ``compression``) has its own parts, and both tiers verify and load."""
+    from uckpt.testing import run_ranks
+
+    state = sharded_state()
+
+    def body(comm):
+        tiers = [uckpt.Tier(tmp_path / "fast"), uckpt.Tier(tmp_path / "durable",
+                                                          compression=compression)]
+        with uckpt.CheckpointManager(tiers=tiers, comm=comm) as m:
+            m.save(1, state)
+            m.wait()
+
+    assert run_ranks(2, body) == [None, None]
+    for tier in ("fast", "durable"):
+        path = tmp_path / tier / "step_00000001"
+        assert sorted(p.name for p in path.iterdir()) == [
+            "data-00000.bin", "data-00001.bin", "manifest.json", "manifest.part-00000.json",
+            "manifest.part-00001.json"]
+        m = uckpt.verify(path)
+        assert {c.codec for a in m.arrays.values() for c in a.chunks} == \
+            ({("bytegroup", "zstd")} if compression and tier == "durable" else {()})
+        same(uckpt.load(path), state)
+
+
 def test_incremental_save_on_a_version_6_base(tmp_path, monkeypatch):
     """Bases refer to files: a 1.0 save may refer to a pre-release checkpoint's data."""
     from uckpt import knobs
