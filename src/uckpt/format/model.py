@@ -172,6 +172,7 @@ def _slot_setters(cls: type) -> Tuple[Any, ...]:
 
 
 _CHUNK_SET = _slot_setters(Chunk)
+_ENTRY_SET = _slot_setters(ArrayEntry)
 _new_object = object.__new__
 
 
@@ -185,4 +186,13 @@ def make_chunk(file: str, offset: int, length: int, start: Tuple[int, ...],
     f, o, n, st, sh, c, ck, h, b = _CHUNK_SET
     f(obj, file), o(obj, offset), n(obj, length), st(obj, start), sh(obj, shape)
     c(obj, codec), ck(obj, checksum), h(obj, hash), b(obj, base)
+    return obj
+
+
+def make_entry(path: str, dtype: str, shape: Tuple[int, ...], chunks: Sequence[Chunk],
+               root: str = "") -> ArrayEntry:
+    """A checked ArrayEntry (as :func:`make_chunk`)."""
+    obj: ArrayEntry = _new_object(ArrayEntry)
+    p, d, s, c, r = _ENTRY_SET
+    p(obj, path), d(obj, dtype), s(obj, shape), c(obj, chunks), r(obj, root)
     return obj

@@ -21,8 +21,9 @@ from ..errors import (CorruptCheckpointError, FormatVersionError, ManifestError,
 from . import chunk_table
 from .checks import Checker
 from .encode import FORMAT_VERSION, PART_FORMAT
-from .model import ArrayEntry, Chunk, FileEntry, Manifest, PartEntry, Pipeline
+from .model import Chunk, FileEntry, Manifest, PartEntry, Pipeline, make_entry
 from .strict_json import loads as strict_json_loads
+from .values import MAX_DIMS, MAX_INT
 from .values import key as _key, show as _show
 
 ROOT_FIELDS = ("format", "format_version", "extensions", "generator", "created", "world_size",
@@ -35,6 +36,23 @@ PIPELINES: Tuple[Pipeline, ...] = ((), ("zstd",), ("bytegroup", "zstd"))
 EXTENSIONS: frozenset[str] = frozenset()
 MAX_PART_BYTES = 1 << 30  # like the root manifest
 _EXTENSION = re.compile(r"[a-z][a-z0-9-]{0,63}")
+
+
+_DTYPES = {name: name for name in dtypes.NAMES}  # (the format's own strings: one per dtype)
+_ITEMSIZE = {name: dtypes.itemsize(name) for name in dtypes.NAMES}
+
+
+def _fast_shape(obj: Any, itemsize: int) -> Optional[Tuple[int, ...]]:
+    """The shape, if it is a list of at most 64 integers 0..2**63-1 whose array's byte size
+    (each 0 counted as 1) fits 2**63-1; else None."""
+    if type(obj) is not list or len(obj) > MAX_DIMS:
+        return None
+    size = itemsize
+    for n in obj:
+        if type(n) is not int or n < 0 or n > MAX_INT:
+            return None
+        size *= n if n > 1 else 1
+    return tuple(obj) if size <= MAX_INT else None
 
 
 def parse_root(doc: Any, checksum: str, where: str) -> Manifest:
@@ -52,20 +70,21 @@ class _Root(Checker):
         merkle = self.hash_text(doc["merkle_root"], "merkle_root")
         paths, names, shapes = self.array_table(doc["arrays"])
         codecs = self.codecs(doc["codecs"])
-        meta = chunk_table.arrays_of(paths, shapes, [dtypes.itemsize(d) for d in names])
-        arrays = {p: ArrayEntry(p, d, s, ()) for p, d, s in zip(paths, names, shapes)}
+        meta = chunk_table.arrays_of(paths, shapes, [_ITEMSIZE[d] for d in names])
         state = _State(self, meta, names, codecs, files, bases)
         state.add(*chunk_table.decode(self, doc["chunks"], "chunks", meta, codecs, files, bases))
         del doc["chunks"]  # (decoded: freed before the tree's check)
         parts = self.parts(doc["parts"], len(paths), files)
-        self.tree(doc["tree"], arrays)
-        m = Manifest(world_size=world, tree=doc["tree"], arrays=arrays, files=files, step=step,
+        m = Manifest(world_size=world, tree=doc["tree"], arrays={}, files=files, step=step,
                      metadata=doc["metadata"], generator=doc["generator"],
                      created=doc["created"], format_version=FORMAT_VERSION, checksum=checksum,
                      bases=bases, merkle_root=merkle, parts=parts,
                      parts_pending=list(range(len(parts))), _pending=state)
-        if not parts:
+        if parts:  # (the arrays without chunks until every part is attached)
+            m.arrays = {p: make_entry(p, d, s, ()) for p, d, s in zip(paths, names, shapes)}
+        else:
             state.finish(m)
+        self.tree(doc["tree"], m.arrays)
         return m
 
     def extensions(self, obj: Any) -> Dict[str, bool]:
@@ -117,13 +136,16 @@ class _Root(Checker):
                 if p in seen:
                     self.fail(f"{at}.paths[{k}]", f"array {p!r:.80} is listed twice")
                 seen.add(p)
-        out_names = [self.dtype(d, f"{at}.dtypes[{k}]") for k, d in enumerate(names)]
-        out_shapes = []
+        out_names = [_DTYPES.get(d) if type(d) is str else None for d in names]
+        out_shapes: List[Tuple[int, ...]] = []
         for k, (d, s) in enumerate(zip(out_names, shapes)):
-            shape = self.shape(s, f"{at}.shapes[{k}]")
-            self.array_size(d, shape, f"{at}.shapes[{k}] (array {paths[k]!r:.80})")
+            shape = _fast_shape(s, _ITEMSIZE.get(d, 0)) if d is not None else None
+            if shape is None:  # a problem: found and named field by field
+                out_names[k] = d = self.dtype(names[k], f"{at}.dtypes[{k}]")
+                shape = self.shape(s, f"{at}.shapes[{k}]")
+                self.array_size(d, shape, f"{at}.shapes[{k}] (array {paths[k]!r:.80})")
             out_shapes.append(shape)
-        return paths, out_names, out_shapes
+        return paths, out_names, out_shapes  # type: ignore[return-value]
 
     def codecs(self, obj: Any) -> List[Pipeline]:
         self.need(obj, "codecs", list, "a list of codec pipelines")
@@ -262,7 +284,7 @@ class _State:
                 p.coverage(chunks, shape, f"chunks: array {i} ({path!r:.80})")
             if self.bases:
                 used.update((c.base, c.file) for c in chunks if c.base is not None)
-            m.arrays[path] = ArrayEntry(path, dtype, shape, tuple(chunks))
+            m.arrays[path] = make_entry(path, dtype, shape, tuple(chunks))
             self.chunks[i] = []
         p.bases_used(self.bases, used)
         m._pending = None
