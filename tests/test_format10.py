@@ -415,3 +415,35 @@ def test_a_part_row_outside_its_runs_and_a_run_without_rows_are_refused(tmp_path
                            match=r"parts\[0\] \(manifest.part-00000.json\)") as info:
             root.attach_part(0, data)
         assert words in str(info.value)
+
+
+# --- checkpoints written from the spec alone (tests/format10_writer.py) ------------------------
+@pytest.mark.parametrize("kind", [k for k in __import__("format10_writer").KINDS
+                                  if k != "ext_required"])
+def test_uckpt_reads_what_an_independent_writer_wrote(tmp_path, kind):
+    """Every checkpoint the spec's own writer builds (root only, parts, every pipeline and
+    dtype, an incremental pair, an optional extension) is read and verified by uckpt."""
+    import format10_writer as fw
+
+    expected = fw.build(kind, tmp_path / "c")
+    from uckpt.reader import CheckpointReader
+
+    with CheckpointReader(tmp_path / "c") as r:
+        got = r.read_arrays({p: None for p in r.manifest.arrays})
+        r.verify()
+    assert list(got) == list(expected)
+    for path, want in expected.items():  # (bfloat16 as float32, float8 as its bits there)
+        have, want = np.asarray(got[path]), np.asarray(want)
+        if have.dtype != want.dtype:
+            have = have.view(want.dtype) if have.dtype.itemsize == want.dtype.itemsize \
+                and want.dtype == np.uint8 else have.astype(want.dtype)
+        assert (have.dtype, have.shape, have.tobytes()) == (want.dtype, want.shape,
+                                                             want.tobytes()), path
+
+
+def test_an_independent_writers_required_extension_is_refused_by_name(tmp_path):
+    import format10_writer as fw
+
+    fw.build("ext_required", tmp_path / "c")
+    with pytest.raises(errors.UnsupportedExtensionError, match="requires extension 'x-test'"):
+        uckpt.load(tmp_path / "c")
