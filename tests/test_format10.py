@@ -172,7 +172,8 @@ def test_ranks_write_one_part_each_and_it_reads_back(tmp_path):
      "manifest part of"),
     (lambda p: p.write_bytes(p.read_bytes().replace(b'"count"', b'"cOunt"')),
      errors.CorruptCheckpointError, "a part of another save, or a damaged or torn one"),
-    (lambda p: p.unlink(), errors.CheckpointNotFoundError, "manifest.part-00001.json"),
+    (lambda p: p.unlink(), errors.CorruptCheckpointError, "manifest part listed in the root "
+                                                          "manifest is missing"),
 ])
 def test_a_damaged_or_missing_part_is_refused_and_the_manager_falls_back(tmp_path, damage,
                                                                          error, words):
@@ -447,3 +448,17 @@ def test_an_independent_writers_required_extension_is_refused_by_name(tmp_path):
     fw.build("ext_required", tmp_path / "c")
     with pytest.raises(errors.UnsupportedExtensionError, match="requires extension 'x-test'"):
         uckpt.load(tmp_path / "c")
+
+
+def test_ls_shows_a_checkpoint_with_a_missing_part_as_damaged(tmp_path):
+    """A root manifest whose part is gone is damage to list, not a checkpoint that vanished."""
+    from uckpt.cli.found import COMMITTED, DAMAGED
+    from uckpt.cli.scan import scan
+
+    root = tmp_path / "root"
+    save_ranks(root / "step_00000001", sharded_state(), step=1)
+    save_ranks(root / "step_00000002", sharded_state(), step=2)
+    (root / "step_00000002" / "manifest.part-00000.json").unlink()
+    found = {f.step: f for f in scan(root)}
+    assert found[1].status == COMMITTED
+    assert found[2].status == DAMAGED and "manifest part" in found[2].reason

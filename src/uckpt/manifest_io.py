@@ -35,7 +35,13 @@ def read(source: Any, data: Optional[bytes] = None) -> Manifest:
 def part_bytes(source: Any, entry: PartEntry) -> bytes:
     """Part file ``entry.file`` of ``source``, read whole once its size is the listed one."""
     where = source.file_where(entry.file)
-    size = source.open_file(entry.file)
+    try:
+        size = source.open_file(entry.file)
+    except FileNotFoundError:  # (damage of a committed checkpoint, not one that is gone)
+        raise CorruptCheckpointError(
+            f"{where}: the manifest part listed in the root manifest is missing", path=where,
+            hint="use another checkpoint (CheckpointManager.restore falls back to the "
+                 "previous step by itself)") from None
     if size != entry.size:
         raise _wrong_size(where, size, entry.size)
     buf = bytearray(size)

@@ -31,7 +31,7 @@ import os
 from typing import List
 
 from .. import manifest_io
-from ..errors import CorruptCheckpointError, UckptError
+from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..storage import Entry, open_source, open_store
 from ..storage.base import CHECKPOINT, STALE as STALE_ENTRY, TEMPORARY
@@ -60,19 +60,11 @@ def scan(root, storage_options=None) -> List[Found]:
     return order_found(found)
 
 
-def read_manifest(source, where: str, listed=None) -> Manifest:
+def read_manifest(source, where: str) -> Manifest:
     """The validated manifest of the checkpoint ``source`` reads (``where``: its path), its
-    parts read and attached; a part not among the file names ``listed`` (the store's
-    listing) is damage, not a checkpoint that vanished while examined."""
-    m = Manifest.parse(source.manifest_bytes(), where=where)
-    for k in list(m.parts_pending):
-        part = m.parts[k]
-        if listed is not None and part.file not in listed:
-            raise CorruptCheckpointError(f"{where}: parts[{k}]: manifest part {part.file} is "
-                                         "missing", path=where,
-                                         hint="use another checkpoint")
-        m.attach_part(k, manifest_io.part_bytes(source, part))
-    return m
+    parts read and attached."""
+    return Manifest.parse(source.manifest_bytes(), where=where,
+                          read_part=lambda part: manifest_io.part_bytes(source, part))
 
 
 def examine(entry: Entry, source) -> Found:
@@ -91,7 +83,7 @@ def examine(entry: Entry, source) -> Found:
         return item
     try:
         with source() as src:
-            manifest = read_manifest(src, f"{entry.where}/{MANIFEST_NAME}", entry.files)
+            manifest = read_manifest(src, f"{entry.where}/{MANIFEST_NAME}")
     except UckptError as e:
         if isinstance(e, FileNotFoundError):
             raise
