@@ -221,6 +221,14 @@ def _sources(p: Checker, obj: Any, at: str, n: int, files: Dict[str, Any],
     p.need(obj, at, list, "a list of [base or null, file name] pairs")
     if len(obj) > n or (n and not obj):
         p.fail(at, f"{len(obj)} sources; {n} rows have {min(n, 1)} to {n}")
+    return read_sources(p, obj, at, files, bases)
+
+
+def read_sources(p: Checker, obj: List[Any], at: str, files: Dict[str, Any],
+                 bases: Dict[str, Dict[str, int]]
+                 ) -> Tuple[List[int], List[str], List[Optional[str]]]:
+    """Sizes, file names and bases of the pairs of list ``obj`` (member ``at``), each pair
+    checked (a listed file, a listed base's file, no pair twice)."""
     sizes: List[int] = []
     names: List[str] = []
     base_of: List[Optional[str]] = []

@@ -18,6 +18,7 @@ from typing import (Callable, Iterable, Iterator, List, NamedTuple, Optional,
 
 import numpy as np
 
+from ..chunk_table import read_sources
 from ..columns import b64_length, b64decode
 from ..values import MAX_INT
 
@@ -214,36 +215,7 @@ def _sources(p, obj, at: str, n: int, files, bases, unit: str):
     p.need(obj, at, list, "a list of [base or null, file name] pairs")
     if not 1 <= len(obj) <= n:
         p.fail(at, f"{len(obj)} sources; {n} {unit}s have 1 to {n}")
-    sizes: List[int] = []
-    names: List[str] = []
-    base_of: List[Optional[str]] = []
-    seen = set()
-    for i, pair in enumerate(obj):
-        here = f"{at}[{i}]"
-        if type(pair) is not list or len(pair) != 2:
-            p.fail(here, "expected a pair [base or null, file name]")
-        base, name = pair
-        p.need(name, here + "[1]", str, "a file name")
-        if base is None:
-            if name not in files:
-                p.plain_name(name, here + "[1]", "file name")
-                p.fail(here + "[1]", f"file {name!r} is not listed in 'files'")
-            size = files[name].size
-        else:
-            p.need(base, here + "[0]", str, "a base checkpoint name or null")
-            if base not in bases:
-                p.fail(here + "[0]", f"base {base!r} is not listed in 'bases'")
-            if name not in bases[base]:
-                p.plain_name(name, here + "[1]", "file name")
-                p.fail(here + "[1]", f"file {name!r} is not listed in 'bases'[{base!r}]")
-            size = bases[base][name]
-        if (base, name) in seen:
-            p.fail(here, "this source is listed twice")
-        seen.add((base, name))
-        sizes.append(size)
-        names.append(name)
-        base_of.append(base)
-    return sizes, names, base_of
+    return read_sources(p, obj, at, files, bases)
 
 
 def _b64(p, text: str, at: str) -> bytes:
