@@ -103,13 +103,10 @@ def test_cli_verifies_and_inspects_golden(command, name):
     assert ("OK:" in out.stdout) if command == "verify" else ("uckpt v1.0" in out.stdout)
 
 
-def test_resave_of_a_state_keeps_its_merkle_root(tmp_path, monkeypatch):
+def test_resave_of_a_state_keeps_its_merkle_root(tmp_path):
     """The same state saved now (1.0) and as version 6 (golden_v6) has the same root."""
-    from uckpt import knobs
-
-    for knob, value in golden.EXAMPLE_KNOBS.items():
-        monkeypatch.setattr(knobs, knob, value)
-    path = uckpt.save(tmp_path / "e", golden.example_state(), step=7)
+    options, _ = golden.options_and_knobs(golden.EXAMPLE_KNOBS)
+    path = uckpt.save(tmp_path / "e", golden.example_state(), step=7, options=options)
     assert doc_of(path)["merkle_root"] == doc_of(V6 / "example")["merkle_root"]
 
 
@@ -218,16 +215,14 @@ def test_a_tier_copy_carries_the_parts(tmp_path, compression):
         same(uckpt.load(path), state)
 
 
-def test_incremental_save_on_a_version_6_base(tmp_path, monkeypatch):
+def test_incremental_save_on_a_version_6_base(tmp_path):
     """Bases refer to files: a 1.0 save may refer to a pre-release checkpoint's data."""
-    from uckpt import knobs
-
-    for knob, value in golden.CHAIN_KNOBS.items():
-        monkeypatch.setattr(knobs, knob, value)
+    options, _ = golden.options_and_knobs(golden.CHAIN_KNOBS)
     shutil.copytree(V6 / "chain" / "step_00000001", tmp_path / "step_00000001")
     first, second = golden.chain_states()
     second["w"][0, 0] = 7.0
-    path = uckpt.save(tmp_path / "step_00000002", second, base=tmp_path / "step_00000001")
+    path = uckpt.save(tmp_path / "step_00000002", second, base=tmp_path / "step_00000001",
+                      options=options)
     doc = doc_of(path)
     assert doc["format_version"] == "1.0" and list(doc["bases"]) == ["step_00000001"]
     m = uckpt.verify(path)
@@ -263,14 +258,7 @@ def test_many_rows_round_trip():
 def base_doc(tmp_path):
     """A valid root: arrays a (4 x 4 float32, two rows of 2 x 4) and b (3 int16, one row)."""
     state = {"a": np.arange(16, dtype=np.float32).reshape(4, 4), "b": np.arange(3, dtype=np.int16)}
-    from uckpt import knobs
-
-    old = knobs.chunk_bytes
-    knobs.chunk_bytes = 32
-    try:
-        path = uckpt.save(tmp_path / "c", state)
-    finally:
-        knobs.chunk_bytes = old
+    path = uckpt.save(tmp_path / "c", state, options=uckpt.SaveOptions(chunk_bytes=32))
     doc = doc_of(path)
     assert doc["chunks"]["count"] == 3
     return doc
