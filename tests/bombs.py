@@ -49,6 +49,10 @@ def zeros_hash(raw: int) -> str:
     return hashing.format_hash(h.digest())
 
 
+#: the codec pipeline of each ``codec`` name write_bomb takes
+PIPELINES = {"zstd": ("zstd",), "zstd+bytegroup": ("bytegroup", "zstd")}
+
+
 def write_bomb(directory: Path, raw: int, *, dtype: str = "uint8", codec: str = "zstd",
                hostile: bool = False, step=None) -> Path:
     """A checkpoint at ``directory`` of one array ``w`` of ``raw`` bytes of ``dtype`` zeros
@@ -65,7 +69,7 @@ def write_bomb(directory: Path, raw: int, *, dtype: str = "uint8", codec: str = 
     (directory / name).write_bytes(frame)
     entry = m.arrays["w"]
     chunk = replace(entry.chunks[0], offset=0, length=len(frame), start=(0,),
-                    shape=(raw // itemsize,), codec=codec,
+                    shape=(raw // itemsize,), codec=PIPELINES[codec],
                     checksum=checksum.format_checksum(crc32c(frame)),
                     hash=zeros_hash(raw))
     m.arrays["w"] = replace(entry, shape=(raw // itemsize,), chunks=(chunk,), root="")

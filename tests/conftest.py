@@ -47,6 +47,7 @@ SLOW_TESTS = (
     "tests/test_manifest_integrity.py::test_a_few_changes_through_the_real_command",
     "tests/test_manifest_integrity.py::test_random_byte_changes_are_caught_by_load_and_verify",
     "tests/test_manifest_limits.py::test_200k_chunks_parse",
+    "tests/test_format10.py::test_many_rows_round_trip",  # 200,000 rows written and read
     # each streams 1-2 GiB of a decompression bomb through Zstandard in a fresh process
     "tests/test_bounded_memory.py::test_a_decompression_bomb_is_verified_inspected_and_listed",
     "tests/test_bounded_memory.py::test_a_byte_grouped_bomb_is_verified_in_bounded_memory",

@@ -35,6 +35,8 @@ hostile declared size exceeds it by far.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import io
 import json
@@ -151,8 +153,17 @@ def fingerprint_diff(got: Dict[str, str], want: Dict[str, str], limit: int = 3,
 
 
 def manifest_digest(manifest) -> str:
-    """One hash of everything a :class:`uckpt.format.Manifest` holds."""
-    return _digest(ascii(sorted(fingerprint(manifest.to_json()).items())))
+    """One hash of everything a :class:`uckpt.format.Manifest` holds (whatever version it
+    was read from: its arrays' chunks as tuples of their fields)."""
+    arrays = {p: [a.dtype, list(a.shape), a.root, [dataclasses.astuple(c) for c in a.chunks]]
+              for p, a in manifest.arrays.items()}
+    held = {"format_version": manifest.format_version, "world_size": manifest.world_size,
+            "step": manifest.step, "metadata": manifest.metadata, "generator": manifest.generator,
+            "created": manifest.created, "tree": manifest.tree, "bases": manifest.bases,
+            "files": {f.name: [f.rank, f.size] for f in manifest.files.values()},
+            "merkle_root": manifest.merkle_root, "checksum": manifest.checksum,
+            "parts": [dataclasses.astuple(e) for e in manifest.parts], "arrays": arrays}
+    return _digest(ascii(sorted(fingerprint(held).items())))
 
 
 # --- writing manifests --------------------------------------------------------------------------

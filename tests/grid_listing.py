@@ -1,9 +1,12 @@
-"""Version-5 and 6 manifest documents with their grids and table written out as chunk lists.
+"""Manifest documents with their chunks written out as chunk lists (pre-release version 6).
 
 Tests that edit a manifest's chunks as JSON start from :func:`listed`: a version-5 or 6
-manifest may list any array either way (docs/format.md sections 15 and 16), so the listed
-document is valid too. The grids are decoded by ``chunk_list`` of
-tests/data/make_golden.py (written from the spec with base64, zlib and NumPy, not uckpt).
+manifest may list any array either way (docs/format-legacy.md), so the listed document is
+valid too; a format-1.0 root (without parts) becomes the version-6 document of the same
+checkpoint (same files, chunks, hashes and Merkle root), so such edits test the rules of
+the legacy parser, which are those of 1.0 for each chunk. The grids are decoded by
+``chunk_list`` of tests/data/make_golden.py (written from the spec with base64, zlib and
+NumPy, not uckpt).
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ def listed(doc: Dict[str, Any]) -> Dict[str, Any]:
     """A copy of manifest document ``doc`` whose arrays all have ``chunks`` (keys in the
     order uckpt writes them: ``root`` last): grids decoded, and a version-6 ``table``'s rows
     turned into array entries (after the others), their roots computed from the spec."""
+    if doc.get("format_version") == "1.0":
+        return as_version_6(doc)
     doc = copy.deepcopy(doc)
     for entry in doc.get("arrays", {}).values():
         if isinstance(entry, dict) and "grid" in entry:
@@ -54,3 +59,37 @@ def sealed(doc: Dict[str, Any]) -> bytes:
     doc = {k: v for k, v in doc.items() if k != integrity.FIELD}
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
     return integrity.seal(text[:-1].encode("utf-8"))
+
+
+#: the version-6 codec name of each 1.0 pipeline
+CODEC_NAMES = {(): "raw", ("zstd",): "zstd", ("bytegroup", "zstd"): "zstd+bytegroup"}
+
+
+def as_version_6(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """The version-6 document (chunk lists) of format-1.0 root ``doc`` (without parts),
+    its chunk table decoded by uckpt's 1.0 parser."""
+    from uckpt.format import Manifest
+
+    m = Manifest.parse(sealed(doc))
+    assert not m.parts, "a root with parts has no version-6 equivalent here"
+    out = {k: copy.deepcopy(doc[k]) for k in ("format", "format_version", "generator",
+                                                "created", "world_size", "step", "metadata",
+                                                "files", "tree")}
+    out["format_version"] = 6
+    out["arrays"] = {}
+    for a in m.arrays.values():
+        chunks = []
+        for c in a.chunks:
+            chunk = {"file": c.file, "offset": c.offset, "length": c.length,
+                     "start": list(c.start), "shape": list(c.shape),
+                     "codec": CODEC_NAMES[c.codec], "checksum": c.checksum, "hash": c.hash}
+            if c.base is not None:
+                chunk["base"] = c.base
+            chunks.append(chunk)
+        out["arrays"][a.path] = {"dtype": a.dtype, "shape": list(a.shape), "chunks": chunks,
+                                 "root": a.recorded_root()}
+    out["bases"] = copy.deepcopy(doc["bases"])
+    out["merkle_root"] = doc["merkle_root"]
+    if integrity.FIELD in doc:
+        out[integrity.FIELD] = doc[integrity.FIELD]
+    return out

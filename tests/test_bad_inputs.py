@@ -75,9 +75,23 @@ def test_not_a_checkpoint(tmp_path, good):
     assert_intact(good)
 
 
-def test_unknown_format_version(victim, good):
-    edit_manifest(victim, lambda m: m.update(format_version=99))
-    with pytest.raises(errors.FormatVersionError, match="(?s)format_version 99.*upgrade uckpt"):
+@pytest.mark.parametrize("version, pattern", [
+    ("2.0", "(?s)format_version '2.0' is not supported.*upgrade uckpt"),
+    ("1.1", "(?s)format_version '1.1' is not supported.*upgrade uckpt"),
+    (99, "(?s)format_version 99 is not supported.*never written by uckpt"),
+    (0, "(?s)format_version 0 is not supported.*never released"),
+    (1.0, "format_version: expected the string \"1.0\""),
+])
+def test_unknown_format_version(victim, good, version, pattern):
+    """Format 1.0 is the string "1.0"; another string is a later format; an integer other
+    than the pre-release 1 to 6 was never written."""
+    raw = json.loads((victim / "manifest.json").read_bytes())
+    raw.update(format_version=version)
+    del raw[integrity.FIELD]
+    text = json.dumps(raw, separators=(",", ":"))
+    (victim / "manifest.json").write_bytes(integrity.seal(text[:-1].encode()))
+    with pytest.raises(errors.FormatVersionError if version != 1.0 else errors.ManifestError,
+                       match=pattern):
         uckpt.load(victim)
     assert_intact(good)
 

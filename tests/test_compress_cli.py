@@ -29,7 +29,7 @@ def test_inspect_shows_codec_and_ratio(ckpts):
     leaves = {leaf["path"]: leaf for leaf in doc["leaves"]}
     m = uckpt.manifest(packed)
     stored = {p: sum(c.length for c in a.chunks) for p, a in m.arrays.items()}
-    assert leaves["w"]["codec"] == "zstd+bytegroup" and leaves["noise"]["codec"] == "raw"
+    assert leaves["w"]["codec"] == "bytegroup+zstd" and leaves["noise"]["codec"] == "raw"
     assert leaves["w"]["stored"] == stored["w"] < state["w"].nbytes
     assert leaves["w"]["ratio"] == round(stored["w"] / state["w"].nbytes, 4) < 1
     assert leaves["noise"]["ratio"] == 1.0
@@ -39,7 +39,7 @@ def test_inspect_shows_codec_and_ratio(ckpts):
     assert f"ratio {doc['ratio']:.3f}" in text
     rows = {line.split()[0]: line.split() for line in
             text.split("leaves:\n", 1)[1].strip().splitlines()[1:]}
-    assert rows["w"][-2:] == ["zstd+bytegroup", f"{leaves['w']['ratio']:.3f}"]
+    assert rows["w"][-2:] == ["bytegroup+zstd", f"{leaves['w']['ratio']:.3f}"]
 
 
 def test_verify_compressed_and_damaged(ckpts):
@@ -56,7 +56,7 @@ def test_convert_compress_to_uckpt(tmp_path, ckpts, codec):
     dst = tmp_path / "converted"
     assert_ok(cli("convert", raw, dst, "--compress", *(["--codec", codec] if codec else [])))
     m = uckpt.manifest(dst)
-    assert {c.codec for c in m.arrays["w"].chunks} == {"zstd+bytegroup"}
+    assert {c.codec for c in m.arrays["w"].chunks} == {("bytegroup", "zstd")}
     assert m.files["data-00000.bin"].size == (dst / "data-00000.bin").stat().st_size
     assert (dst / "data-00000.bin").stat().st_size < (raw / "data-00000.bin").stat().st_size
     out = uckpt.load(dst)
@@ -76,7 +76,7 @@ def test_convert_to_uckpt_writes_content_hashes(tmp_path, ckpts, compress):
     m, saved = uckpt.manifest(dst), uckpt.manifest(raw)
     assert m.format_version == FORMAT_VERSION and all(c.hash for a in m.arrays.values()
                                                        for c in a.chunks)
-    assert ({c.codec for c in m.arrays["w"].chunks} == {"zstd+bytegroup"}) == compress
+    assert ({c.codec for c in m.arrays["w"].chunks} == {("bytegroup", "zstd")}) == compress
     assert {p: a.root for p, a in m.arrays.items()} == {p: a.root for p, a in saved.arrays.items()}
     assert m.merkle_root == saved.merkle_root
     assert_ok(cli("verify", dst))  # recomputes every hash and root from the bytes

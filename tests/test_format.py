@@ -1,9 +1,10 @@
 """The on-disk format cannot change silently.
 
-* golden checkpoints of format versions 1 to 6 (tests/data/golden_v1 to
-  golden_v6, made by tests/data/make_golden.py) load to exactly the state they
-  were made from, and saving that state again gives the same bytes (version 6,
-  the version uckpt writes); version 1 is version 2 without its checksum, version
+* golden checkpoints of format 1.0 (tests/data/golden_1.0, made by
+  tests/data/make_golden.py) and of the pre-release versions 1 to 6 (golden_v1 to
+  golden_v6) load to exactly the state they were made from, and saving that state again
+  gives the same bytes as golden_1.0 (format 1.0, what uckpt writes; tests/test_format10.py
+  has 1.0's own cases); version 1 is version 2 without its checksum, version
   2 is version 3 without compressed chunks (golden_v3/codecs has every codec),
   version 3 is version 4 without content hashes, Merkle roots and references
   (golden_v4/chain is an incremental pair), version 4 is version 5 without grid
@@ -32,15 +33,16 @@ import pytest
 import uckpt
 import uckpt.knobs as knobs
 from uckpt import dtypes, errors
-from uckpt.format import Manifest, integrity, manifest as manifest_module
-from uckpt.format import table as table_module
+from uckpt.format import Manifest, integrity
+from uckpt.format.legacy import parser as manifest_module, table as table_module
 from grid_listing import listed
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data"
-GOLDEN = DATA / "golden_v6"  # the version uckpt writes
+GOLDEN = DATA / "golden_1.0"  # the format uckpt writes (tests/test_format10.py has its own cases)
+GOLDEN_V6 = DATA / "golden_v6"  # the last pre-release version
 GOLDENS = {1: DATA / "golden_v1", 2: DATA / "golden_v2", 3: DATA / "golden_v3", 4: DATA / "golden_v4",
-           5: DATA / "golden_v5", 6: GOLDEN}
+           5: DATA / "golden_v5", 6: GOLDEN_V6}
 VERSIONS = sorted(GOLDENS)
 GOLDEN_DIRS = ["all_types", "example", "sharded"]  # in every version
 EACH_GOLDEN = [pytest.param(v, name, id=f"v{v}-{name}") for v in VERSIONS for name in GOLDEN_DIRS]
@@ -185,6 +187,15 @@ def validator(schema):
     return jsonschema.Draft202012Validator(schema)
 
 
+@pytest.fixture(scope="module")
+def validator10():
+    """The validator of format 1.0's root manifests and parts (docs/format-1.0.schema.json)."""
+    text = (REPO / "docs" / "format-1.0.schema.json").read_text("utf-8")
+    schema = json.loads(text)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
 # --- (a) golden checkpoints load to the expected state ------------------------------------------
 @pytest.mark.parametrize("version", VERSIONS)
 def test_golden_all_types_loads_bitwise(version):
@@ -234,7 +245,7 @@ def test_golden_versions_hold_the_same_checkpoints(name, older):
 
 def test_golden_all_types_covers_the_format():
     """The golden checkpoint keeps covering every node type, dtype and layout feature."""
-    doc = manifest_doc(GOLDEN / "all_types")
+    doc = manifest_doc(GOLDEN_V6 / "all_types")
     assert node_types(doc["tree"]) == NODE_TYPES
     rows = golden.table_entries(doc)  # version 6: arrays stored whole (section 16)
     assert set(doc["arrays"]) == {"big", "empty", "empty_blob"} and len(rows) > 20
@@ -251,14 +262,14 @@ def test_golden_all_types_covers_the_format():
     assert tree["by_epoch"]["key_type"] == "int"
     assert "weird~1key~0name/a~1b" in arrays
     assert tree["scalars"]["items"]["f32"]["numpy_scalar"] is True
-    sizes = [p.stat().st_size for p in GOLDEN.rglob("*") if p.is_file()]
+    sizes = [p.stat().st_size for p in GOLDEN_V6.rglob("*") if p.is_file()]
     assert sum(sizes) < 40_000  # golden files stay small
 
 
 def test_golden_all_types_layout_and_padding():
     """uckpt's writer: arrays start at multiples of 64, in array order, an array's chunks
     back to back, zero padding between arrays."""
-    directory = GOLDEN / "all_types"
+    directory = GOLDEN_V6 / "all_types"
     doc = manifest_doc(directory)
     data = (directory / "data-00000.bin").read_bytes()
     assert doc["files"] == {"data-00000.bin": {"rank": 0, "size": len(data)}}
@@ -306,8 +317,8 @@ def test_golden_codecs_loads_bitwise():
     assert_same(out, golden.codecs_expected())
     m = uckpt.manifest(GOLDENS[3] / "codecs")
     codecs = {c.codec for a in m.arrays.values() for c in a.chunks}
-    assert codecs == set(manifest_module.CODECS)
-    assert [c.codec for c in m.arrays["weights"].chunks] == ["zstd+bytegroup", "zstd"]
+    assert codecs == set(manifest_module.PIPELINE_OF.values())  # read as 1.0's pipelines
+    assert [c.codec for c in m.arrays["weights"].chunks] == [("bytegroup", "zstd"), ("zstd",)]
 
 
 def test_golden_codecs_partial_load():
@@ -367,7 +378,8 @@ def test_uckpt_writes_what_the_spec_says(tmp_path):
     the CRC-32C of every byte before the value, then '"}' and a line feed."""
     path = uckpt.save(tmp_path / "c", golden.example_state(), step=7)
     raw = (path / "manifest.json").read_bytes()
-    assert raw.startswith(b'{"format":"uckpt","format_version":6,') and raw.count(b"\n") == 1
+    assert raw.startswith(b'{"format":"uckpt","format_version":"1.0","extensions":{},') and \
+        raw.count(b"\n") == 1
     covered = raw[:-19]
     assert re.search(rb'"merkle_root":"xxh3-128:[0-9a-f]{32}","manifest_checksum":$', covered)
     assert raw[-19:] == b'"crc32c:%08x"}\n' % crc32c_lib.crc32c(covered)
@@ -426,14 +438,15 @@ def _fresh_states():
 
 
 @pytest.mark.parametrize("case", sorted(_fresh_states()))
-def test_fresh_manifest_validates(tmp_path, validator, small_chunks, case):
+def test_fresh_manifest_validates(tmp_path, validator10, small_chunks, case):
     state, kwargs = _fresh_states()[case]
     path = uckpt.save(tmp_path / case, state, options=small_chunks, **kwargs)
-    validator.validate(manifest_doc(path))
+    validator10.validate(manifest_doc(path))
 
 
-def test_fresh_multi_rank_manifest_validates(tmp_path, validator, small_chunks):
-    """A save by 3 ranks (threads standing in for them) gives a valid 3-file manifest."""
+def test_fresh_multi_rank_manifest_validates(tmp_path, validator10, small_chunks):
+    """A save by 3 ranks (threads standing in for them) gives a valid 3-file manifest, its
+    chunks in one part per rank."""
     from uckpt.testing import run_ranks
 
     path = tmp_path / "c"
@@ -441,8 +454,11 @@ def test_fresh_multi_rank_manifest_validates(tmp_path, validator, small_chunks):
                                                         options=small_chunks)):
         assert not isinstance(outcome, BaseException), outcome
     doc = manifest_doc(path)
-    validator.validate(doc)
+    validator10.validate(doc)
     assert doc["world_size"] == 3 and len(doc["files"]) == 3
+    assert [p["file"] for p in doc["parts"]] == [f"manifest.part-0000{k}.json" for k in range(3)]
+    for p in doc["parts"]:
+        validator10.validate(strict_json((path / p["file"]).read_bytes()))
     assert_same(uckpt.load(path), uckpt.load(GOLDEN / "all_types"))
 
 
@@ -792,7 +808,7 @@ def _tree_of_depth(doc, depth):
 
 
 def test_tree_depth_limit(validator):
-    doc = manifest_doc(GOLDEN / "example")
+    doc = manifest_doc(GOLDEN_V6 / "example")
     _tree_of_depth(doc, 200)
     Manifest.parse(encode(doc))
     old = sys.getrecursionlimit()

@@ -1,17 +1,15 @@
-"""Format version 5's compact listing of evenly cut arrays (docs/format.md section 15).
+"""Pre-release version 5's compact listing of evenly cut arrays (docs/format-legacy.md),
+read by the legacy parser (uckpt writes format 1.0: tests/test_format10.py).
 
 * uckpt reads each grid of golden_v5 as the chunks the spec's own decoder
   (make_golden.chunk_list) finds (test_format.py checks that golden_v5 holds the
   checkpoints of golden_v4);
-* uckpt writes a grid for every array cut into slabs, and a list otherwise, and reads its
-  own grids back chunk for chunk (bases, codecs and many slabs included);
 * a malformed grid is refused with a ManifestError naming the leaf and what is wrong, and
   a grid declaring a huge count is refused before anything is decoded or allocated.
 """
 import base64
 import copy
 import json
-import math
 import tracemalloc
 import zlib
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.format import Chunk, Manifest
-from uckpt.format.grid import grid_cut
+from uckpt.format.legacy import PIPELINE_OF
 from grid_listing import doc_of, golden, listed, sealed
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -45,51 +43,10 @@ def test_uckpt_reads_golden_grids_as_the_spec_decoder_does(name):
     m = uckpt.manifest(V5 / name)
     for path, entry in listed(doc)["arrays"].items():
         want = [Chunk(c["file"], c["offset"], c["length"], tuple(c["start"]), tuple(c["shape"]),
-                      c["codec"], c["checksum"], c["hash"], c.get("base"))
+                      PIPELINE_OF[c["codec"]], c["checksum"], c["hash"], c.get("base"))
                 for c in entry["chunks"]]
         assert sorted(m.arrays[path].chunks, key=lambda c: c.start) == \
             sorted(want, key=lambda c: c.start), path
-
-
-# --- what uckpt writes ----------------------------------------------------------------------
-def test_incremental_save_writes_grids_and_reads_them_back(tmp_path):
-    rng = np.random.default_rng(0)
-    state = {"emb": rng.standard_normal((300, 16)).astype(np.float32),
-             "wide": rng.standard_normal((1, 400)).astype(np.float32),  # cut along axis 1
-             "small": np.arange(3.0)}
-    slabs = uckpt.SaveOptions(incremental_chunk_bytes=64)
-    first = uckpt.save(tmp_path / "s1", state, incremental=True, options=slabs)
-    state["emb"][[3, 150, 299]] += 1
-    second = uckpt.save(tmp_path / "s2", state, base=first, options=uckpt.SaveOptions(
-        incremental_chunk_bytes=64, compression="zstd"))
-    doc = doc_of(second)
-    emb = doc["arrays"]["emb"]["grid"]
-    assert (emb["axis"], emb["rows"], emb["count"]) == (0, 1, 300)
-    assert len(emb["sources"]) == 2  # the base's file and its own
-    assert doc["arrays"]["wide"]["grid"]["axis"] == 1
-    assert "chunks" in doc["arrays"]["small"]
-    m = uckpt.manifest(second)
-    own = [c for c in m.arrays["emb"].chunks if c.base is None]
-    assert [c.start[0] for c in own] == [3, 150, 299]
-    assert Manifest.parse(m.to_bytes()).arrays == m.arrays  # written again: the same
-    out = uckpt.load(second)
-    for k in state:
-        np.testing.assert_array_equal(out[k], state[k])
-    assert uckpt.verify(second).merkle_root == m.merkle_root
-
-
-def test_grid_cut_only_for_slabs_on_a_grid():
-    def c(start, shape):
-        return Chunk("f", 0, 0, start, shape, "raw", "crc32c:00000000")
-
-    slabs = [c((0, 0), (2, 3)), c((4, 0), (1, 3)), c((2, 0), (2, 3))]
-    axis, rows, ordered = grid_cut((5, 3), slabs)
-    assert (axis, rows, [o.start for o in ordered]) == (0, 2, [(0, 0), (2, 0), (4, 0)])
-    assert grid_cut((5, 3), slabs[:1]) is None  # one chunk: a list
-    assert grid_cut((5, 3), [c((0, 0), (2, 3)), c((2, 0), (3, 3))]) is None  # uneven
-    assert grid_cut((4, 6), [c((0, 0), (4, 3)), c((0, 3), (4, 3))])[:2] == (1, 3)
-    assert grid_cut((4, 6), [c((0, 0), (2, 3)), c((0, 3), (2, 3)), c((2, 0), (2, 3)),
-                             c((2, 3), (2, 3))]) is None  # 2-D boxes
 
 
 # --- malformed grids ------------------------------------------------------------------------
@@ -266,32 +223,6 @@ def test_layout_inflating_beyond_its_size_stops_there():
     finally:
         tracemalloc.stop()
     assert peak < 16 << 20
-
-
-def test_many_slabs_round_trip():
-    """200,000 slabs with two sources and mixed codecs: written and read back the same."""
-    n = 200_000
-    rng = np.random.default_rng(1)
-    crcs = rng.integers(0, 2 ** 32, n, dtype=np.uint64).tolist()
-    hashes = rng.integers(0, 256, (n, 16), dtype=np.uint8)
-    chunks = tuple(
-        Chunk("data-00000.bin", 16 * k, 16 if k % 3 else 9, (k, 0), (1, 4),
-              "raw" if k % 3 else "zstd", "crc32c:%08x" % crcs[k],
-              "xxh3-128:" + hashes[k].tobytes().hex(), None if k % 2 else "step_00000001")
-        for k in range(n))
-    from uckpt.format import ArrayEntry, FileEntry
-
-    m = Manifest(world_size=1, tree={"type": "dict", "items": {"w": {"type": "array",
-                                                                       "path": "w"}}},
-                 arrays={"w": ArrayEntry("w", "float32", (n, 4), chunks)},
-                 files={"data-00000.bin": FileEntry("data-00000.bin", 0, 16 * n)},
-                 bases={"step_00000001": {"data-00000.bin": 16 * n}},
-                 created="2026-01-01T00:00:00Z")
-    data = m.to_bytes()
-    assert len(data) < 30 * n  # about 27.5 bytes a slab
-    back = Manifest.parse(data)
-    assert back.arrays["w"].chunks == chunks
-    assert math.prod(back.arrays["w"].shape) == 4 * n
 
 
 def test_schema_accepts_grids_and_rejects_malformed_ones():

@@ -1,11 +1,9 @@
-"""Format version 6's table of arrays stored whole (docs/format.md section 16).
+"""Pre-release version 6's table of arrays stored whole (docs/format-legacy.md), read by
+the legacy parser (uckpt writes format 1.0: tests/test_format10.py).
 
 * uckpt reads the table of golden_v6 as the rows the spec's own decoder
   (make_golden.table_entries) finds (test_format.py checks that golden_v6 holds the
   checkpoints of golden_v5);
-* uckpt writes a table when enough arrays are stored whole, rows referring to a base and
-  compressed rows included, and reads its own tables back entry for entry; verification
-  checks the rows' Merkle roots, which the table does not record;
 * a malformed table is refused with a ManifestError naming the field, the row and its path;
   the schema rejects what it can express.
 """
@@ -21,9 +19,9 @@ import numpy as np
 import pytest
 
 import uckpt
-import uckpt.knobs as knobs
 from uckpt import errors
 from uckpt.format import Chunk, Manifest
+from uckpt.format.legacy import PIPELINE_OF
 from grid_listing import doc_of, golden, listed, sealed
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -45,7 +43,7 @@ def test_uckpt_reads_the_golden_table_as_the_spec_decoder_does():
     for path, entry in rows.items():
         c = entry["chunks"][0]
         want = Chunk(c["file"], c["offset"], c["length"], tuple(c["start"]), tuple(c["shape"]),
-                     c["codec"], c["checksum"], c["hash"], c.get("base"))
+                     PIPELINE_OF[c["codec"]], c["checksum"], c["hash"], c.get("base"))
         got = m.arrays[path]
         assert (got.dtype, got.shape, got.chunks) == (entry["dtype"], tuple(entry["shape"]),
                                                       (want,)), path
@@ -53,63 +51,6 @@ def test_uckpt_reads_the_golden_table_as_the_spec_decoder_does():
     roots, top = golden.merkle_roots(listed(doc)["arrays"])
     assert top == m.merkle_root == doc["merkle_root"]
     assert all(m.arrays[p].recorded_root() == roots[p] for p in rows)
-
-
-# --- what uckpt writes ----------------------------------------------------------------------
-def test_a_table_is_written_read_back_and_verified(tmp_path):
-    state = state_of(20)
-    path = uckpt.save(tmp_path / "c", state, step=3)
-    doc = doc_of(path)
-    assert doc["format_version"] == 6 and doc["arrays"] == {}
-    assert doc["table"]["paths"] == list(state)  # in the order of the state
-    assert doc["table"]["sources"] == [[None, "data-00000.bin"]]
-    m = uckpt.verify(path)  # every chunk, every (computed) root, the checkpoint's root
-    assert Manifest.parse(m.to_bytes()).arrays == m.arrays  # written again: the same
-    out = uckpt.load(path)
-    for k, v in state.items():
-        np.testing.assert_array_equal(out[k], v)
-    assert len((path / "manifest.json").read_bytes()) < 200 * len(state)
-
-
-def test_rows_refer_to_a_base_and_may_be_compressed(tmp_path):
-    state = state_of(24)
-    first = uckpt.save(tmp_path / "s1", state, incremental=True)
-    state["t05"] += 1
-    second = uckpt.save(tmp_path / "s2", state, base=first, compression="zstd")
-    doc = doc_of(second)
-    assert len(doc["table"]["paths"]) == 24
-    assert sorted(doc["table"]["sources"], key=str) == \
-        sorted([[None, "data-00000.bin"], ["s1", "data-00000.bin"]], key=str)
-    m = uckpt.verify(second)
-    own = [p for p, a in m.arrays.items() if a.chunks[0].base is None]
-    assert own == ["t05"]
-    assert Manifest.parse(m.to_bytes()).arrays == m.arrays
-    out = uckpt.load(second)
-    for k, v in state.items():
-        np.testing.assert_array_equal(out[k], v)
-
-
-def test_a_damaged_row_hash_fails_verification(tmp_path):
-    """The table records a row's content hash, not its root: a hash that disagrees with the
-    bytes is caught by verify as a Merkle-root mismatch naming the leaf."""
-    path = uckpt.save(tmp_path / "c", state_of(16))
-    doc = doc_of(path)
-    digests = bytearray(base64.b64decode(doc["table"]["digests"]))
-    digests[4 * 16 + 16 * 2] ^= 1  # row 2's hash
-    doc["table"]["digests"] = base64.b64encode(bytes(digests)).decode()
-    (path / "manifest.json").write_bytes(sealed(doc))
-    with pytest.raises(errors.CorruptCheckpointError, match="leaf 't02'"):
-        uckpt.verify(path)
-
-
-def test_the_knob_sets_the_threshold(tmp_path, monkeypatch):
-    monkeypatch.setattr(knobs, "table_min_arrays", 0)  # never
-    assert "table" not in doc_of(uckpt.save(tmp_path / "a", state_of(40)))
-    monkeypatch.setattr(knobs, "table_min_arrays", 1)
-    doc = doc_of(uckpt.save(tmp_path / "b", {"x": np.arange(3), "e": np.zeros((0, 2)),
-                                              "big": np.arange(40.0)}))
-    assert doc["table"]["paths"] == ["x", "big"]  # the empty array has no chunk: listed
-    assert list(doc["arrays"]) == ["e"]
 
 
 # --- malformed tables -----------------------------------------------------------------------
@@ -266,28 +207,3 @@ def test_schema_accepts_tables_and_rejects_malformed_ones(validator):
         assert not validator.is_valid(bad), case
     for name in ("all_types", "example", "chain/step_00000002"):
         validator.validate(doc_of(V6 / name))
-
-
-def test_a_malformed_table_changes_nothing_and_the_manager_falls_back(tmp_path):
-    """A load from a checkpoint whose table is malformed (re-sealed, so the parser is
-    reached) raises before anything is written into the state, and the manager restores
-    the step before it; the step's own files are left as they were."""
-    state = state_of(20)
-    mgr = uckpt.CheckpointManager(tmp_path / "root")
-    mgr.save(1, state)
-    mgr.save(2, {k: v + 1 for k, v in state.items()})
-    mgr.wait()
-    bad = mgr.path(2)
-    doc = doc_of(bad)
-    doc["table"]["shapes"][3] = [0, 4]  # a row without elements (rule 30)
-    (bad / "manifest.json").write_bytes(sealed(doc))
-    before = {p.name: p.read_bytes() for p in bad.iterdir()}
-    dest = {k: np.zeros_like(v) for k, v in state.items()}
-    with pytest.raises(errors.ManifestError, match=r"table\.shapes\[3\]"):
-        uckpt.load(bad, dest)
-    assert all(not v.any() for v in dest.values())  # nothing written
-    with pytest.warns(RuntimeWarning, match=r"skipping checkpoint step 2 .*table\.shapes\[3\]"):
-        assert mgr.restore(dest) == 1
-    for k, v in state.items():
-        np.testing.assert_array_equal(dest[k], v)
-    assert {p.name: p.read_bytes() for p in bad.iterdir()} == before

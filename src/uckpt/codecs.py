@@ -1,6 +1,7 @@
-"""Chunk codecs (docs/format.md section 6.3): ``raw``, ``zstd`` and ``zstd+bytegroup``.
+"""Chunk codec pipelines (docs/format.md): ``[]`` (raw), ``["zstd"]`` and
+``["bytegroup", "zstd"]``.
 
-:func:`encode` turns a chunk's raw bytes into what is stored (``raw`` when compression
+:func:`encode` turns a chunk's raw bytes into what is stored (raw when compression
 would not make it smaller); :func:`decode_into` turns stored bytes back into the raw
 bytes, into a buffer the caller allocated of exactly the raw size, after checking the
 frame's header (content size present and equal, no dictionary, a bounded window), so
@@ -15,23 +16,25 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import numpy as np
 
 from .errors import CompressionError, CorruptCheckpointError
 
-RAW = "raw"
-ZSTD = "zstd"
-BYTEGROUP = "zstd+bytegroup"
+#: the codec pipelines of format 1.0 (the names applied in order when writing)
+RAW: Tuple[str, ...] = ()
+ZSTD: Tuple[str, ...] = ("zstd",)
+BYTEGROUP: Tuple[str, ...] = ("bytegroup", "zstd")
 COMPRESSED = (ZSTD, BYTEGROUP)
 #: a Zstandard frame never decodes to more than this many bytes per stored byte (a block
 #: yields at most 128 KiB and takes at least 4 bytes)
 MAX_RATIO = 32768
 #: the largest window a frame may ask for (Zstandard's default decoder limit)
 MAX_WINDOW = 1 << 27
-#: the values ``compression=`` takes (besides None): "zstd" picks the codec per dtype
-COMPRESSIONS = ("none", ZSTD, BYTEGROUP)
+#: the values ``compression=`` takes (besides None): "zstd" picks the pipeline per dtype;
+#: "zstd+bytegroup" asks for byte grouping for every dtype
+COMPRESSIONS = ("none", "zstd", "zstd+bytegroup")
 DEFAULT_LEVEL = 1
 _BLOCK = 1 << 18  # byte planes are decoded this much at a time
 _MAGIC = b"\x28\xb5\x2f\xfd"
@@ -40,16 +43,23 @@ _MAGIC = b"\x28\xb5\x2f\xfd"
 @dataclass(frozen=True)
 class Compression:
     """How a save or a tier compresses chunks: ``name`` one of :data:`COMPRESSIONS`
-    (``"zstd"``: ``zstd+bytegroup`` for dtypes of itemsize 2 or more, ``zstd`` for
-    1-byte ones); ``level`` Zstandard's level (1 is fast and nearly as small as 3)."""
+    (``"zstd"``: the pipeline ``bytegroup, zstd`` for dtypes of itemsize 2 or more,
+    ``zstd`` for 1-byte ones); ``level`` Zstandard's level (1 is fast and nearly as
+    small as 3)."""
 
-    name: str = ZSTD
+    name: str = "zstd"
     level: int = DEFAULT_LEVEL
 
-    def codec_for(self, itemsize: int) -> str:
-        if self.name == ZSTD and itemsize < 2:
+    def codec_for(self, itemsize: int) -> Tuple[str, ...]:
+        """The pipeline of a chunk of elements of ``itemsize`` bytes."""
+        if self.name == "zstd" and itemsize < 2:
             return ZSTD
-        return BYTEGROUP if self.name in (ZSTD, BYTEGROUP) else ZSTD
+        return BYTEGROUP
+
+
+def label(pipeline: Tuple[str, ...]) -> str:
+    """A pipeline for people: ``raw``, ``zstd``, ``bytegroup+zstd``."""
+    return "+".join(pipeline) or "raw"
 
 
 def compression_of(name, level: Optional[int] = None) -> Optional[Compression]:
@@ -199,8 +209,8 @@ def _compress_into(cctx, content: np.ndarray, out: np.ndarray) -> Optional[int]:
     return None
 
 
-def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: str, leaf: str,
-                offset: int) -> None:
+def decode_into(codec: Tuple[str, ...], stored, out: np.ndarray, itemsize: int, *,
+                where: str, leaf: str, offset: int) -> None:
     """Decode ``stored`` (a compressed chunk's bytes, CRC already checked) into ``out``, a
     writable C-contiguous uint8 array of exactly the chunk's raw size."""
     import zstandard
@@ -222,11 +232,12 @@ def decode_into(codec: str, stored, out: np.ndarray, itemsize: int, *, where: st
         raise damaged(f"Zstandard cannot decode it ({e})") from None
 
 
-def damage(codec: str, *, where: str, leaf: str, offset: int):
+def damage(codec: Tuple[str, ...], *, where: str, leaf: str, offset: int):
     """The maker of the error a damaged compressed chunk raises: ``damage(...)(what)``."""
     def damaged(what: str) -> CorruptCheckpointError:
         return CorruptCheckpointError(
-            f"{where}: compressed chunk of leaf {leaf!r} at byte offset {offset} ({codec}) "
+            f"{where}: compressed chunk of leaf {leaf!r} at byte offset {offset} "
+            f"({label(codec)}) "
             f"is damaged: {what}", path=where, leaf=leaf, offset=offset,
             hint="the checkpoint was written wrongly or altered; restore an earlier one")
     return damaged

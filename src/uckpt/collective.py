@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Union
 
+from . import manifest_io
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
@@ -40,7 +41,7 @@ from .format import Chunk, Manifest
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .options import DEFAULT, SaveOptions
-from .reader import CheckpointReader, _manifest_where
+from .reader import CheckpointReader
 from .recode import recode_files, recoded_manifest, target_bases
 from .save_errors import raise_save_failure
 from .staging import snapshot, snapshot_share
@@ -217,8 +218,9 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
         def commit() -> None:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
-            data = manifest().to_bytes()
+            data, parts = manifest().to_files()
             try:
+                manifest_io.write_parts(sink, parts)
                 sink.commit(data, p.overwrite)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what} (commit)", where,
@@ -263,7 +265,9 @@ def _compact(c: Chunk) -> tuple:
 
 def _chunk(it, c: tuple) -> Chunk:
     file, offset, length, codec, checksum, content, base = c
-    return Chunk(file, offset, length, it.start, it.shape, codec, checksum, content, base)
+    # (the pipeline may arrive as a list: a communicator may send objects as JSON)
+    return Chunk(file, offset, length, it.start, it.shape, tuple(codec), checksum, content,
+                 base)
 
 
 def check_bases(store: Store, name: str, baseline: Baseline) -> None:
@@ -357,8 +361,10 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
             replica = sink.view()
             with src.source(name) as source:  # this rank's replica of the source (node-local)
                 data = source.manifest_bytes()
-                manifest = Manifest.parse(data, where=_manifest_where(source))
-                found.update(data=data, step=manifest.step)
+                manifest = manifest_io.read(source, data)
+                found.update(data=data, step=manifest.step, manifest=manifest,
+                             parts=[(e.file, manifest_io.part_bytes(source, e))
+                                    for e in manifest.parts])
                 mine = [f.name for f in manifest.files.values()
                         if comm.size == 1 or f.rank == comm.rank]
                 recoded = None
@@ -392,14 +398,14 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         replicas = [c["replica"] for c in copied]
         if copied[0]["recoded"] is not None:  # every rank's new chunks, in one manifest
-            found["data"] = recoded_manifest(Manifest.parse(found["data"]),
-                                             [c["recoded"] for c in copied],
-                                             found["bases"]).to_bytes()
+            found["data"], found["parts"] = recoded_manifest(
+                found["manifest"], [c["recoded"] for c in copied], found["bases"]).to_files()
 
         def commit() -> bool:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return True
             try:
+                manifest_io.write_parts(sink, found["parts"])
                 sink.commit(found["data"], False)
             except CheckpointExistsError:  # another copy committed it first: done
                 sink.abort()

@@ -14,6 +14,7 @@ import datetime as _dt
 import json
 from typing import Any, Callable, Dict, Optional
 
+from . import manifest_io
 from ._version import __version__ as _version
 from .errors import ManifestError
 from .format import ArrayEntry, FileEntry, Manifest
@@ -76,7 +77,7 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
                          else file_end(written.values()))
         manifest = assemble_manifest(flat.skeleton, metas(flat.arrays), plan, chunks, step,
                                      metadata, sizes)
-        sink.commit(manifest.to_bytes(), overwrite)
+        manifest_io.commit(sink, manifest, overwrite)
     except BaseException as e:
         if sink is not None:
             sink.abort()

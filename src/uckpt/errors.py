@@ -94,6 +94,10 @@ class FormatVersionError(ManifestError):
     """The manifest declares a format version this uckpt cannot read."""
 
 
+class UnsupportedExtensionError(FormatVersionError):
+    """The manifest declares a required format extension this uckpt does not implement."""
+
+
 class UnsafePathError(ManifestError):
     """A file name in the manifest escapes the checkpoint directory."""
 

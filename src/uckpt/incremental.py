@@ -152,7 +152,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
                 continue
             if it.path != last:
                 end, last = -(-end // alignment) * alignment, it.path
-            chunks[i] = Chunk(file, end, it.length, it.start, it.shape, "raw",
+            chunks[i] = Chunk(file, end, it.length, it.start, it.shape, (),
                               format_checksum(crc), content)
             yield end, d
             end += it.length

@@ -52,9 +52,6 @@ lock_lease_s: float = float(os.environ.get("UCKPT_LOCK_LEASE_S", "60"))
 #: 1: Python's cyclic garbage collector is paused while a save or load runs on the
 #: caller's thread (uckpt.gcpause); 0: left alone
 pause_gc: int = _env_int("pause_gc", 1)
-#: a manifest lists the arrays stored whole in one chunk as rows of one ``table`` (format
-#: version 6, docs/format.md section 16) when at least this many qualify; 0: never
-table_min_arrays: int = _env_int("table_min_arrays", 16)
 #: ``verify`` decodes a compressed chunk of up to this many raw bytes in memory to hash
 #: it; a larger one is decoded as a stream (uckpt.codec_stream), in bounded memory
 verify_decode_bytes: int = _env_int("verify_decode_bytes", 16 << 20)

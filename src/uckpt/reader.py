@@ -24,11 +24,11 @@ from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from . import codec_stream, codecs, dtypes, fsutil, hashing, knobs, memory
+from . import codec_stream, codecs, dtypes, fsutil, hashing, knobs, manifest_io, memory
 from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
-from .format import MANIFEST_NAME, ArrayEntry, Chunk, Manifest
+from .format import ArrayEntry, Chunk, Manifest
 from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .readruns import Piece, flat_chunks, plan_runs, split_whole
@@ -41,11 +41,7 @@ def read_manifest(directory, storage_options=None) -> Manifest:
     """Read and validate the manifest of checkpoint ``directory`` (a path or an ``s3://``
     URL); raises if absent or malformed."""
     with open_source(directory, storage_options) as source:
-        return Manifest.parse(source.manifest_bytes(), where=_manifest_where(source))
-
-
-def _manifest_where(source) -> str:
-    return source.where.rstrip("/") + "/" + MANIFEST_NAME
+        return manifest_io.read(source)
 
 
 class CheckpointReader:
@@ -72,8 +68,7 @@ class CheckpointReader:
         self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
         self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:
-            self.manifest = manifest if manifest is not None else \
-                Manifest.parse(self.source.manifest_bytes(), where=_manifest_where(self.source))
+            self.manifest = manifest if manifest is not None else manifest_io.read(self.source)
         except BaseException:
             self.close()
             raise
@@ -363,7 +358,7 @@ class CheckpointReader:
         done = [0]
         lock = threading.Lock()
         scratch = threading.local()
-        hashed = self.manifest.format_version >= 4
+        hashed = self.manifest.unhashed() is None
         digests: Dict[tuple, bytes] = {}
 
         def check(job) -> None:

@@ -47,13 +47,13 @@ def split_whole(entry: ArrayEntry, dest: np.ndarray, chunks: Sequence[Chunk]
     shape = entry.shape
     if len(chunks) == 1:  # (the common case: the whole array in one chunk)
         c = chunks[0]
-        if c.codec == "raw" and c.length == flat.nbytes and c.shape == shape:
+        if not c.codec and c.length == flat.nbytes and c.shape == shape:
             return [Piece(c.offset, flat, entry, c)], []
     row = flat.nbytes // shape[0] if shape and shape[0] else flat.nbytes
     pieces: List[Piece] = []
     rest: List[Chunk] = []
     for c in chunks:
-        if c.codec != "raw" or (shape and (c.shape[1:] != shape[1:] or any(c.start[1:]))):
+        if c.codec or (shape and (c.shape[1:] != shape[1:] or any(c.start[1:]))):
             rest.append(c)
             continue
         at = c.start[0] * row if shape else 0

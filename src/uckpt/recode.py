@@ -99,8 +99,9 @@ def recoded_manifest(manifest: Manifest, parts: Sequence[Dict[str, list]],
                 chunks.append(_rebased(c, path, held.get((c.base, path, c.start, c.shape))))
             elif (path, i) in new:
                 offset, length, codec, checksum, content = new[(path, i)]
-                chunks.append(dataclasses.replace(c, offset=offset, length=length, codec=codec,
-                                                  checksum=checksum, hash=content))
+                chunks.append(dataclasses.replace(c, offset=offset, length=length,
+                                                  codec=tuple(codec), checksum=checksum,
+                                                  hash=content))
             else:
                 chunks.append(c)
         arrays[path] = dataclasses.replace(entry, chunks=tuple(chunks))

@@ -295,7 +295,7 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
         summer.join()
     if errors:
         raise errors[0]
-    return [Chunk(file, off, it.length, it.start, it.shape, "raw", format_checksum(s),
+    return [Chunk(file, off, it.length, it.start, it.shape, (), format_checksum(s),
                   hashing.format_hash(h))
             for (it, off, _), s, h in zip(placed, sums, digests)]
 

@@ -1,4 +1,4 @@
-"""Make the golden checkpoints of format version 6 in tests/data/golden_v6/.
+"""Make the golden checkpoints of format 1.0 in tests/data/golden_1.0/.
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
@@ -7,8 +7,17 @@ Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
 the same state and requires byte-identical data files. Never regenerate them to
 make a failing test pass; a change in the bytes is a format change, which needs
 a new format version (docs/format.md, "Versioning") and a new golden_vN folder.
-(docs/format.md quotes golden_v3/example/manifest.json verbatim, ``created``
-included; the tests hold the two equal.)
+
+tests/data/golden_1.0/ holds the five checkpoints below in format 1.0. ``all_types``,
+``example`` and ``chain`` are written by ``uckpt.save`` with the same knobs as the
+pre-release versions' (so their data files are identical to golden_v6's); ``sharded``
+and ``codecs`` are golden_v6's (hand-written) data files with their manifests written
+as 1.0 by :func:`write_as_1_0`: ``sharded`` (world size 2) as a root and two parts.
+The pre-release folders below are never made again (their writers are kept where the
+tests reproduce them by hand: ``write_sharded``, ``write_codecs``).
+
+tests/data/golden_v6/ holds the same five checkpoints in format version 6, made by this
+script when uckpt wrote version 6, and never made again.
 
 tests/data/golden_v5/ holds the same five checkpoints in format version 5, made by this
 script when uckpt wrote version 5, and never made again: version 6 only lists arrays stored
@@ -84,8 +93,10 @@ import ml_dtypes
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-VERSION = 6
-GOLDEN = HERE / f"golden_v{VERSION}"
+VERSION = "1.0"
+GOLDEN = HERE / f"golden_{VERSION}"
+LEGACY = 6  # the last pre-release version (golden_v6, never regenerated)
+GOLDEN_V6 = HERE / "golden_v6"  # never regenerated
 GOLDEN_V1 = HERE / "golden_v1"  # never regenerated
 GOLDEN_V2 = HERE / "golden_v2"  # never regenerated
 GOLDEN_V3 = HERE / "golden_v3"  # never regenerated
@@ -93,13 +104,13 @@ GOLDEN_V4 = HERE / "golden_v4"  # never regenerated
 GOLDEN_V5 = HERE / "golden_v5"  # never regenerated
 
 #: knob values the golden checkpoints are written with (re-saves in tests use the same)
-KNOBS = {"chunk_bytes": 256, "alignment": 64, "table_min_arrays": 1}
+KNOBS = {"chunk_bytes": 256, "alignment": 64}
 EXAMPLE_KNOBS = {"chunk_bytes": 8, "alignment": 64}
 CHAIN_KNOBS = {"incremental_chunk_bytes": 16, "alignment": 64}
 STEP = 42
 
 
-def metadata(version: int = VERSION):
+def metadata(version=VERSION):
     """The user metadata of the golden ``all_types`` checkpoint of ``version``."""
     return {"purpose": f"golden checkpoint of uckpt format version {version}",
             "nested": {"list": [1, 2.5, None, True, "x"]}}
@@ -211,7 +222,7 @@ def sharded_expected():
             "layer/bias": np.array([1, -1, 2, -2, 3, -3], dtype=np.int16)}
 
 
-def write_manifest(path: Path, doc, version: int = VERSION) -> None:
+def write_manifest(path: Path, doc, version=VERSION) -> None:
     """Write the manifest ``doc`` (without a checksum member) as the golden files hold
     it: indented; for version 2 ended by its checksum member (docs/format.md 4.4): the
     CRC-32C of every byte before the checksum's value."""
@@ -228,7 +239,7 @@ def write_manifest(path: Path, doc, version: int = VERSION) -> None:
     path.write_bytes(data)
 
 
-def write_sharded(directory: Path, version: int = VERSION) -> None:
+def write_sharded(directory: Path, version: int = LEGACY) -> None:
     """A checkpoint as two ranks of a tensor-parallel job could write it (by hand)."""
     import crc32c
     import xxhash
@@ -296,7 +307,7 @@ CODECS_LAYOUT = [("weights", (32, 32), ("zstd+bytegroup", "zstd")),
                  ("noise", (83,), ("raw",))]
 
 
-def write_codecs(directory: Path, version: int = VERSION) -> None:
+def write_codecs(directory: Path, version: int = LEGACY) -> None:
     """A checkpoint of every codec, encoded by hand (docs/format.md section 6.3)."""
     import crc32c
     import xxhash
@@ -480,6 +491,23 @@ def save_with_knobs(directory, state, knob_values, **kw):
     return path
 
 
+def write_as_1_0(legacy: Path, directory: Path) -> None:
+    """Checkpoint ``legacy`` (pre-release) with its manifest written as format 1.0 by
+    uckpt's writer: the same data files; parts (compact) as written, the root indented."""
+    from uckpt.format import Manifest
+
+    directory.mkdir(parents=True)
+    m = Manifest.parse((legacy / "manifest.json").read_bytes())
+    for name in m.files:
+        shutil.copyfile(legacy / name, directory / name)
+    root, parts = m.to_files()
+    for name, data in parts:
+        (directory / name).write_bytes(data)
+    doc = json.loads(root)
+    assert doc.pop("manifest_checksum")
+    write_manifest(directory / "manifest.json", doc)
+
+
 def main(argv) -> int:
     force = "--force" in argv
     if GOLDEN.exists():
@@ -496,8 +524,8 @@ def main(argv) -> int:
                     incremental=True)
     save_with_knobs(GOLDEN / "chain" / "step_00000002", second, CHAIN_KNOBS, step=2,
                     base=GOLDEN / "chain" / "step_00000001")
-    write_sharded(GOLDEN / "sharded")
-    write_codecs(GOLDEN / "codecs")
+    write_as_1_0(GOLDEN_V6 / "sharded", GOLDEN / "sharded")
+    write_as_1_0(GOLDEN_V6 / "codecs", GOLDEN / "codecs")
     for p in sorted(GOLDEN.rglob("*")):
         if p.is_file():
             print(f"{p.stat().st_size:6d}  {p.relative_to(HERE)}")

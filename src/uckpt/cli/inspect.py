@@ -5,6 +5,7 @@ import argparse
 import json
 from typing import Any, Dict, List
 
+from .. import codecs
 from ..format import FORMAT_NAME, Manifest
 from ..reader import read_manifest
 from ..tree import escape
@@ -107,9 +108,9 @@ def _ratio(stored: int, nbytes: int) -> float:
 
 
 def _codec(entry) -> str:
-    """The codec of an array's chunks: one name, or the names joined by ``,`` when its
-    chunks differ (``-`` for an array without chunks)."""
-    names = sorted({c.codec for c in entry.chunks})
+    """The codec pipeline of an array's chunks (``raw``, ``zstd``, ``bytegroup+zstd``), or
+    those joined by ``,`` when its chunks differ (``-`` for an array without chunks)."""
+    names = sorted({codecs.label(c.codec) for c in entry.chunks})
     return ",".join(names) or "-"
 
 

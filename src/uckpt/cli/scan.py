@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from typing import List
 
+from .. import manifest_io
 from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..storage import Entry, open_source, open_store
@@ -60,8 +61,10 @@ def scan(root, storage_options=None) -> List[Found]:
 
 
 def read_manifest(source, where: str) -> Manifest:
-    """The validated manifest of the checkpoint ``source`` reads (``where``: its path)."""
-    return Manifest.parse(source.manifest_bytes(), where=where)
+    """The validated manifest of the checkpoint ``source`` reads (``where``: its path), its
+    parts read and attached."""
+    return Manifest.parse(source.manifest_bytes(), where=where,
+                          read_part=lambda part: manifest_io.part_bytes(source, part))
 
 
 def examine(entry: Entry, source) -> Found:

@@ -137,7 +137,7 @@ def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Prog
             for first, rows in _chunks(leaf.shape, leaf.nbytes, save_options.chunk_bytes):
                 start = (first,) + (0,) * (len(leaf.shape) - 1) if leaf.shape else ()
                 box = (rows,) + leaf.shape[1:] if leaf.shape else ()
-                cut.append((path, Chunk(name, 0, 0, start, box, "raw", ""),
+                cut.append((path, Chunk(name, 0, 0, start, box, (), ""),
                             flat[first * row_bytes:(first + rows) * row_bytes]))
             encoded = encode_chunks(cut, compress)  # checksums and content hashes too
             at = -(-end // align) * align if leaf.nbytes else end

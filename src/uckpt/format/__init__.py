@@ -1,6 +1,7 @@
-"""The on-disk format, version 5; versions 1 to 5 are read (specified in docs/format.md)."""
-from .manifest import (CODECS, FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READ_VERSIONS,
-                       ArrayEntry, Chunk, FileEntry, Manifest)
+"""The on-disk format 1.0, and the pre-release versions 1 to 6 read (docs/format.md)."""
+from .encode import part_name
+from .manifest import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_NAME, READ_VERSIONS,
+                       ArrayEntry, Chunk, FileEntry, Manifest, PartEntry)
 
 
 def data_file_name(rank: int) -> str:
@@ -8,5 +9,6 @@ def data_file_name(rank: int) -> str:
     return f"data-{rank:05d}.bin"
 
 
-__all__ = ["CODECS", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "READ_VERSIONS",
-           "ArrayEntry", "Chunk", "FileEntry", "Manifest", "data_file_name"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "READ_VERSIONS",
+           "ArrayEntry", "Chunk", "FileEntry", "Manifest", "PartEntry", "data_file_name",
+           "part_name"]

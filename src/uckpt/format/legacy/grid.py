@@ -4,92 +4,35 @@ An array cut into slabs of ``rows`` along one ``axis`` is listed as one ``grid``
 the slabs' boxes follow from the array's shape, and their per-chunk fields are two
 binary columns in Base64: ``digests`` (CRC-32C ``u32`` each, then the 16-byte content
 hashes) and ``layout`` (a zlib stream of the offset, length, source and codec columns,
-each stored as byte planes). :func:`grid_cut` tells whether chunks form such a grid,
-:func:`encode` writes the object, :func:`decode` checks and reads one back (every size
-and count checked before anything is decoded or allocated).
+each stored as byte planes). :func:`decode` checks and reads one back (every size and
+count checked before anything is decoded or allocated); version 6's table shares
+:func:`read_columns`.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import math
 import zlib
 from collections.abc import Sequence as _Sequence
-from typing import (Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional,
-                    Sequence, Tuple)
+from typing import (Callable, Iterable, Iterator, List, NamedTuple, Optional,
+                    Tuple)
 
 import numpy as np
 
-from .values import MAX_INT
+from ..chunk_table import read_sources
+from ..columns import b64_length, b64decode
+from ..values import MAX_INT
 
 FIELDS = ("axis", "rows", "count", "sources", "layout", "digests")
 CODEC_NUMBERS = ("raw", "zstd", "zstd+bytegroup")  # the codec column's values, in order
+PIPELINES = ((), ("zstd",), ("bytegroup", "zstd"))  # the 1.0 pipeline of each
 DIGEST_BYTES = 20  # per slab: u32 CRC-32C + 16-byte XXH3-128 digest
 LAYOUT_BYTES = 21  # per slab: u64 offset + u64 length + u32 source + u8 codec
 _COLUMNS = (("offset", 8), ("length", 8), ("source", 4), ("codec", 1))
-_CODEC_NUMBER = {c: i for i, c in enumerate(CODEC_NUMBERS)}
-
-
-def grid_cut(shape: Sequence[int], chunks) -> Optional[Tuple[int, int, list]]:
-    """``(axis, rows, chunks in slab order)`` if ``chunks`` (at least two) are the slabs of
-    ``shape`` cut every ``rows`` along ``axis`` (docs/format.md 15.1); else None."""
-    if len(chunks) < 2 or not shape:
-        return None
-    first = min(chunks, key=lambda c: c.start)
-    axis = next((d for d, (n, full) in enumerate(zip(first.shape, shape)) if n != full), None)
-    if axis is None or any(first.start) or first.shape[axis] < 1:
-        return None
-    rows, extent = first.shape[axis], shape[axis]
-    if -(-extent // rows) != len(chunks):
-        return None
-    ordered = sorted(chunks, key=lambda c: c.start[axis])
-    slab, last = _slab_shape(shape, axis, rows, 0), _slab_shape(shape, axis, rows, len(chunks) - 1)
-    before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
-    for k, c in enumerate(ordered):
-        if c.start != before + (k * rows,) + after or \
-                c.shape != (last if k == len(chunks) - 1 else slab):
-            return None
-    return axis, rows, ordered
 
 
 def _slab_shape(shape, axis: int, rows: int, k: int) -> Tuple[int, ...]:
     shape = tuple(shape)
     return shape[:axis] + (min(rows, shape[axis] - k * rows),) + shape[axis + 1:]
-
-
-def _planes(values: np.ndarray, width: int) -> bytes:
-    """The values' little-endian bytes as ``width`` byte planes (all bytes 0, then 1, ...)."""
-    raw = values.astype(f"<u{width}").view(np.uint8).reshape(len(values), width)
-    return np.ascontiguousarray(raw.T).tobytes()
-
-
-def encode(axis: int, rows: int, ordered) -> Dict:
-    """The ``grid`` object of chunks ``ordered`` (slab order) cut every ``rows`` along
-    ``axis``; ``layout`` deflated at level 1."""
-    return {"axis": axis, "rows": rows, "count": len(ordered), **columns(ordered)}
-
-
-def columns(ordered) -> Dict:
-    """``sources``, ``layout`` and ``digests`` of chunks ``ordered`` (docs/format.md 15.2:
-    a grid's slabs, or a table's rows); ``layout`` deflated at level 1."""
-    n = len(ordered)
-    sources: Dict[Tuple[Optional[str], str], int] = {}
-    index = [sources.setdefault((c.base, c.file), len(sources)) for c in ordered]
-    layout = b"".join((
-        _planes(np.fromiter((c.offset for c in ordered), np.uint64, n), 8),
-        _planes(np.fromiter((c.length for c in ordered), np.uint64, n), 8),
-        _planes(np.array(index, dtype=np.uint32), 4),
-        bytes(_CODEC_NUMBER[c.codec] for c in ordered)))
-    crcs = np.fromiter((int(c.checksum[7:], 16) for c in ordered), np.uint32, n)
-    digests = crcs.astype("<u4").tobytes() + bytes.fromhex("".join(c.hash[9:] for c in ordered))
-    return {"sources": [[b, f] for b, f in sources],
-            "layout": base64.b64encode(zlib.compress(layout, 1)).decode("ascii"),
-            "digests": base64.b64encode(digests).decode("ascii")}
-
-
-def b64_length(nbytes: int) -> int:
-    """Characters of the padded Base64 text of ``nbytes`` bytes."""
-    return 4 * -(-nbytes // 3)
 
 
 def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases,
@@ -199,7 +142,7 @@ class Columns(NamedTuple):
         """``chunk_cls`` of row (slab) ``k``, of box ``start``, ``shape``."""
         n, digests, s = len(self.offset), self.digests, int(self.source[k])
         return chunk_cls(self.names[s], int(self.offset[k]), int(self.length[k]), start, shape,
-                         CODEC_NUMBERS[int(self.codec[k])],
+                         PIPELINES[int(self.codec[k])],
                          "crc32c:%08x" % int.from_bytes(digests[4 * k:4 * k + 4], "little"),
                          "xxh3-128:" + digests[4 * n + 16 * k:4 * n + 16 * k + 16].hex(),
                          self.base_of[s])
@@ -219,7 +162,7 @@ class Columns(NamedTuple):
                     self.length[at:end].tolist(), self.codec[at:end].tolist(),
                     crcs[at:end].tolist())):
                 start, shape = next(boxes)
-                yield chunk_cls(names[s], off, ln, start, shape, CODEC_NUMBERS[c],
+                yield chunk_cls(names[s], off, ln, start, shape, PIPELINES[c],
                                 "crc32c:%08x" % crc, "xxh3-128:" + hexes[32 * k:32 * k + 32],
                                 base_of[s])
 
@@ -272,44 +215,11 @@ def _sources(p, obj, at: str, n: int, files, bases, unit: str):
     p.need(obj, at, list, "a list of [base or null, file name] pairs")
     if not 1 <= len(obj) <= n:
         p.fail(at, f"{len(obj)} sources; {n} {unit}s have 1 to {n}")
-    sizes: List[int] = []
-    names: List[str] = []
-    base_of: List[Optional[str]] = []
-    seen = set()
-    for i, pair in enumerate(obj):
-        here = f"{at}[{i}]"
-        if type(pair) is not list or len(pair) != 2:
-            p.fail(here, "expected a pair [base or null, file name]")
-        base, name = pair
-        p.need(name, here + "[1]", str, "a file name")
-        if base is None:
-            if name not in files:
-                p.plain_name(name, here + "[1]", "file name")
-                p.fail(here + "[1]", f"file {name!r} is not listed in 'files'")
-            size = files[name].size
-        else:
-            p.need(base, here + "[0]", str, "a base checkpoint name or null")
-            if base not in bases:
-                p.fail(here + "[0]", f"base {base!r} is not listed in 'bases'")
-            if name not in bases[base]:
-                p.plain_name(name, here + "[1]", "file name")
-                p.fail(here + "[1]", f"file {name!r} is not listed in 'bases'[{base!r}]")
-            size = bases[base][name]
-        if (base, name) in seen:
-            p.fail(here, "this source is listed twice")
-        seen.add((base, name))
-        sizes.append(size)
-        names.append(name)
-        base_of.append(base)
-    return sizes, names, base_of
+    return read_sources(p, obj, at, files, bases)
 
 
 def _b64(p, text: str, at: str) -> bytes:
-    try:
-        return base64.b64decode(text.encode("ascii"), validate=True)
-    except (binascii.Error, UnicodeEncodeError, ValueError) as e:
-        p.fail(at, f"not Base64 text (RFC 4648 alphabet with '=' padding): {e}")
-    raise AssertionError  # unreachable: fail raises
+    return b64decode(p.fail, text, at)
 
 
 def _inflate(p, text: str, at: str, expected: int, unit: str) -> bytes:

@@ -2,10 +2,9 @@
 
 Arrays that are each one chunk covering the whole array are listed as rows of one
 top-level ``table``: their paths, dtypes and shapes as JSON lists, their chunks' fields
-in the binary columns of a grid (:mod:`.grid`, section 15.2). :func:`whole` tells
-whether an array qualifies, :func:`encode` writes the table, :func:`decode` checks one and
-adds its array entries to those of ``arrays`` (every list and text length checked against
-the number of rows before anything is decoded).
+in the binary columns of a grid (:mod:`.grid`). :func:`decode` checks one and adds its
+array entries to those of ``arrays`` (every list and text length checked against the
+number of rows before anything is decoded).
 """
 from __future__ import annotations
 
@@ -13,26 +12,13 @@ from typing import Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from .. import dtypes
+from ... import dtypes
 from . import grid
-from .values import MAX_DIMS, MAX_INT
-from .values import show as _show
+from ..values import MAX_DIMS, MAX_INT
+from ..values import show as _show
 
 FIELDS = ("paths", "dtypes", "shapes", "sources", "layout", "digests")
 _DTYPE = {name: name for name in dtypes.NAMES}
-
-
-def whole(entry) -> bool:
-    """Whether array ``entry`` can be a row: one chunk covering it, with elements."""
-    chunks = entry.chunks
-    return len(chunks) == 1 and chunks[0].shape == entry.shape and all(entry.shape)
-
-
-def encode(entries) -> Dict:
-    """The ``table`` object listing ``entries`` (each :func:`whole`), in order."""
-    return {"paths": [e.path for e in entries], "dtypes": [e.dtype for e in entries],
-            "shapes": [list(e.shape) for e in entries],
-            **grid.columns([e.chunks[0] for e in entries])}
 
 
 def decode(p, t, listed: Dict, files, bases, chunk_cls, new_entry, max_ratio: int) -> None:

@@ -1,0 +1,111 @@
+"""The writer of format 1.0: a manifest's root and its parts, as bytes.
+
+A world of one rank is written as a root alone (every chunk in the root's chunk
+table); a larger one as a root with an empty chunk table and one part per rank that
+stored chunks (the rows of the chunks that rank wrote, its references to bases
+included), the parts written before the root.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import hashing
+from ..checksum import of as _crc_text
+from ..errors import ManifestError
+from . import chunk_table, integrity
+from .model import Chunk, Manifest, Pipeline
+
+FORMAT_NAME = "uckpt"
+FORMAT_VERSION = "1.0"
+PART_FORMAT = "uckpt-part"
+
+
+def part_name(index: int) -> str:
+    """The name uckpt gives the part at ``index`` of the root's ``parts``."""
+    return f"manifest.part-{index:05d}.json"
+
+
+def encode(m: Manifest) -> Tuple[bytes, List[Tuple[str, bytes]]]:
+    """``(root bytes, [(part name, part bytes), ...])`` of manifest ``m`` in format 1.0."""
+    unhashed = m.unhashed()
+    if unhashed is not None:
+        raise ManifestError(
+            f"leaf {unhashed!r} has a chunk without a content hash: a manifest read from "
+            f"format version {m.format_version} cannot be written as format "
+            f"{FORMAT_VERSION} without reading its data", leaf=unhashed,
+            hint="load the checkpoint and save it again, or use uckpt.consolidate")
+    entries = list(m.arrays.values())
+    rows = [(i, c) for i, a in enumerate(entries) for c in a.chunks]
+    used: Dict[Pipeline, int] = {}
+    for _, c in rows:
+        used.setdefault(c.codec, len(used))
+    if not used:
+        used[()] = 0
+    parts: List[Tuple[str, bytes]] = []
+    part_entries: List[Dict[str, Any]] = []
+    root_rows: List[Tuple[int, Chunk]] = rows
+    if m.world_size > 1:
+        root_rows = []
+        for _, mine in sorted(_by_rank(m, rows).items()):
+            name = part_name(len(parts))
+            data = _json({"format": PART_FORMAT, "format_version": FORMAT_VERSION,
+                          "chunks": chunk_table.encode(mine, used)}) + b"\n"
+            parts.append((name, data))
+            part_entries.append({"file": name, "size": len(data), "checksum": _crc_text(data),
+                                 "arrays": _runs(sorted({i for i, _ in mine}))})
+    roots = {a.path: a.merkle_root() for a in entries}
+    doc = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "extensions": {},
+        "generator": m.generator,
+        "created": m.created,
+        "world_size": m.world_size,
+        "step": m.step,
+        "metadata": m.metadata,
+        "files": {f.name: {"rank": f.rank, "size": f.size} for f in m.files.values()},
+        "bases": m.bases,
+        "tree": m.tree,
+        "arrays": {"paths": [a.path for a in entries], "dtypes": [a.dtype for a in entries],
+                   "shapes": [list(a.shape) for a in entries]},
+        "codecs": [list(p) for p in used],
+        "chunks": chunk_table.encode(root_rows, used),
+        "parts": part_entries,
+        "merkle_root": hashing.format_hash(hashing.checkpoint_root(roots)),
+    }
+    return integrity.seal(_json(doc)[:-1]), parts  # sealed without the closing brace
+
+
+def _json(doc: Dict[str, Any]) -> bytes:
+    try:
+        # compact, so json's C encoder runs (indent selects the slow pure-Python one)
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False).encode("utf-8")
+    except ValueError as e:  # NaN/inf in metadata, or a lone surrogate in a string
+        raise ManifestError(f"the manifest cannot be written as UTF-8 JSON: {e}",
+                            hint="metadata must be JSON (no NaN or infinity) and strings "
+                                 "valid Unicode") from None
+
+
+def _by_rank(m: Manifest, rows: List[Tuple[int, Chunk]]) -> Dict[int, List[Tuple[int, Chunk]]]:
+    """The rows of each rank: the rank of the data file a chunk is in (a reference to a
+    base's file: the rank of this checkpoint's file of that name, else rank 0)."""
+    out: Dict[int, List[Tuple[int, Chunk]]] = {}
+    for row in rows:
+        entry = m.files.get(row[1].file)
+        out.setdefault(entry.rank if entry is not None else 0, []).append(row)
+    return out
+
+
+def _runs(indices: List[int]) -> List[List[int]]:
+    """Sorted indices as ``[first, count]`` runs (non-adjacent)."""
+    runs: List[List[int]] = []
+    last: Optional[int] = None
+    for i in indices:
+        if last is not None and i == last + 1:
+            runs[-1][1] += 1
+        else:
+            runs.append([i, 1])
+        last = i
+    return runs

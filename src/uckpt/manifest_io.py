@@ -1,0 +1,95 @@
+"""A checkpoint's manifest through storage: the root and its parts (format 1.0).
+
+:func:`read` parses a checkpoint's root manifest and reads the parts it lists through
+the same :class:`~uckpt.storage.base.CheckpointSource` as its data files (each checked
+to hold exactly its listed size before it is read whole); :func:`commit` writes the parts
+through a :class:`~uckpt.storage.base.CheckpointSink` like data files, then commits the
+root (the commit rule: the root manifest last).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from . import fsutil
+from .errors import CorruptCheckpointError
+from .format import MANIFEST_NAME, Manifest, PartEntry
+
+
+def where_of(source: Any) -> str:
+    """The manifest's path or URL in ``source``, for messages."""
+    return str(source.where).rstrip("/") + "/" + MANIFEST_NAME
+
+
+def read(source: Any, data: Optional[bytes] = None) -> Manifest:
+    """The manifest of ``source`` (``data``: its root's bytes, if already read), parts
+    read and attached."""
+    if data is None:
+        data = source.manifest_bytes()
+    return Manifest.parse(data, where=where_of(source),
+                          read_part=lambda entry: part_bytes(source, entry))
+
+
+def part_bytes(source: Any, entry: PartEntry) -> bytes:
+    """Part file ``entry.file`` of ``source``, read whole once its size is the listed one."""
+    where = source.file_where(entry.file)
+    try:
+        size = source.open_file(entry.file)
+    except FileNotFoundError:  # (damage of a committed checkpoint, not one that is gone)
+        raise CorruptCheckpointError(
+            f"{where}: the manifest part listed in the root manifest is missing", path=where,
+            hint="use another checkpoint (CheckpointManager.restore falls back to the "
+                 "previous step by itself)") from None
+    if size != entry.size:
+        raise _wrong_size(where, size, entry.size)
+    buf = bytearray(size)
+    n = source.read_into(entry.file, buf, 0) if size else 0
+    if n != size:
+        raise _wrong_size(where, n, entry.size)
+    return bytes(buf)
+
+
+def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
+    """The manifest of root bytes ``data`` of the checkpoint directory open at ``dir_fd``,
+    parts read from regular files there (``directory``: its path, for messages)."""
+    base = os.fsdecode(directory)
+
+    def read_part(entry: PartEntry) -> bytes:
+        where = os.path.join(base, entry.file)
+        fd = fsutil.open_regular(dir_fd, entry.file, what="manifest part", path=where)
+        try:
+            size = os.fstat(fd).st_size
+            if size != entry.size:
+                raise _wrong_size(where, size, entry.size)
+            buf = bytearray(size)
+            if size and fsutil.pread_into(fd, buf, 0) != size:
+                raise _wrong_size(where, -1, entry.size)
+            return bytes(buf)
+        finally:
+            os.close(fd)
+
+    return Manifest.parse(data, where=os.path.join(base, MANIFEST_NAME), read_part=read_part)
+
+
+def _wrong_size(where: str, actual: int, listed: int) -> CorruptCheckpointError:
+    return CorruptCheckpointError(
+        f"{where}: manifest part of {actual} bytes, but the root manifest lists {listed}: a "
+        "torn or damaged part, or one of another save", path=where,
+        hint="use another checkpoint (CheckpointManager.restore falls back to the previous "
+             "step by itself)")
+
+
+def write_parts(sink: Any, parts: List[Tuple[str, bytes]]) -> None:
+    """Write the part files through ``sink``, durably (before the root is committed)."""
+    for name, data in parts:
+        sink.write_pieces(name, len(data), [(0, np.frombuffer(data, np.uint8))])
+
+
+def commit(sink: Any, manifest: Manifest, overwrite: bool = False) -> bytes:
+    """Write ``manifest``'s parts, then commit its root; return the root's bytes."""
+    root, parts = manifest.to_files()
+    write_parts(sink, parts)
+    sink.commit(root, overwrite)
+    return root
