@@ -53,6 +53,7 @@ for _p in (REPO / "src", REPO / "adapters"):
 import uckpt  # noqa: E402
 from uckpt import checksum, knobs  # noqa: E402
 from uckpt.format import strict_json  # noqa: E402
+from uckpt.format import parse_manifest
 from uckpt.format.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from uckpt.reader import CheckpointReader  # noqa: E402
 from uckpt.restore import _Matcher, paths_in  # noqa: E402
@@ -111,7 +112,7 @@ def python_floor(path: Path, data_file: Path, model, opt, threads: int, pool,
     framework semantics. ``data_file``: the checkpoint's one data file."""
     data = (path / MANIFEST_NAME).read_bytes()
     if validate:
-        arrays = Manifest.parse(data).arrays
+        arrays = parse_manifest(data).arrays
 
         def where(name: str):
             e = arrays[name]
@@ -184,7 +185,7 @@ def phased_load(path: Path, state: Dict[str, object], times: Dict[str, List[floa
     t1 = time.perf_counter()
     strict_json.loads(data)
     t2 = time.perf_counter()
-    manifest = Manifest.parse(data)
+    manifest = parse_manifest(data)
     t3 = time.perf_counter()
     with CheckpointReader(path, manifest) as reader:
         t4 = time.perf_counter()

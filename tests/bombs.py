@@ -25,6 +25,7 @@ from crc32c import crc32c
 import uckpt
 from uckpt import checksum, hashing
 from uckpt.format import Manifest
+from uckpt.format import encode_manifest, parse_manifest
 from dataclasses import replace
 
 BLOCK = 1 << 17
@@ -60,7 +61,7 @@ def write_bomb(directory: Path, raw: int, *, dtype: str = "uint8", codec: str = 
     itemsize = np.dtype(dtype).itemsize
     uckpt.save(directory, {"w": np.ones(256 // itemsize, dtype)}, step=step,
                compression="zstd")  # the template: its tree, files and fields
-    m = Manifest.parse((directory / "manifest.json").read_bytes())
+    m = parse_manifest((directory / "manifest.json").read_bytes())
     frame = rle_frame(raw)
     if hostile:
         half = rle_frame(raw, raw // BLOCK // 2)
@@ -74,7 +75,7 @@ def write_bomb(directory: Path, raw: int, *, dtype: str = "uint8", codec: str = 
                     hash=zeros_hash(raw))
     m.arrays["w"] = replace(entry, shape=(raw // itemsize,), chunks=(chunk,), root="")
     m.files[name] = replace(m.files[name], size=len(frame))
-    (directory / "manifest.json").write_bytes(m.to_bytes())
+    (directory / "manifest.json").write_bytes(encode_manifest(m))
     return directory
 
 

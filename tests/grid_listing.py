@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Dict
 
 from uckpt.format import integrity
+from uckpt.format import parse_manifest
 from uckpt.format.strict_json import loads as strict_json
 
 _spec = importlib.util.spec_from_file_location(
@@ -70,7 +71,7 @@ def as_version_6(doc: Dict[str, Any]) -> Dict[str, Any]:
     its chunk table decoded by uckpt's 1.0 parser."""
     from uckpt.format import Manifest
 
-    m = Manifest.parse(sealed(doc))
+    m = parse_manifest(sealed(doc))
     assert not m.parts, "a root with parts has no version-6 equivalent here"
     out = {k: copy.deepcopy(doc[k]) for k in ("format", "format_version", "generator",
                                                 "created", "world_size", "step", "metadata",

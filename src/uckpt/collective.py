@@ -38,6 +38,7 @@ from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
 from .errors import CheckpointExistsError, CheckpointNotFoundError, DamagedBaseError
 from .format import Chunk, Manifest
+from .format import encode_manifest_files
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .options import DEFAULT, SaveOptions
@@ -218,7 +219,7 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
         def commit() -> None:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
-            data, parts = manifest().to_files()
+            data, parts = encode_manifest_files(manifest())
             try:
                 manifest_io.write_parts(sink, parts)
                 sink.commit(data, p.overwrite)
@@ -398,8 +399,8 @@ def copy_collective(src: Store, dst: Store, name: str, comm: Communicator,
         copied = comm.gather_outcomes(copy, f"{what} (copying)")
         replicas = [c["replica"] for c in copied]
         if copied[0]["recoded"] is not None:  # every rank's new chunks, in one manifest
-            found["data"], found["parts"] = recoded_manifest(
-                found["manifest"], [c["recoded"] for c in copied], found["bases"]).to_files()
+            found["data"], found["parts"] = encode_manifest_files(recoded_manifest(
+                found["manifest"], [c["recoded"] for c in copied], found["bases"]))
 
         def commit() -> bool:
             if replicas.index(replicas[comm.rank]) != comm.rank:

@@ -16,6 +16,7 @@ import numpy as np
 from . import fsutil
 from .errors import CorruptCheckpointError
 from .format import MANIFEST_NAME, Manifest, PartEntry
+from .format import encode_manifest_files, parse_manifest
 
 
 def where_of(source: Any) -> str:
@@ -28,7 +29,7 @@ def read(source: Any, data: Optional[bytes] = None) -> Manifest:
     read and attached."""
     if data is None:
         data = source.manifest_bytes()
-    return Manifest.parse(data, where=where_of(source),
+    return parse_manifest(data, where=where_of(source),
                           read_part=lambda entry: part_bytes(source, entry))
 
 
@@ -70,7 +71,7 @@ def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
         finally:
             os.close(fd)
 
-    return Manifest.parse(data, where=os.path.join(base, MANIFEST_NAME), read_part=read_part)
+    return parse_manifest(data, where=os.path.join(base, MANIFEST_NAME), read_part=read_part)
 
 
 def _wrong_size(where: str, actual: int, listed: int) -> CorruptCheckpointError:
@@ -89,7 +90,7 @@ def write_parts(sink: Any, parts: List[Tuple[str, bytes]]) -> None:
 
 def commit(sink: Any, manifest: Manifest, overwrite: bool = False) -> bytes:
     """Write ``manifest``'s parts, then commit its root; return the root's bytes."""
-    root, parts = manifest.to_files()
+    root, parts = encode_manifest_files(manifest)
     write_parts(sink, parts)
     sink.commit(root, overwrite)
     return root

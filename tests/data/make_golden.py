@@ -495,12 +495,13 @@ def write_as_1_0(legacy: Path, directory: Path) -> None:
     """Checkpoint ``legacy`` (pre-release) with its manifest written as format 1.0 by
     uckpt's writer: the same data files; parts (compact) as written, the root indented."""
     from uckpt.format import Manifest
+    from uckpt.format import encode_manifest_files, parse_manifest
 
     directory.mkdir(parents=True)
-    m = Manifest.parse((legacy / "manifest.json").read_bytes())
+    m = parse_manifest((legacy / "manifest.json").read_bytes())
     for name in m.files:
         shutil.copyfile(legacy / name, directory / name)
-    root, parts = m.to_files()
+    root, parts = encode_manifest_files(m)
     for name, data in parts:
         (directory / name).write_bytes(data)
     doc = json.loads(root)

@@ -33,6 +33,7 @@ from typing import List
 from .. import manifest_io
 from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
+from ..format import parse_manifest
 from ..storage import Entry, open_source, open_store
 from ..storage.base import CHECKPOINT, STALE as STALE_ENTRY, TEMPORARY
 from .found import (COMMITTED, DAMAGED, INCOMPLETE, STALE, Found, order_found,  # noqa: F401
@@ -63,7 +64,7 @@ def scan(root, storage_options=None) -> List[Found]:
 def read_manifest(source, where: str) -> Manifest:
     """The validated manifest of the checkpoint ``source`` reads (``where``: its path), its
     parts read and attached."""
-    return Manifest.parse(source.manifest_bytes(), where=where,
+    return parse_manifest(source.manifest_bytes(), where=where,
                           read_part=lambda part: manifest_io.part_bytes(source, part))
 
 

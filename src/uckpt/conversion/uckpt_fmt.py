@@ -31,6 +31,7 @@ import numpy as np
 
 from .._version import __version__
 from ..format import ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
+from ..format import encode_manifest
 from ..options import DEFAULT, SaveOptions
 from ..reader import CheckpointReader
 from ..readruns import flat_chunks
@@ -160,7 +161,7 @@ def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Prog
                         metadata=_metadata(tree, lay), generator=f"uckpt {__version__}",
                         created=_dt.datetime.now(_dt.timezone.utc)
                         .strftime("%Y-%m-%dT%H:%M:%S.%fZ"))
-    return manifest.to_bytes()
+    return encode_manifest(manifest)
 
 
 def _step(tree: Tree) -> Any:

@@ -11,15 +11,17 @@ before anything is decoded or allocated, every row rule checked on whole columns
 from __future__ import annotations
 
 import zlib
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checks import Checker
 from .columns import Inflater, b64_length, b64decode, b64encode, planes, unplanes
 from .model import Chunk, Pipeline, make_chunk
 from .values import MAX_INT
 from .values import show as _show
+
+if TYPE_CHECKING:  # for annotations only: checks imports the model, which encodes through here
+    from .checks import Checker
 
 FIELDS = ("count", "sources", "layout", "digests")
 DIGEST_BYTES = 20  # per row: u32 CRC-32C + 16-byte XXH3-128 digest

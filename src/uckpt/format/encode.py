@@ -77,6 +77,15 @@ def encode(m: Manifest) -> Tuple[bytes, List[Tuple[str, bytes]]]:
     return integrity.seal(_json(doc)[:-1]), parts  # sealed without the closing brace
 
 
+def encode_manifest(m: Manifest) -> bytes:
+    """The root manifest of format 1.0 of a manifest without parts (a world of one rank);
+    ValueError when it has parts (:func:`encode`)."""
+    root, parts = encode(m)
+    if parts:
+        raise ValueError("this manifest has parts: write them with encode()")
+    return root
+
+
 def _json(doc: Dict[str, Any]) -> bytes:
     try:
         # compact, so json's C encoder runs (indent selects the slow pure-Python one)

@@ -8,7 +8,7 @@ The model it returns is :mod:`.model`; the writer is :mod:`.encode`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .. import memory
 from ..errors import FormatVersionError, ManifestError, MemoryLimitError
@@ -43,6 +43,18 @@ def parse(data: bytes, where: str = MANIFEST_NAME) -> Manifest:
                  "memory.max)") from None
 
 
+def parse_manifest(data: bytes, where: str = MANIFEST_NAME,
+                   read_part: Optional[Callable[[PartEntry], bytes]] = None) -> Manifest:
+    """Check and read a manifest of any version this uckpt reads (raises ManifestError).
+    A 1.0 root's parts are read with ``read_part(entry) -> bytes`` and attached; without
+    it they stay pending (:meth:`Manifest.attach_part`)."""
+    manifest = parse(data, where)
+    if read_part is not None:
+        for k in list(manifest.parts_pending):
+            manifest.attach_part(k, read_part(manifest.parts[k]))
+    return manifest
+
+
 def _dispatch(doc: Any, checksum: Any, data: bytes, where: str) -> Manifest:
     if not isinstance(doc, dict):
         raise ManifestError(f"{where}: <top>: expected a JSON object, got {_show(doc)}",
@@ -72,4 +84,4 @@ def _dispatch(doc: Any, checksum: Any, data: bytes, where: str) -> Manifest:
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_NAME", "MAX_RATIO", "READ_VERSIONS",
            "ArrayEntry", "Chunk", "FileEntry", "FormatVersionError", "Manifest", "PartEntry",
-           "parse"]
+           "parse", "parse_manifest"]

@@ -3,15 +3,16 @@
 A :class:`Manifest` lists its arrays (:class:`ArrayEntry`), each tiled by chunks
 (:class:`Chunk`: a box of the array stored in a data file, through a codec pipeline),
 its data files (:class:`FileEntry`) and, for a format-1.0 root read on its own, the
-parts (:class:`PartEntry`) that hold the rest of its chunks. ``Manifest.to_bytes`` and
-``to_files`` write format 1.0 (:mod:`.encode`); ``Manifest.parse`` reads 1.0 and the
-pre-release versions (:mod:`.manifest`).
+parts (:class:`PartEntry`) that hold the rest of its chunks. Pure data: :mod:`.encode`
+writes a manifest as format 1.0 and :mod:`.manifest` reads 1.0 and the pre-release
+versions (``uckpt.format.encode_manifest`` / ``parse_manifest``), so the model imports
+neither.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import dtypes, hashing
 
@@ -124,37 +125,6 @@ class Manifest:
         """The path of an array with a chunk without a content hash (one read from a
         manifest older than version 4), or None."""
         return next((a.path for a in self.arrays.values() for c in a.chunks if not c.hash), None)
-
-    def to_bytes(self) -> bytes:
-        """The root manifest of format 1.0, for a manifest without parts (a world of one
-        rank; ValueError otherwise: :meth:`to_files`)."""
-        from .encode import encode
-
-        root, parts = encode(self)
-        if parts:
-            raise ValueError("this manifest has parts: write them with to_files()")
-        return root
-
-    def to_files(self) -> Tuple[bytes, List[Tuple[str, bytes]]]:
-        """``(root manifest bytes, [(part file name, bytes), ...])`` of format 1.0; the
-        parts are written before the root (the root is the commit)."""
-        from .encode import encode
-
-        return encode(self)
-
-    @classmethod
-    def parse(cls, data: bytes, where: str = "manifest.json",
-              read_part: Optional[Callable[[PartEntry], bytes]] = None) -> "Manifest":
-        """Check and read a manifest of any version this uckpt reads (raises
-        ManifestError). A 1.0 root's parts are read with ``read_part(entry) -> bytes``
-        and attached; without it they stay pending (:meth:`attach_part`)."""
-        from .manifest import parse
-
-        manifest = parse(data, where)
-        if read_part is not None:
-            for k in list(manifest.parts_pending):
-                manifest.attach_part(k, read_part(manifest.parts[k]))
-        return manifest
 
     def attach_part(self, index: int, data: bytes) -> None:
         """Check part ``index``'s bytes (size, checksum, content) and add its chunks; once
