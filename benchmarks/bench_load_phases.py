@@ -105,7 +105,7 @@ def _into_tensors(fd: int, views: List[np.ndarray], threads: int, pool) -> None:
 def python_floor(path: Path, data_file: Path, model, opt, threads: int, pool,
                  validate: bool) -> None:
     """The least a verified in-place load written in Python does: the manifest parsed
-    (``json.loads``, or uckpt's validating ``Manifest.parse``), one entry looked up and one
+    (``json.loads``, or uckpt's validating ``parse_manifest``), one entry looked up and one
     shape check per tensor, then the tensors' chunks read into their memory on ``threads``
     threads, each chunk's CRC-32C compared. No tree, no adapters, no hyperparameters: what
     the per-tensor work of any Python loader adds to the read, without uckpt's checks and

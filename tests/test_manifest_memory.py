@@ -1,7 +1,7 @@
 """The memory parsing and listing a large valid manifest takes, per byte of the manifest
 (issue 25, section 3; docs/architecture.md's table of bounds).
 
-Each manifest is written by ``uckpt.save`` (real files); ``Manifest.parse`` and
+Each manifest is written by ``uckpt.save`` (real files); ``parse_manifest`` and
 ``uckpt ls --json`` (the CLI's main, in-process) are then traced with ``tracemalloc`` and
 their peak compared with the manifest's size. The bounds are those docs/benchmarks.md
 states for each kind of manifest.
