@@ -215,3 +215,21 @@ def test_listing_entries(root):
     assert one.kind == "checkpoint" and one.where == root + "/step_00000001"
     dead.abort()
     assert store.delete("step_00000001") and not store.still_there(found[1])
+
+
+def test_a_store_that_cannot_lock_warns_and_still_saves(tmp_path, caplog):
+    """fsspec's local file system has no atomic create-if-absent across processes: the
+    manager's writer lock there cannot be exclusive, and says so."""
+    root = f"fsspec+file://{tmp_path}/run"
+    with caplog.at_level(logging.WARNING, logger="uckpt.storage.checkpoint.lock"):
+        m = uckpt.CheckpointManager(root, keep=2, async_save=False)
+        m.save(1, state(1))
+        m.close()
+    assert any("checked but not exclusive" in r.getMessage() for r in caplog.records)
+    assert uckpt.load(root + "/step_00000001")["step"] == 1
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="uckpt.storage.checkpoint.lock"):
+        m = uckpt.CheckpointManager("memory://lockwarn/run", keep=2, async_save=False)
+        m.save(1, state(1))
+        m.close()
+    assert not [r for r in caplog.records if "not exclusive" in r.getMessage()]

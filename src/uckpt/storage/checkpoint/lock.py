@@ -37,6 +37,10 @@ __all__ = ["AdvisoryWriterLock", "CONCURRENT_DIR", "LOCK_NAME", "LeaseWriterLock
 def writer_lock(store: BlobCheckpointStore, job: str, shared: bool) -> WriterLock:
     if store.blob.advisory_locks:
         return AdvisoryWriterLock(store, job, shared)
+    if not store.blob.conditional_create:
+        log.warning("%s has neither advisory locks nor an atomic create-if-absent: its writer "
+                    "lock is checked but not exclusive, so two jobs started at the same moment "
+                    "could both write to it; give each job its own root", store.where)
     return LeaseWriterLock(store, job, shared)
 
 
