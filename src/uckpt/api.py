@@ -40,7 +40,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     ``compression="zstd"`` compresses every chunk with Zstandard at
     ``compression_level`` (default 1), grouping the bytes of each element of dtypes of
     itemsize 2 or more into planes first (codec ``zstd+bytegroup``, docs/format.md
-    section 6.3); a chunk that does not shrink is stored raw. With ``blocking=False`` the
+    section 5); a chunk that does not shrink is stored raw. With ``blocking=False`` the
     compression runs in the background. Unknown names raise
     :class:`~uckpt.errors.CompressionError` (a ``ValueError``).
 
@@ -68,7 +68,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     ``base`` (a committed checkpoint beside ``directory``: same parent directory or
     prefix) makes an incremental checkpoint: chunks whose content hash equals the base's
     chunk of the same box are not written but refer to where the base's bytes are
-    (docs/format.md section 14). The new checkpoint then needs its bases to load; keep
+    (docs/format.md section 11.4). The new checkpoint then needs its bases to load; keep
     them, or make a self-contained copy with :func:`consolidate`. Chunks are then cut into
     slabs of about ``options.incremental_chunk_bytes``; ``incremental=True`` cuts a save
     without a base the same way, so that the first checkpoint of a chain can serve as one.

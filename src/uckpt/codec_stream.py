@@ -3,7 +3,7 @@
 ``uckpt verify`` must recompute the content hash of a compressed chunk (the XXH3-128
 of its raw bytes, element order), and ``uckpt diff`` compare its elements, without
 holding the decoded chunk, whatever size the manifest declares (DESIGN invariant 9): a
-32 KiB chunk may legitimately decode to 1 GiB (docs/format.md section 6.3, rule 1).
+32 KiB chunk may legitimately decode to 1 GiB (docs/format.md section 5).
 :class:`Decoded` pulls the stored bytes from the data file a block at a time
 (:class:`StoredReader`: CRC-32C'd and its block headers walked as they pass), decodes
 them with Zstandard's streaming decoder into one block, and gives the raw bytes block by
@@ -37,7 +37,7 @@ BLOCK = 1 << 17
 
 class FrameWalk:
     """Follows the block headers of a Zstandard frame as its bytes pass (rule 2 of
-    docs/format.md section 6.3): ``end`` is where the frame ends once its last block
+    docs/format.md section 5): ``end`` is where the frame ends once its last block
     header was seen; more than ``most`` blocks raise ``damaged``."""
 
     def __init__(self, header: int, checksum: bool, most: int, damaged) -> None:

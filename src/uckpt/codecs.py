@@ -245,7 +245,7 @@ def damage(codec: Tuple[str, ...], *, where: str, leaf: str, offset: int):
 
 def check_header(head: bytes, want: int, damaged):
     """``(frame parameters, header size)`` of the frame starting ``head`` (a chunk's first
-    stored bytes, up to 18), checked against rule 2 of docs/format.md section 6.3 for
+    stored bytes, up to 18), checked against docs/format.md section 5 for
     content of ``want`` bytes; ``damaged(what)`` makes the error raised."""
     import zstandard
 
@@ -272,7 +272,7 @@ def check_header(head: bytes, want: int, damaged):
 
 def max_blocks(raw_size: int) -> int:
     """The most blocks a frame of ``raw_size`` decoded bytes may have (docs/format.md
-    section 6.3, rule 2): bounds a reader's work by the content's size."""
+    section 5): bounds a reader's work by the content's size."""
     return 64 + raw_size // 2048
 
 

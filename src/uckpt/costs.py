@@ -8,7 +8,7 @@ For every save the manager measures (monotonic clock, from the call of ``save``)
   ``commit_s`` with one tier; absent for a save not copied (``durable_every``).
 
 The writing manager (rank 0) keeps the newest :data:`KEEP` records in
-``<root>/.uckpt-costs.json`` of a local first tier (docs/format.md, section 2.2),
+``<root>/.uckpt-costs.json`` of a local first tier (docs/format.md, section 15),
 replaced atomically (a temporary file renamed over it; not fsynced: losing it
 loses only measurements). ``uckpt advise`` and :class:`~uckpt.interval.EveryOptimal`
 read it. The file is a JSON object::

@@ -123,8 +123,8 @@ class DamagedBaseError(CorruptCheckpointError):
 
 
 class ManifestChecksumError(ManifestError, CorruptCheckpointError):
-    """A manifest's bytes do not match the checksum it records (format version 2), or a
-    version-2 manifest does not end in its checksum. ``stored`` and ``computed`` are the
+    """A manifest's bytes do not match the checksum it records, or a manifest (format 1.0,
+    or pre-release 2 to 6) does not end in its checksum. ``stored`` and ``computed`` are the
     two checksums (None when there is no checksum to compare)."""
 
 

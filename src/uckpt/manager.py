@@ -140,7 +140,7 @@ class CheckpointManager:
     incremental, full_every
         with ``incremental=True`` a save writes only the chunks whose content hash
         differs from this manager's previous save (held in memory), and refers to the
-        others where they already are (docs/format.md section 14); arrays are cut into
+        others where they already are (docs/format.md section 11.4); arrays are cut into
         slabs of ``SaveOptions.incremental_chunk_bytes``. Every ``full_every``-th save (and
         the first of a manager, and an overwrite) writes everything. Retention never
         deletes a checkpoint that a kept one refers to, and deletes newest first;

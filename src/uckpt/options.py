@@ -38,7 +38,7 @@ class SaveOptions:
         file (a power of two).
     compression, compression_level
         as ``uckpt.save``'s keywords: None (or ``"none"``) stores chunks raw;
-        ``"zstd"`` compresses them (docs/format.md section 6.3); a bad name or level
+        ``"zstd"`` compresses them (docs/format.md section 5); a bad name or level
         raises :class:`~uckpt.errors.CompressionError`.
     """
 

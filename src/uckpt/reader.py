@@ -2,7 +2,7 @@
 
 Every byte read is checked against its chunk's CRC-32C; a mismatch raises
 :class:`~uckpt.errors.ChecksumMismatchError` naming the file, the leaf and the
-byte offset. A compressed chunk (docs/format.md section 6.3) is checked as stored,
+byte offset. A compressed chunk (docs/format.md section 5) is checked as stored,
 then decoded (:func:`uckpt.codecs.decode_into`) straight into the destination where
 the box is a contiguous part of it, else into one chunk-sized buffer.
 
@@ -197,7 +197,7 @@ class CheckpointReader:
         """Refuse, before allocating, new arrays larger than the data files being read
         (already open and size-checked) can hold: chunks of a valid checkpoint never share
         bytes, so its arrays always fit in its files, each compressed byte counting as at
-        most ``MAX_RATIO`` bytes of array (docs/format.md section 6.3). Returns their
+        most ``MAX_RATIO`` bytes of array (docs/format.md section 5). Returns their
         bytes."""
         need = sum(e.nbytes for e in entries)
         have = sum(self._sizes[key] for key in files) + (MAX_RATIO - 1) * sum(
@@ -344,7 +344,7 @@ class CheckpointReader:
         Version 4: every chunk's content hash is recomputed from its bytes and compared
         (chunks of ``bases`` are read too, unless ``files`` limits the check to some of
         this checkpoint's own files), then, when every chunk was read, each array's Merkle
-        root and the checkpoint's (docs/format.md section 14.3)."""
+        root and the checkpoint's (docs/format.md section 11.3)."""
         for name in self.manifest.files:
             if files is None or name in files:
                 self._open(name)  # every file is checked first, even one without chunks

@@ -11,7 +11,7 @@ committing rank once every rank has written (:func:`uckpt.collective.copy_collec
 
 Content hashes are of the raw bytes, so they, and the Merkle roots built from them, do
 not change (a chunk read from a manifest older than version 4 gets its hash here). An
-incremental checkpoint's references to its bases (docs/format.md section 14) stay
+incremental checkpoint's references to its bases (docs/format.md section 11.4) stay
 references: the bases are copied to the tier first, and each reference is pointed at
 the base's chunk of the same box as the tier holds it (:func:`target_bases`), whose
 offset, length and codec differ from the source's when the base was re-encoded too.

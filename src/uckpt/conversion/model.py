@@ -13,7 +13,7 @@ weights). ``Tree.extras`` maps a node's path to what some format keeps beside
 the tree (HDF5 attributes, an ``OrderedDict``'s pickled attributes, a uckpt
 checkpoint's step and metadata); writers keep what they understand.
 
-Paths are uckpt's array paths (``docs/format.md`` section 5.1): components
+Paths are uckpt's array paths (``docs/format.md`` section 8.1): components
 joined with ``/``, ``~`` and ``/`` inside a component written ``~0`` and ``~1``.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ Formats that hold only named arrays (NPZ, HDF5, safetensors) or only what
 *structure record*, see docs/convert.md) so a round trip rebuilds the exact tree:
 
     {"uckpt_convert": 1,
-     "tree": <a uckpt tree node, docs/format.md section 5>,
+     "tree": <a uckpt tree node, docs/format.md section 8>,
      "dtypes": {"<array name>": "bfloat16", ...},   # arrays stored as raw bits
      "extras": {"<path>": {...}, ...},              # HDF5 attributes, OrderedDict state, ...
      "wrapped_root": false}                         # true: the root was not a dict

@@ -9,7 +9,7 @@ whose chunks tile it in flat order is also given a block at a time, in a constan
 (``Leaf.stream``), and only a whole read is held to ``max_ratio``.
 
 The writer lays arrays out as uckpt's single-process save does (docs/format.md
-sections 6.1 and 7: aligned arrays, slabs along the first axis for large
+sections 15 and 9: aligned arrays, slabs along the first axis for large
 arrays, as :class:`uckpt.SaveOptions` say), but reads, checksums and writes one array
 at a time, so a conversion holds at most one array in memory. It writes through the
 :class:`~uckpt.storage.base.CheckpointSink` the caller opened on the target's store (a

@@ -32,7 +32,7 @@ _FIELD_SETS: Dict[Tuple[Tuple[str, ...], Tuple[str, ...]], _Sets] = {}
 
 
 def plain_name(name: str) -> bool:
-    """Whether ``name`` is a plain file name inside its directory (section 4.3)."""
+    """Whether ``name`` is a plain file name inside its directory (section 3.3)."""
     return SAFE_NAME.fullmatch(name) is not None and ".." not in name
 
 

@@ -1,6 +1,6 @@
 """Reading a manifest file: checks shared by every version, then the version's parser.
 
-:func:`parse` checks the manifest checksum (the last member, docs/format.md section 4.4)
+:func:`parse` checks the manifest checksum (the last member, docs/format.md section 3.4)
 before anything else, refuses a file whose parse may need more memory than this process
 has, and dispatches on ``format_version``: the string ``"1.0"`` to :mod:`.v1`, an
 integer (a pre-release version 1 to 6) to :mod:`.legacy`, anything else refused.
@@ -21,7 +21,7 @@ from .values import show as _show
 MANIFEST_NAME = "manifest.json"
 #: the pre-release versions read (through :mod:`.legacy`)
 READ_VERSIONS = legacy.READ_VERSIONS
-#: a compressed chunk decodes to at most this many bytes per stored byte (section 6.3)
+#: a compressed chunk decodes to at most this many bytes per stored byte (section 5)
 MAX_RATIO = chunk_table.MAX_RATIO
 
 

@@ -1,4 +1,4 @@
-"""Standard JSON only (docs/format.md, section 4.1), for manifests and other headers.
+"""Standard JSON only (docs/format.md, section 3.1), for manifests and other headers.
 
 ``loads`` refuses what Python's ``json`` module accepts beyond RFC 8259 and the
 format: the tokens ``NaN``/``Infinity``, numbers too large for a double (which

@@ -1,4 +1,4 @@
-"""Do the chunks of an array tile it exactly? (docs/format.md section 6, rule 15 of section 10)
+"""Do the chunks of an array tile it exactly? (docs/format.md section 6, rule 15 of section 12)
 
 Boxes ``[start, end)`` tile the array ``[0, shape)`` exactly when the function
 ``f = sum of the boxes' indicators - the array's indicator`` is zero at every

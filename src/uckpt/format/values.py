@@ -1,5 +1,5 @@
-"""What the manifest's parts share: the format's numeric limits (docs/format.md section 10,
-rule 18) and short previews of manifest values for error messages."""
+"""What the manifest's parts share: the format's numeric limits (docs/format.md section 12,
+rule 6) and short previews of manifest values for error messages."""
 from __future__ import annotations
 
 import json

@@ -4,7 +4,7 @@ A rollback (:mod:`uckpt.rollback`) moves the checkpoints above the step rolled b
 out of the root's live line into an *archive*: a directory (an object store: a prefix)
 ``rollback_NNNN`` directly under the root, itself laid out as a root
 (``rollback_0001/step_00000008/...``). Their names are kept, so an archived incremental
-checkpoint still finds its bases as siblings (docs/format.md section 14): those that
+checkpoint still finds its bases as siblings (docs/format.md section 11.4): those that
 were archived with it, and those of the live line, which are linked (a local root: hard
 links, else copies) or copied (an object store) into the archive first. An archive is a
 root of its own: every reading tool opens it as one, and nothing the live line's

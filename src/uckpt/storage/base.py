@@ -119,7 +119,7 @@ class CheckpointSource:
 
     def sibling(self, name: str) -> "CheckpointSource":
         """The checkpoint ``name`` beside this one (same parent directory or prefix): a
-        base of an incremental checkpoint (docs/format.md section 14). Only its data
+        base of an incremental checkpoint (docs/format.md section 11.4). Only its data
         files are read, once its manifest was seen to exist (:func:`uncommitted_base`
         if not). Raises CheckpointNotFoundError if it does not exist,
         NotACheckpointError if it is not a directory (a symlink included)."""
@@ -408,7 +408,7 @@ def uncommitted_base(where: str, why: str) -> CorruptCheckpointError:
 
 def wrong_size(where: str, actual: int, expected: int) -> CorruptCheckpointError:
     """The error for data file ``where`` of ``actual`` bytes where the manifest records
-    ``expected`` (they must be equal, docs/format.md section 7): a TruncatedDataError if
+    ``expected`` (they must be equal, docs/format.md section 9): a TruncatedDataError if
     shorter, else a CorruptCheckpointError."""
     if actual < expected:
         return TruncatedDataError(f"data file {where!r} is truncated: {actual} bytes, the "

@@ -7,7 +7,7 @@ save lease (:mod:`uckpt.leases`); the manifest is written last and the directory
 renamed into place (``renameat2(RENAME_EXCHANGE)`` to overwrite). Reads open the
 checkpoint directory once and each file relative to it (regular files only, no
 symlink followed, never blocking: :func:`uckpt.fsutil.open_regular`), and ``pread``
-straight into the caller's buffers. The commit rule is docs/format.md section 3.
+straight into the caller's buffers. The commit rule is docs/format.md section 2.
 """
 from __future__ import annotations
 

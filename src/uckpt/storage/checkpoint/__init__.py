@@ -5,11 +5,11 @@
 listing of steps, archives) for any :class:`~uckpt.storage.blob.BlobStore`, choosing each
 rule by the store's capability flags, never by its type:
 
-* **commit** (docs/format.md section 3): where the store has ``atomic_rename``, a save
+* **commit** (docs/format.md section 2): where the store has ``atomic_rename``, a save
   writes under a hidden temporary prefix ``.<name>.uckpt-tmp-<token>/``, the manifest
   last, and renames the prefix into place (:mod:`.sink`); where it has not, it writes
   under the final prefix and the manifest, written last with ``create_if_absent``, is the
-  commit (section 3.1);
+  commit (section 2);
 * **debris** (:mod:`.debris`): a temporary prefix whose save lease (an advisory lock) is
   free, or, without locks, a step prefix without a manifest whose newest object is older
   than ``knobs.debris_expiry_s``; never a live save of this process;

@@ -5,7 +5,7 @@ a lease, on the versions of :class:`~uckpt.storage.blob.base.BlobStore`
 ``<root>/.uckpt-writer.lock`` (exclusive), or ``<root>/.uckpt-writers/<job>`` for each
 writer with ``concurrent_writers=True``, holds a JSON record: the holder's ``host``,
 ``pid``, ``job``, ``mode``, ``since`` (its clock, informative), ``lease_s`` and a ``nonce``
-that changes with every write. See docs/format.md section 3.1 and docs/architecture.md.
+that changes with every write. See docs/format.md section 2 and docs/architecture.md.
 
 * **Taking it.** ``create_versioned`` (S3: a PUT with ``If-None-Match: *``) creates it.
   If it exists, its holder is watched for at most the rest of its lease: a holder that

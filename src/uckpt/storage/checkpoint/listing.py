@@ -25,7 +25,7 @@ def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry
         entry.reason = ("what a save in progress or interrupted wrote" if entry.kind == TEMPORARY
                         else "what an interrupted deletion or overwrite left")
     elif MANIFEST_NAME not in files:
-        entry.kind = TEMPORARY  # the manifest is the commit (docs/format.md section 3)
+        entry.kind = TEMPORARY  # the manifest is the commit (docs/format.md section 2)
         entry.reason = "objects of a save in progress or interrupted (no manifest)"
     return entry
 

@@ -1,11 +1,11 @@
 """Writing one checkpoint to a blob store (:class:`~uckpt.storage.base.CheckpointSink`),
-and its commit, chosen by the store's capabilities (docs/format.md section 3):
+and its commit, chosen by the store's capabilities (docs/format.md section 2):
 
 * ``atomic_rename``: the data files and then the manifest are written under the save's
   temporary prefix, held by its save lease, which is then renamed into place (an
   overwrite renames the old checkpoint aside first, and removes it after);
 * otherwise: the data files are written under the final prefix and the manifest, written
-  last (``create_if_absent`` unless overwriting), is the commit (section 3.1).
+  last (``create_if_absent`` unless overwriting), is the commit (section 2).
 """
 from __future__ import annotations
 

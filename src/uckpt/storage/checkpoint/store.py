@@ -119,7 +119,7 @@ class BlobCheckpointStore(base.Store):
             return BlobSink(self, name, hidden(name, ".uckpt-tmp-"), True, shared)
         if overwrite and self.has(name):
             # no rename: the old checkpoint is un-committed first, so that its manifest
-            # never describes data objects being replaced (docs/format.md section 3.1)
+            # never describes data objects being replaced (docs/format.md section 2)
             self.check_writer()
             self.blob.delete(self.key(name, MANIFEST_NAME))
             log.info("overwrite of %s: the old checkpoint is no longer committed",
