@@ -1,7 +1,8 @@
 """The manifest checksum (docs/format.md, section 3.4).
 
-A manifest (format 1.0, and the pre-release versions 2 to 6) carries the CRC-32C of its own bytes as the last member of
-its top-level object, in one fixed form at the very end of the file::
+A manifest (format 1.0, and the pre-release versions 2 to 6) carries the CRC-32C of
+its own bytes as the last member of its top-level object, in one fixed form at the very
+end of the file::
 
     ...,"manifest_checksum":"crc32c:1a2b3c4d"}\\n
 
