@@ -24,7 +24,7 @@ import crc32c as _crc32c
 import numpy as np
 import xxhash
 
-#: section 8: dtype -> NumPy type of its bytes (bfloat16 and float8 as their bits)
+#: section 10: dtype -> NumPy type of its bytes (bfloat16 and float8 as their bits)
 BITS = {"bool": "|b1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
         "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8", "float16": "<f2",
         "float32": "<f4", "float64": "<f8", "complex64": "<c8", "complex128": "<c16",
@@ -48,7 +48,7 @@ def planes(values, width: int) -> bytes:
 
 
 def encode(raw: bytes, pipeline, itemsize: int) -> bytes:
-    """The stored bytes of a chunk: ``pipeline`` applied to its raw bytes (section 6)."""
+    """The stored bytes of a chunk: ``pipeline`` applied to its raw bytes (section 5)."""
     for codec in pipeline:
         if codec == "bytegroup":
             raw = np.frombuffer(raw, np.uint8).reshape(-1, itemsize).T.tobytes()
@@ -76,14 +76,14 @@ def chunk_table(rows, ndims, level: int = 1) -> dict:
 
 def seal(doc: dict) -> bytes:
     """The bytes of a root manifest ``doc`` (no checksum member), indented as golden files
-    are, ending in its checksum member (section 4.4)."""
+    are, ending in its checksum member (section 3.4)."""
     text = json.dumps(doc, indent=1, ensure_ascii=False, allow_nan=False)
     covered = (text[:-2] + ',\n "manifest_checksum":').encode("utf-8")
     return covered + b'"crc32c:%08x"}\n' % crc32c(covered)
 
 
 def merkle(arrays, rows):
-    """``merkle_root`` of ``arrays`` [(path, dtype, shape)] and their ``rows`` (section 12)."""
+    """``merkle_root`` of ``arrays`` [(path, dtype, shape)] and their ``rows`` (section 11.3)."""
     def h(data):
         return xxhash.xxh3_128_digest(data)
 
@@ -236,7 +236,7 @@ def _example(directory: Path) -> dict:
 
 
 def _all_types(directory: Path) -> dict:
-    """Every dtype of section 8 (edge values), a 0-d array, an empty array, every node type."""
+    """Every dtype of section 10 (edge values), a 0-d array, an empty array, every node type."""
     ck = Checkpoint(step=12, metadata={"purpose": "every dtype"})
     i64 = np.iinfo(np.int64)
     values = {
@@ -279,7 +279,7 @@ def _all_types(directory: Path) -> dict:
 
 
 def _codecs(directory: Path) -> dict:
-    """Every pipeline of section 6; one array whose two chunks use two pipelines."""
+    """Every pipeline of section 5; one array whose two chunks use two pipelines."""
     ck = Checkpoint()
     x = np.linspace(-1.0, 1.0, 512, dtype="<f4")
     weights = (np.round(x * 64) / 64).reshape(64, 8)

@@ -1,4 +1,4 @@
-"""Only committed checkpoints may be bases (docs/format.md section 14.1): a manifest whose base
+"""Only committed checkpoints may be bases (docs/format.md section 11.4): a manifest whose base
 names a sibling directory without a manifest (a save in progress, an interrupted one, a
 stranger's directory) is refused, naming the base, and restore falls back."""
 import os

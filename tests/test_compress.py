@@ -1,4 +1,4 @@
-"""Compressed checkpoints (docs/format.md section 6.3): round trips, layouts, bad input.
+"""Compressed checkpoints (docs/format.md section 5): round trips, layouts, bad input.
 
 Every test saves real files under tmp_path and loads them back with ``uckpt.load``;
 damaged inputs are made by editing the bytes on disk (and re-sealing the manifest
@@ -59,7 +59,7 @@ def chunks_of(path):
 
 
 def reseal(path, fn):
-    """Edit the manifest as JSON and seal it anew (docs/format.md section 4.4)."""
+    """Edit the manifest as JSON and seal it anew (docs/format.md section 3.4)."""
     m = listed(json.loads((path / "manifest.json").read_bytes()))  # grids as chunk lists
     m.pop(integrity.FIELD)
     fn(m)

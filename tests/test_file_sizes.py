@@ -1,5 +1,5 @@
 """A data file (or object) must be exactly as long as the manifest's ``size`` (docs/format.md
-section 7): a longer one is damage on load, verify, restore, ls and a copy to another tier,
+section 9): a longer one is damage on load, verify, restore, ls and a copy to another tier,
 named with the file, the size found and the size recorded."""
 import re
 

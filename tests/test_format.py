@@ -248,13 +248,13 @@ def test_golden_all_types_covers_the_format():
     """The golden checkpoint keeps covering every node type, dtype and layout feature."""
     doc = manifest_doc(GOLDEN_V6 / "all_types")
     assert node_types(doc["tree"]) == NODE_TYPES
-    rows = golden.table_entries(doc)  # version 6: arrays stored whole (section 16)
+    rows = golden.table_entries(doc)  # version 6: arrays stored whole (docs/format-legacy.md)
     assert set(doc["arrays"]) == {"big", "empty", "empty_blob"} and len(rows) > 20
     assert {a["dtype"] for a in rows.values()} == set(dtypes.NAMES)
     assert {s for t in doc["table"]["sources"] for s in t} == {None, "data-00000.bin"}
     arrays = {**doc["arrays"], **rows}
     big = golden.chunk_list(arrays["big"])
-    assert "grid" in arrays["big"]  # version 5: listed compactly (docs/format.md section 15)
+    assert "grid" in arrays["big"]  # version 5: listed compactly (docs/format-legacy.md)
     assert len(big) == 3  # split along axis 0 (chunk_bytes=256)
     assert [c["shape"][0] for c in big] == [14, 14, 12]
     assert arrays["zero_d"]["shape"] == [] and arrays["empty"]["chunks"] == []
@@ -813,7 +813,7 @@ def test_tree_depth_limit(validator):
     _tree_of_depth(doc, 200)
     parse_manifest(encode(doc))
     old = sys.getrecursionlimit()
-    sys.setrecursionlimit(10_000)  # see docs/format.md section 10
+    sys.setrecursionlimit(10_000)  # see docs/format.md section 12
     try:
         validator.validate(schema_doc(doc))
     finally:

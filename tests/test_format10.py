@@ -165,9 +165,25 @@ def test_ranks_write_one_part_each_and_it_reads_back(tmp_path):
     same(uckpt.load(path), state)
 
 
+def _symlinked(part):
+    """``part`` moved out of the checkpoint, a symbolic link to it left in its place."""
+    outside = part.parent.parent / "outside.json"
+    part.rename(outside)
+    part.symlink_to(outside)
+
+
+def _directory(part):
+    part.unlink()
+    part.mkdir()
+
+
 @pytest.mark.parametrize("damage, error, words", [
     (lambda p: p.write_bytes(p.read_bytes()[:-1]), errors.CorruptCheckpointError,
      "manifest part of"),
+    (_symlinked, errors.CorruptCheckpointError,
+     "manifest part '.*' is a symbolic link .*, not a regular file"),
+    (_directory, errors.CorruptCheckpointError, "manifest part '.*' is a directory, not a "
+                                                "regular file"),
     (lambda p: p.write_bytes(p.read_bytes().replace(b'"count"', b'"cOunt"')),
      errors.CorruptCheckpointError, "a part of another save, or a damaged or torn one"),
     (lambda p: p.unlink(), errors.CorruptCheckpointError, "manifest part listed in the root "

@@ -8,8 +8,8 @@
   the one uckpt computed for the same state in format version 6;
 * the document's tables list the dtypes, members, columns and pipelines the code knows, and
   its normative part stays within its length budget;
-* where uckpt writes format 1.0, the reference reader reads what it writes and the golden
-  files of tests/data/golden_1.0 (skipped until uckpt writes 1.0).
+* the reference reader reads what uckpt writes and the golden files of
+  tests/data/golden_1.0.
 """
 import base64
 import json
@@ -338,11 +338,9 @@ def test_doc_normative_part_is_short():
     assert informative <= 849
 
 
-# --- what uckpt writes (once it writes format 1.0) ----------------------------------------------
+# --- what uckpt writes -------------------------------------------------------------------------
 def _writes_1_0(directory):
-    version = manifest(directory)["format_version"]
-    if version != "1.0":
-        pytest.skip(f"uckpt writes format version {version!r}, not 1.0 yet (branch i26-fmt10)")
+    assert manifest(directory)["format_version"] == "1.0"
 
 
 def _rows(reader, doc, table):
@@ -376,13 +374,12 @@ def test_reference_reader_reads_what_uckpt_writes(reader, tmp_path, compression)
     assert_same(reader["decode"](m["tree"], arrays), as_read(uckpt.load(path)))
 
 
-GOLDEN_1_0 = sorted(p.parent for p in (DATA / "golden_1.0").glob("*/manifest.json"))
+GOLDEN_1_0 = ("all_types", "codecs", "example", "sharded")  # (chain: the test below)
 
 
-@pytest.mark.parametrize("directory", GOLDEN_1_0 or [None], ids=lambda p: getattr(p, "name", ""))
-def test_reference_reader_reads_golden_1_0(reader, validator, directory):
-    if directory is None:
-        pytest.skip("tests/data/golden_1.0 does not exist yet (branch i26-fmt10)")
+@pytest.mark.parametrize("name", GOLDEN_1_0)
+def test_reference_reader_reads_golden_1_0(reader, validator, name):
+    directory = DATA / "golden_1.0" / name
     for path in sorted(directory.glob("manifest*.json")):
         validator.validate(json.loads(path.read_bytes()))
     m, arrays = read(reader, directory)
@@ -391,8 +388,6 @@ def test_reference_reader_reads_golden_1_0(reader, validator, directory):
 
 def test_reference_reader_reads_the_golden_1_0_chain(reader):
     chain = DATA / "golden_1.0" / "chain" / "step_00000002"
-    if not chain.is_dir():
-        pytest.skip("tests/data/golden_1.0/chain does not exist yet (branch i26-fmt10)")
     m, arrays = read(reader, chain)
     assert m["bases"] and sorted(arrays) == sorted(m["arrays"]["paths"])
     assert_same(reader["decode"](m["tree"], arrays), as_read(uckpt.load(chain)))

@@ -309,7 +309,7 @@ def data_verdicts(source: Source, name: str, old: bytes, new: bytes):
     """(verdict of the operations reading every array, of in-place restores, which skip
     ``source.skip``): "ok" when every chunk they read is intact and the file's size is as
     recorded; "fail" when a chunk they read changed or the size differs (a file longer
-    than recorded is damage too, docs/format.md section 7), except that a restore that
+    than recorded is damage too, docs/format.md section 9), except that a restore that
     may not open the file at all gets "either" for bytes added past its end."""
     size = source.doc["files"][name]["size"]
     if len(new) < size:
@@ -422,7 +422,7 @@ def json_edit(draw, doc):
     doc = copy.deepcopy(doc)
     region = draw(st.sampled_from(["anywhere", "anywhere", "value nodes", "metadata"]
                                   + ["table"] * 2 * ("table" in doc)))
-    if region == "table":  # a version-6 table as written (docs/format.md section 16)
+    if region == "table":  # a version-6 table as written (docs/format-legacy.md)
         spots = [(doc, "table", "$.table")] + list(locations(doc["table"], "$.table"))
     elif region == "value nodes":  # edits that can keep the manifest valid
         spots = [(n, "value", f"{p}.value") for n, p in _nodes(doc["tree"])

@@ -1,4 +1,4 @@
-"""Content hashes and Merkle trees (uckpt.hashing; docs/format.md section 14.2 and 14.3)."""
+"""Content hashes and Merkle trees (uckpt.hashing; docs/format.md sections 11.2 and 11.3)."""
 from __future__ import annotations
 
 import struct

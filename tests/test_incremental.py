@@ -1,4 +1,4 @@
-"""Incremental checkpoints (docs/format.md section 14): only changed chunks are written,
+"""Incremental checkpoints (docs/format.md section 11.4): only changed chunks are written,
 references are followed when loading, retention never breaks a newer checkpoint, tiers
 hold what their checkpoints refer to, damage in a base is named and restore falls back."""
 import json

@@ -1,4 +1,4 @@
-"""A damaged manifest is always caught (format versions 2 and 3, docs/format.md section 4.4).
+"""A damaged manifest is always caught (format versions 2 and 3, docs/format.md section 3.4).
 
 Every single changed byte of a real manifest is detected by ``uckpt.load``,
 ``uckpt verify`` (in-process for speed, and a few times as a real subprocess) and

@@ -4,8 +4,7 @@ These change how fast uckpt works (threads, buffer and block sizes), timeouts an
 expiries, never the bytes a save writes: what shapes a checkpoint's layout (chunk
 sizes, alignment, compression) is passed to each save as a :class:`uckpt.SaveOptions`
 (:mod:`uckpt.options`), so that saves in one process with different layouts do not
-interfere. (``table_min_arrays`` is the one exception left, until format 1.0 drops
-the table.)
+interfere.
 
 Each can be overridden by an environment variable of the same name, upper-cased
 and prefixed with ``UCKPT_`` (e.g. ``UCKPT_IO_THREADS``), read once at import.

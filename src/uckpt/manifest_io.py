@@ -37,7 +37,7 @@ def part_bytes(source: Any, entry: PartEntry) -> bytes:
     """Part file ``entry.file`` of ``source``, read whole once its size is the listed one."""
     where = source.file_where(entry.file)
     try:
-        size = source.open_file(entry.file)
+        size = source.open_file(entry.file, what="manifest part")
     except FileNotFoundError:  # (damage of a committed checkpoint, not one that is gone)
         raise CorruptCheckpointError(
             f"{where}: the manifest part listed in the root manifest is missing", path=where,

@@ -81,10 +81,11 @@ class CheckpointSource:
         Raises NotACheckpointError if there is none, ManifestError if it is too large."""
         raise NotImplementedError
 
-    def open_file(self, name: str) -> int:
+    def open_file(self, name: str, what: str = "data file") -> int:
         """Make data file ``name`` ready to read and return its actual size (raises
         CheckpointNotFoundError if it is missing, CorruptCheckpointError if it is not a
-        plain file or object)."""
+        plain file or object). ``what`` names the file in those errors (a manifest part is
+        read through here too)."""
         raise NotImplementedError
 
     def read_into(self, name: str, buf, offset: int) -> int:

@@ -112,17 +112,18 @@ class LocalSource(CheckpointSource):
     def file_where(self, name: str) -> str:
         return str(self.directory / name)
 
-    def open_file(self, name: str) -> int:
-        fd = self.fd(name)
+    def open_file(self, name: str, what: str = "data file") -> int:
+        fd = self.fd(name, what)
         try:
             return os.fstat(fd).st_size
         except OSError as e:
-            raise fsutil.unreadable(e, self.file_where(name), "data file") from None
+            raise fsutil.unreadable(e, self.file_where(name), what) from None
 
-    def fd(self, name: str) -> int:
-        """The open descriptor of data file ``name`` (opened on first use)."""
+    def fd(self, name: str, what: str = "data file") -> int:
+        """The open descriptor of data file ``name`` (opened on first use; ``what`` names
+        it in errors)."""
         if name not in self._fds:
-            self._fds[name] = fsutil.open_regular(self.dir_fd, name, what="data file",
+            self._fds[name] = fsutil.open_regular(self.dir_fd, name, what=what,
                                                   path=self.file_where(name),
                                                   missing=missing_data_file)
         return self._fds[name]

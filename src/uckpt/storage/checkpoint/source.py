@@ -48,12 +48,12 @@ class BlobSource(base.CheckpointSource):
     def file_where(self, name: str) -> str:
         return f"{self.where}/{name}"
 
-    def open_file(self, name: str) -> int:
+    def open_file(self, name: str, what: str = "data file") -> int:
         try:
             return self.blob.size(self.prefix + name)
         except CheckpointNotFoundError:
             where = self.file_where(name)
-            raise CheckpointNotFoundError(f"data file {where!r} listed in the manifest is "
+            raise CheckpointNotFoundError(f"{what} {where!r} listed in the manifest is "
                                           "missing", path=where) from None
 
     def read_into(self, name: str, buf: Any, offset: int) -> int:
