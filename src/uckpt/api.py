@@ -39,7 +39,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
 
     ``compression="zstd"`` compresses every chunk with Zstandard at
     ``compression_level`` (default 1), grouping the bytes of each element of dtypes of
-    itemsize 2 or more into planes first (codec ``zstd+bytegroup``, docs/format.md
+    itemsize 2 or more into planes first (the pipeline ``["bytegroup", "zstd"]``, docs/format.md
     section 5); a chunk that does not shrink is stored raw. With ``blocking=False`` the
     compression runs in the background. Unknown names raise
     :class:`~uckpt.errors.CompressionError` (a ``ValueError``).

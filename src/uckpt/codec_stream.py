@@ -10,12 +10,13 @@ them with Zstandard's streaming decoder into one block, and gives the raw bytes 
 block, refusing output beyond the declared size: :mod:`uckpt.reader` hashes them
 (verify) or gives them on (:meth:`~uckpt.reader.CheckpointReader.stream`, for diff).
 
-Byte-grouped content (``zstd+bytegroup``) is its planes one after another, but the hash
-is of the elements: the frame is decoded by one streaming decoder per plane, each
-skipping to its plane and all advancing together, so a block of elements is assembled
-from one block of each plane. That costs ``itemsize`` passes over the stored bytes and
-up to ``(itemsize + 1) / 2`` times the decoding work; :mod:`uckpt.reader` uses it only
-for chunks over ``knobs.verify_decode_bytes`` (verify) or over a block (streamed reads).
+Byte-grouped content (the pipeline ``["bytegroup", "zstd"]``) is its planes one after
+another, but the hash is of the elements: the frame is decoded by one streaming decoder
+per plane, each skipping to its plane and all advancing together, so a block of elements
+is assembled from one block of each plane. That costs ``itemsize`` passes over the
+stored bytes and up to ``(itemsize + 1) / 2`` times the decoding work;
+:mod:`uckpt.reader` uses it only for chunks over ``knobs.verify_decode_bytes`` (verify)
+or over a block (streamed reads).
 
 Memory: one block of stored bytes and one of output per decoder, plus each decoder's
 window (what the frame declares, at most ``codecs.MAX_WINDOW``; Zstandard allocates no

@@ -65,8 +65,9 @@ def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
             if size != entry.size:
                 raise _wrong_size(where, size, entry.size)
             buf = bytearray(size)
-            if size and fsutil.pread_into(fd, buf, 0) != size:
-                raise _wrong_size(where, -1, entry.size)
+            n = fsutil.pread_into(fd, buf, 0) if size else 0
+            if n != size:  # the file shrank since fstat
+                raise _wrong_size(where, n, entry.size)
             return bytes(buf)
         finally:
             os.close(fd)
