@@ -335,15 +335,22 @@ def test_mpi_ranks_upload_their_own_files_and_load_on_1_2_3_ranks(s3_server, s3_
     env = aws_env(s3_server)
     r = run_mpi(4, worker, "mpi", "save", where, env=env, timeout=240).check()
     uploads = {rank: res["uploaded"] for rank, res in r.results.items()}
-    # every rank uploaded its own data file; rank 0 then the manifest, last
-    assert uploads == {rank: [f"{where}/data-{rank:05d}.bin"] + ([f"{where}/manifest.json"]
-                                                                if rank == 0 else [])
-                       for rank in range(4)}, uploads
     m = uckpt.manifest(where, storage_options=s3_server.storage_options)
     assert m.world_size == 4 and sorted(m.files) == [f"data-{r:05d}.bin" for r in range(4)]
+    parts = sorted(p.file for p in m.parts)
+    assert parts == [f"manifest.part-{r:05d}.json" for r in range(4)], parts  # one per rank
+    # every rank uploaded its own data file; rank 0 then the manifest parts (format 1.0,
+    # docs/format.md section 7: written by the committing rank for now) and the root, last
+    assert {rank: u for rank, u in uploads.items() if rank} == \
+        {rank: [f"{where}/data-{rank:05d}.bin"] for rank in range(1, 4)}, uploads
+    first, *middle, last = uploads[0]
+    assert (first, last) == (f"{where}/data-00000.bin", f"{where}/manifest.json"), uploads
+    assert sorted(middle) == [f"{where}/{p}" for p in parts], uploads
     objs = keys(s3_server, s3_bucket, "by4/")
-    assert sorted(objs) == sorted([f"by4/data-{r:05d}.bin" for r in range(4)] + ["by4/manifest.json"])
+    assert sorted(objs) == sorted([f"by4/data-{r:05d}.bin" for r in range(4)] +
+                                  [f"by4/{p}" for p in parts] + ["by4/manifest.json"])
     assert all(objs[f"by4/{f.name}"] == f.size for f in m.files.values())
+    assert all(objs[f"by4/{p.file}"] == p.size for p in m.parts)
     for n in (1, 2, 3):
         r = run_mpi(n, worker, "mpi", "load", where, "cols", env=env, timeout=240).check()
         assert sorted(r.results) == list(range(n))
