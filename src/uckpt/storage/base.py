@@ -57,6 +57,8 @@ from ..errors import CorruptCheckpointError, RootLockedError, TruncatedDataError
 from ..readback import SourceReader
 
 if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    import numpy as np
+    from numpy.typing import NDArray
     from typing_extensions import Buffer
 
     from ..format.model import Manifest
@@ -191,7 +193,7 @@ class CheckpointSink:
         size = gathered[-1][0] + memoryview(gathered[-1][1]).nbytes if gathered else 0
         self.write_pieces(name, size, gathered)
 
-    def write_image(self, name: str, image: Buffer, size: int) -> None:
+    def write_image(self, name: str, image: NDArray[np.uint8], size: int) -> None:
         """Write data file ``name`` from ``image``, a page-aligned buffer holding the
         file's ``size`` bytes (and padding), durably."""
         raise NotImplementedError
