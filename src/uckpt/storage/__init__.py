@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, TypeGuard, Union
 
+from ..errors import StorageConfigError
 from .base import CheckpointSink, CheckpointSource, Entry, Store
 from .checkpoint.urls import is_blob_url, takes_options
 from .s3_url import is_s3_url, parse_url
@@ -24,21 +25,26 @@ from .s3_url import is_s3_url, parse_url
 __all__ = ["CheckpointSink", "CheckpointSource", "Entry", "Store", "canonical", "local_path",
            "locate", "open_source", "open_store", "storage_options_for"]
 
+#: a local path or a URL naming a root or a checkpoint
+PathOrUrl = Union[str, "os.PathLike[str]"]
+#: ``storage_options``: settings of the store a URL names (see :mod:`.s3_config`)
+Options = Mapping[str, Any]
 
-def is_remote(target: Any) -> bool:
+
+def is_remote(target: object) -> TypeGuard[str]:
     """Whether ``target`` names a checkpoint or root by a URL (an object store, memory, an
     fsspec file system), not a local path (for this package only: callers outside it ask
     the store, or the functions below)."""
     return is_s3_url(target) or is_blob_url(target)
 
 
-def storage_options_for(target: Any, storage_options: Optional[Mapping]) -> Optional[Mapping]:
+def storage_options_for(target: Any, storage_options: Optional[Options]) -> Optional[Options]:
     """The ``storage_options`` that apply to ``target``: all of them for a URL of a store
     that takes options, None for a local path or a ``memory://`` URL (which take none)."""
     return storage_options if is_s3_url(target) or takes_options(target) else None
 
 
-def canonical(target: Any) -> Union[Path, str]:
+def canonical(target: PathOrUrl) -> Union[Path, str]:
     """``target`` as one spelling of it: an absolute Path for a local path, the URL without
     a trailing ``/`` for a URL."""
     if is_remote(target):
@@ -46,22 +52,20 @@ def canonical(target: Any) -> Union[Path, str]:
     return Path(target).absolute()
 
 
-def local_path(target: Any) -> Optional[Path]:
+def local_path(target: PathOrUrl) -> Optional[Path]:
     """The local file-system path ``target`` names, None where it names none (a URL): for
     what only a local file can be (another format's input file, the save costs a manager
     records beside its first tier)."""
     return None if is_remote(target) else Path(target)
 
 
-def _check_options(target, storage_options: Optional[Mapping]) -> None:
+def _check_options(target: PathOrUrl, storage_options: Optional[Options]) -> None:
     if storage_options and not is_remote(target):
-        from .s3_errors import StorageConfigError
-
         raise StorageConfigError(f"storage_options were given for {os.fspath(target)!r}, a "
                                  "local path; they apply to s3:// URLs only")
 
 
-def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
+def open_store(root: Union[Store, PathOrUrl], storage_options: Optional[Options] = None) -> Store:
     """The store of root ``root`` (a path, or an ``s3://bucket/prefix`` URL)."""
     if isinstance(root, Store):
         return root
@@ -76,7 +80,7 @@ def open_store(root, storage_options: Optional[Mapping] = None) -> Store:
     return LocalStore(root)
 
 
-def _blob_root(url: str, storage_options: Optional[Mapping]) -> Store:
+def _blob_root(url: str, storage_options: Optional[Options]) -> Store:
     from .checkpoint import BlobCheckpointStore
     from .checkpoint.urls import open_blob_url
 
@@ -84,7 +88,7 @@ def _blob_root(url: str, storage_options: Optional[Mapping]) -> Store:
     return BlobCheckpointStore(blob, prefix, where)
 
 
-def _s3_root(bucket: str, prefix: str, storage_options: Optional[Mapping]) -> Store:
+def _s3_root(bucket: str, prefix: str, storage_options: Optional[Options]) -> Store:
     """The root ``s3://bucket/prefix``: the checkpoint layer on the bucket's blob store."""
     from .blob.s3 import S3Store, client_for
     from .checkpoint import BlobCheckpointStore
@@ -94,7 +98,7 @@ def _s3_root(bucket: str, prefix: str, storage_options: Optional[Mapping]) -> St
     return BlobCheckpointStore(blob, prefix + "/" if prefix else "", url_of(bucket, prefix))
 
 
-def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, str]:
+def locate(target: PathOrUrl, storage_options: Optional[Options] = None) -> Tuple[Store, str]:
     """The store holding checkpoint ``target`` (a path or URL) and the checkpoint's name
     in it: ``/a/b/ckpt`` -> (``/a/b``, ``ckpt``), ``s3://bucket/a/ckpt`` ->
     (``s3://bucket/a``, ``ckpt``)."""
@@ -107,8 +111,6 @@ def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, st
     if is_remote(target):
         bucket, prefix = parse_url(target)
         if not prefix:
-            from .s3_errors import StorageConfigError
-
             raise StorageConfigError(f"{target!r} names a bucket, not a checkpoint in it",
                                      path=target, hint="write s3://bucket/name")
         parent, _, name = prefix.rpartition("/")
@@ -119,7 +121,8 @@ def locate(target, storage_options: Optional[Mapping] = None) -> Tuple[Store, st
     return LocalStore(path.parent), path.name
 
 
-def open_source(target, storage_options: Optional[Mapping] = None) -> CheckpointSource:
+def open_source(target: Union[CheckpointSource, PathOrUrl],
+                storage_options: Optional[Options] = None) -> CheckpointSource:
     """A source reading checkpoint ``target`` (a path, a URL, or a source: returned)."""
     if isinstance(target, CheckpointSource):
         return target

@@ -21,7 +21,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, cast
+
+if TYPE_CHECKING:
+    from .base import Store
 
 log = logging.getLogger("uckpt.storage.archive")
 
@@ -60,10 +63,10 @@ def decode_intent(data: Optional[bytes], where: str) -> Optional[Dict[str, Any]]
     if not ok:
         log.warning("ignored %s: not a rollback intent record uckpt wrote", where)
         return None
-    return rec
+    return cast(Dict[str, Any], rec)  # a dict: `ok` checked it
 
 
-def hidden_steps(store) -> set:
+def hidden_steps(store: Store) -> Set[int]:
     """The steps a rollback in progress on ``store`` takes off the live line."""
     rec = decode_intent(store.record(INTENT_NAME), f"{store.where}/{INTENT_NAME}")
     return set(rec["steps"]) if rec else set()

@@ -49,14 +49,36 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import (TYPE_CHECKING, Any, Dict, Hashable, Iterable, List, Optional, Protocol,
+                    Sequence, Tuple, Union)
 
-from ..errors import CorruptCheckpointError, TruncatedDataError
+from ..errors import CorruptCheckpointError, RootLockedError, TruncatedDataError
 from ..readback import SourceReader
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    import numpy as np
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer
+
+    from ..format.model import Manifest
 
 STEP_NAME = re.compile(r"^step_(\d+)$")
 #: the most bytes read for a manifest (one more is read to tell); a larger one is refused
 MAX_MANIFEST_BYTES = 1 << 30
+
+
+class MediumReader(Protocol):
+    """What :meth:`CheckpointSource.medium_reader` gives (:mod:`uckpt.readback`)."""
+
+    #: which way it reads, for messages ("O_DIRECT", "store read", ...)
+    how: str
+
+    def read(self, buf: Buffer, offset: int) -> int:
+        """Fill ``buf`` from ``offset``; the bytes read (fewer only where the file ends)."""
+
+    def close(self) -> None:
+        """Done reading."""
 
 
 class CheckpointSource:
@@ -88,13 +110,13 @@ class CheckpointSource:
         read through here too)."""
         raise NotImplementedError
 
-    def read_into(self, name: str, buf, offset: int) -> int:
+    def read_into(self, name: str, buf: Buffer, offset: int) -> int:
         """Fill ``buf`` (a writable buffer) from data file ``name`` at ``offset``; return
         the bytes read (fewer only where the file ends). ``open_file(name)`` came first.
         May raise OSError (the reader names the leaf and offset) or a uckpt error."""
         raise NotImplementedError
 
-    def read_vectored(self, name: str, bufs, offset: int) -> int:
+    def read_vectored(self, name: str, bufs: Sequence[Buffer], offset: int) -> int:
         """Fill the flat byte buffers ``bufs`` in order, as one range of data file ``name``
         from ``offset``; return the bytes read (fewer only where the file ends). Like
         :meth:`read_into` (which this default calls for each buffer); a local file reads
@@ -112,7 +134,7 @@ class CheckpointSource:
         """The path or URL of data file ``name``, for messages."""
         raise NotImplementedError
 
-    def medium_reader(self, name: str):
+    def medium_reader(self, name: str) -> MediumReader:
         """A reader of data file ``name`` from the storage medium, not a cache, where the
         store allows (:mod:`uckpt.readback`): ``read(buf, offset) -> int``, ``close()``
         and ``how``. Here: :meth:`read_into` (an object store's ranged GET)."""
@@ -132,7 +154,7 @@ class CheckpointSource:
     def __enter__(self) -> "CheckpointSource":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -154,12 +176,13 @@ class CheckpointSink:
         one view per node; an object store is one view)."""
         raise NotImplementedError
 
-    def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Any]]) -> None:
+    def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Buffer]]) -> None:
         """Write data file ``name`` of ``size`` bytes from ``(offset, uint8 buffer)``
         pieces sorted by offset (gaps are zero), durably."""
         raise NotImplementedError
 
-    def write_stream(self, name: str, pieces, reserve: Optional[int] = None) -> None:
+    def write_stream(self, name: str, pieces: Iterable[Tuple[int, Buffer]],
+                     reserve: Optional[int] = None) -> None:
         """Write data file ``name`` from an iterator of ``(offset, uint8 buffer)`` pieces
         sorted by offset (gaps are zero; the file ends with the last piece), durably.
         Compressed chunks come this way, encoded while earlier ones are written, and so
@@ -167,11 +190,11 @@ class CheckpointSink:
         stay valid until the call returns (without it, a piece's memory may be reused
         once the next one is asked for), and the file is at most this many bytes.
         This default gathers them first and calls :meth:`write_pieces`."""
-        pieces = list(pieces)
-        size = pieces[-1][0] + memoryview(pieces[-1][1]).nbytes if pieces else 0
-        self.write_pieces(name, size, pieces)
+        gathered = list(pieces)
+        size = gathered[-1][0] + memoryview(gathered[-1][1]).nbytes if gathered else 0
+        self.write_pieces(name, size, gathered)
 
-    def write_image(self, name: str, image, size: int) -> None:
+    def write_image(self, name: str, image: NDArray[np.uint8], size: int) -> None:
         """Write data file ``name`` from ``image``, a page-aligned buffer holding the
         file's ``size`` bytes (and padding), durably."""
         raise NotImplementedError
@@ -181,7 +204,7 @@ class CheckpointSink:
         TruncatedDataError if it holds fewer."""
         raise NotImplementedError
 
-    def written(self, manifest) -> CheckpointSource:
+    def written(self, manifest: Manifest) -> CheckpointSource:
         """A source over what this sink wrote, read back from storage, with ``manifest``
         (not yet committed): for verifying a copy before its commit."""
         raise NotImplementedError
@@ -218,7 +241,7 @@ class WriterLock:
     def holder(self) -> Dict[str, Any]:
         raise NotImplementedError
 
-    def refusal(self):
+    def refusal(self) -> RootLockedError:
         raise NotImplementedError
 
     def release(self) -> None:
@@ -308,7 +331,7 @@ class Store:
         first)."""
         raise NotImplementedError
 
-    def location(self, name: str):
+    def location(self, name: str) -> Union[Path, str]:
         """What to show for checkpoint ``name`` of this root (a Path, or a URL)."""
         raise NotImplementedError
 
@@ -324,7 +347,7 @@ class Store:
         """Whether this process sees every one of ``files`` of checkpoint ``name``."""
         return True
 
-    def source(self, name: str, manifest=None) -> CheckpointSource:
+    def source(self, name: str, manifest: Optional[Manifest] = None) -> CheckpointSource:
         raise NotImplementedError
 
     def check_target(self, name: str, overwrite: bool) -> None:

@@ -17,7 +17,7 @@ import os
 import secrets
 import socket
 from pathlib import Path
-from typing import Dict, Hashable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from .. import fsutil, knobs
 from ..readback import FileReader
@@ -30,6 +30,16 @@ from . import archive_local, base, listing_local
 from .archive import hidden_steps
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Entry, Store
 
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    import numpy as np
+    from numpy.typing import NDArray
+    from typing_extensions import Buffer
+
+    from ..format.model import Manifest
+
+#: a directory's path
+PathLike = Union[str, "os.PathLike[str]"]
+
 log = logging.getLogger("uckpt.storage.local")
 
 #: a file in a collective save's temporary directory: the ranks that see it share the
@@ -38,7 +48,7 @@ COORDINATOR_MARK = ".uckpt-coordinator"
 
 
 # -- reading ----------------------------------------------------------------------------------
-def manifest_bytes_at(dir_fd: int, directory) -> bytes:
+def manifest_bytes_at(dir_fd: int, directory: PathLike) -> bytes:
     """The manifest's bytes of the checkpoint directory open at ``dir_fd`` (``directory``:
     its path, for messages). A manifest that is not a regular file (a FIFO, a device, a
     directory, a symlink) raises NotACheckpointError; one over ``MAX_MANIFEST_BYTES``
@@ -46,7 +56,7 @@ def manifest_bytes_at(dir_fd: int, directory) -> bytes:
     byte more."""
     mpath = os.path.join(os.fsdecode(directory), MANIFEST_NAME)
 
-    def missing(_message, path):
+    def missing(_message: str, path: str) -> NotACheckpointError:
         return NotACheckpointError(
             f"{os.fsdecode(directory)!r} is not a committed uckpt checkpoint: it has no "
             f"{MANIFEST_NAME}", path=os.fsdecode(directory),
@@ -62,7 +72,7 @@ def manifest_bytes_at(dir_fd: int, directory) -> bytes:
         os.close(fd)
 
 
-def missing_data_file(_message, path):
+def missing_data_file(_message: str, path: str) -> CheckpointNotFoundError:
     return CheckpointNotFoundError(f"data file {path!r} listed in the manifest is missing",
                                    path=path)
 
@@ -72,7 +82,7 @@ class LocalSource(CheckpointSource):
     the path); its files are opened relative to it, never through a symlink, and must be
     regular files."""
 
-    def __init__(self, directory, dir_fd: Optional[int] = None) -> None:
+    def __init__(self, directory: PathLike, dir_fd: Optional[int] = None) -> None:
         """``dir_fd``: the directory, already open (a sibling opened without following a
         symlink); the source owns it."""
         self.directory = Path(directory)
@@ -128,16 +138,16 @@ class LocalSource(CheckpointSource):
                                                   missing=missing_data_file)
         return self._fds[name]
 
-    def medium_reader(self, name: str):
+    def medium_reader(self, name: str) -> FileReader:
         """O_DIRECT reads, or reads after the cached pages are dropped (see
         :mod:`uckpt.readback`)."""
         self.fd(name)  # a regular file, opened without following a symlink
         return FileReader(self.dir_fd, name)
 
-    def read_into(self, name: str, buf, offset: int) -> int:
+    def read_into(self, name: str, buf: Buffer, offset: int) -> int:
         return fsutil.pread_into(self._fds[name], buf, offset)
 
-    def read_vectored(self, name: str, bufs, offset: int) -> int:
+    def read_vectored(self, name: str, bufs: Sequence[Buffer], offset: int) -> int:
         return fsutil.preadv_into(self._fds[name], bufs, offset)
 
     def close(self) -> None:
@@ -261,14 +271,15 @@ class LocalSink(CheckpointSink):
         self.files.append(path)
         return path
 
-    def write_pieces(self, name, size, pieces) -> None:
+    def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Buffer]]) -> None:
         from ..writer import write_buffered
 
         write_buffered(self._new(name), size, pieces)
 
     copies_stream_pieces = True  # writer.write_stream copies each piece into its buffer
 
-    def write_stream(self, name, pieces, reserve=None) -> None:
+    def write_stream(self, name: str, pieces: Iterable[Tuple[int, Buffer]],
+                     reserve: Optional[int] = None) -> None:
         from ..writer import write_buffered, write_stream
 
         if reserve is not None:  # from where they are, into reserved space, as a plain save
@@ -276,7 +287,7 @@ class LocalSink(CheckpointSink):
         else:  # each piece copied as it comes, written with O_DIRECT
             write_stream(self._new(name), pieces)
 
-    def write_image(self, name, image, size) -> None:
+    def write_image(self, name: str, image: NDArray[np.uint8], size: int) -> None:
         from ..writer import write_image
 
         write_image(self._new(name), image, size)
@@ -298,7 +309,7 @@ class LocalSink(CheckpointSink):
             os.fsync(fout.fileno())
             _drop_cache(fout.fileno())
 
-    def written(self, manifest) -> CheckpointSource:
+    def written(self, manifest: Manifest) -> CheckpointSource:
         return LocalSource(self.tmp)
 
     def commit(self, manifest_bytes: bytes, overwrite: bool = False) -> None:
@@ -378,7 +389,7 @@ def committed_steps(root: Path) -> List[int]:
 class LocalStore(Store):
     """A root directory (it need not exist until a writer saves)."""
 
-    def __init__(self, root) -> None:
+    def __init__(self, root: PathLike) -> None:
         self.root = Path(root).absolute()
         self.where = str(self.root)
 
@@ -419,7 +430,7 @@ class LocalStore(Store):
     def files_present(self, name: str, files: Sequence[str]) -> bool:
         return all(os.path.lexists(self.root / name / f) for f in files)
 
-    def source(self, name: str, manifest=None) -> LocalSource:
+    def source(self, name: str, manifest: Optional[Manifest] = None) -> LocalSource:
         return LocalSource(self.root / name)
 
     def check_target(self, name: str, overwrite: bool) -> None:

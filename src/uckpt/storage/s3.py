@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
-from ..errors import StoreNotFoundError
-from .s3_config import Connection, S3Options
-from .s3_errors import ObjectStoreError, StorageConfigError, http_status, map_error
+from ..errors import ObjectStoreError, StorageConfigError
+from .s3_config import S3Options
 from .s3_read import ObjectInfo, Reads
-from .s3_url import parse_url, url_of
+from .s3_url import parse_url
 from .s3_write import Writes, b64_crc32c
 
 __all__ = ["Listing", "ObjectInfo", "S3Client", "S3Options", "b64_crc32c", "parse_url"]
@@ -52,17 +51,8 @@ class S3Client(Reads, Writes):
     ``read_timeout``, ``page_size``). Keys are bucket-relative (``"run1/step_1/x.bin"``).
     """
 
-    def __init__(self, bucket: str, storage_options: Optional[Mapping] = None, *,
-                 connection: Optional[Connection] = None):
-        parse_url(url_of(bucket))  # checks the bucket's name
-        self.bucket = bucket
-        self._shared = connection or Connection(S3Options.from_dict(storage_options))
-        self.opts = self._shared.opts
-        self.endpoint = self._shared.endpoint
-        self._s3 = self._shared.s3
-
     @classmethod
-    def from_url(cls, url: str, storage_options: Optional[Mapping] = None
+    def from_url(cls, url: str, storage_options: Optional[Mapping[str, Any]] = None
                  ) -> Tuple["S3Client", str]:
         """The client for the bucket of ``url`` and the key prefix ``url`` names."""
         bucket, prefix = parse_url(url)
@@ -80,17 +70,14 @@ class S3Client(Reads, Writes):
     def resumed_reads(self) -> int:
         return self._shared.resumed_reads
 
-    def url(self, key: str = "") -> str:
-        return url_of(self.bucket, key)
-
     def close(self) -> None:
         """Closes the connections (of every sibling too)."""
         self._s3.close()
 
-    def __enter__(self):
+    def __enter__(self) -> "S3Client":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # --- listing and deleting ------------------------------------------------------------
@@ -180,36 +167,3 @@ class S3Client(Reads, Writes):
             aborted += 1
             log.debug("aborted the incomplete upload %s of %s", upload_id, self.url(key))
         return aborted
-
-    # --- plumbing --------------------------------------------------------------------------
-    def _call(self, operation: str, key: Optional[str], doing: str, url: str = "", **params):
-        if key is not None:
-            params["Key"] = key
-        try:
-            return getattr(self._s3, operation)(Bucket=self.bucket, **params)
-        except Exception as e:
-            raise self._error(e, url or self.url(key or ""), doing) from e
-
-    def _error(self, exc: BaseException, url: str, doing: str, attempts: int = 0):
-        if not attempts:
-            meta = (getattr(exc, "response", None) or {}).get("ResponseMetadata", {})
-            attempts = (meta["RetryAttempts"] + 1 if "RetryAttempts" in meta
-                        else self.opts.max_attempts)
-        return map_error(exc, url=url, doing=doing, endpoint=self.endpoint, attempts=attempts)
-
-    def _check_bucket(self) -> None:
-        """Raises StoreNotFoundError (a CheckpointNotFoundError) if the bucket does not
-        exist."""
-        try:
-            self._s3.head_bucket(Bucket=self.bucket)
-        except Exception as e:
-            if http_status(e) == 404:
-                raise StoreNotFoundError(
-                    f"no bucket {self.bucket!r} at {self.endpoint}", path=self.url(),
-                    endpoint=self.endpoint,
-                    hint="create the bucket, or correct the URL or the endpoint_url") from e
-
-    def _resumed(self, url: str, offset: int, attempt: int, cause: BaseException) -> None:
-        self._shared.count("resumed_reads")
-        log.info("S3 read of %s broke at byte %d (attempt %d of %d: %s: %s); resuming",
-                 url, offset, attempt, self.opts.max_attempts, type(cause).__name__, cause)

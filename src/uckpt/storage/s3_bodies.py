@@ -9,12 +9,16 @@ import bisect
 import contextlib
 import os
 import stat
-from typing import Iterator, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Tuple, Union
 
 from ..checksum import crc32c
 from ..errors import CheckpointNotFoundError, TruncatedDataError, UnsupportedObjectError
 
-Source = Union[bytes, bytearray, memoryview, str, "os.PathLike[str]", int, object]
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
+
+#: what :func:`open_source` uploads: a buffer, a file's path or descriptor, a Readable
+Source = Union["Buffer", str, "os.PathLike[str]", int, "Readable"]
 _CRC_BLOCK = 8 << 20  # bytes of a file read at once to checksum a part
 
 
@@ -24,7 +28,7 @@ class Readable:
 
     size: int = 0
 
-    def pread(self, n: int, offset: int) -> bytes:
+    def pread(self, n: int, offset: int) -> Union[bytes, bytearray]:
         raise NotImplementedError
 
     def crc32c(self, offset: int, length: int) -> int:
@@ -46,7 +50,7 @@ class Gather(Readable):
     between them zeros: a data file of a save, assembled on demand from the arrays
     (no copy of the whole file is ever made)."""
 
-    def __init__(self, pieces, size: int):
+    def __init__(self, pieces: Sequence[Tuple[int, Buffer]], size: int):
         self.size = size
         self._offsets = [offset for offset, _ in pieces]
         self._views = [memoryview(data).cast("B") for _, data in pieces]
@@ -101,7 +105,7 @@ class RangeBody:
     """Bytes ``[offset, offset + length)`` of a buffer or a file descriptor, read on
     demand. Positions (``seek``/``tell``) are relative to ``offset``."""
 
-    def __init__(self, source, offset: int, length: int):
+    def __init__(self, source: Union[memoryview, int, Readable], offset: int, length: int):
         self._view = source if isinstance(source, memoryview) else None
         self._fd = source if isinstance(source, int) else None
         self._reader = source if isinstance(source, Readable) else None
@@ -110,13 +114,14 @@ class RangeBody:
     def __len__(self) -> int:
         return self._length
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> Union[bytes, bytearray]:
         if n is None or n < 0:
             n = self._length - self._pos
         n = min(n, self._length - self._pos)
         if n <= 0:
             return b""
         start = self._offset + self._pos
+        data: Union[bytes, bytearray]
         if self._view is not None:
             data = bytes(self._view[start:start + n])
         else:
@@ -128,9 +133,10 @@ class RangeBody:
         self._pos += len(data)
         return data
 
-    def _pread(self, n: int, offset: int) -> bytes:
+    def _pread(self, n: int, offset: int) -> Union[bytes, bytearray]:
         if self._reader is not None:
             return self._reader.pread(n, offset)
+        assert self._fd is not None  # neither a buffer nor a Readable: a descriptor
         return os.pread(self._fd, n, offset)
 
     def seek(self, pos: int, whence: int = 0) -> int:
@@ -155,6 +161,7 @@ class RangeBody:
             return crc32c(self._view[self._offset:self._offset + self._length])
         if self._reader is not None:
             return self._reader.crc32c(self._offset, self._length)
+        assert self._fd is not None  # neither a buffer nor a Readable: a descriptor
         value, pos, end = 0, self._offset, self._offset + self._length
         block = memoryview(bytearray(min(_CRC_BLOCK, max(self._length, 1))))
         while pos < end:
@@ -199,6 +206,8 @@ def open_source(source: Source, size: int, url: str
         yield source
         return
     try:
+        if isinstance(source, bool):  # no buffer (what memoryview() says of it too)
+            raise TypeError(source)
         view = memoryview(source)
     except TypeError:
         raise UnsupportedObjectError(

@@ -6,9 +6,10 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Dict, Mapping, NoReturn, Optional, Tuple
 
-from .s3_errors import StorageConfigError, missing_boto3
+from ..errors import StorageConfigError
+from .s3_errors import missing_boto3
 from .s3_url import url_of
 
 log = logging.getLogger("uckpt.storage.s3")
@@ -59,7 +60,7 @@ class S3Options:
         return opts
 
     def _check(self) -> None:
-        def bad(name, why):
+        def bad(name: str, why: str) -> NoReturn:
             raise StorageConfigError(f"S3 storage option {name}={getattr(self, name)!r}: {why}")
 
         for name in ("endpoint_url", "key", "secret", "token", "region"):
@@ -99,10 +100,11 @@ class S3Options:
         return -(-need // (1 << 20)) << 20
 
 
-def make_client(opts: S3Options):
+def make_client(opts: S3Options) -> Any:
     """A boto3 S3 client for ``opts`` (path-style addressing for a custom endpoint; no
     request checksums computed by botocore: uckpt sends its own CRC-32C per request; no
-    SHA-256 of payloads, which the CRC-32C header replaces)."""
+    SHA-256 of payloads, which the CRC-32C header replaces). Typed Any: botocore makes the
+    client's class at run time, from the service's JSON model."""
     try:
         import boto3
         from botocore.config import Config
@@ -151,12 +153,15 @@ class Connection:
             setattr(self, name, getattr(self, name) + 1)
 
     @staticmethod
-    def _remember_url(params=None, context=None, **_):
+    def _remember_url(params: Optional[Dict[str, Any]] = None,
+                      context: Optional[Dict[str, Any]] = None, **_: Any) -> None:
         if context is not None and params:
             context["uckpt_url"] = url_of(params.get("Bucket", "?"), params.get("Key", ""))
 
-    def _observe_attempt(self, response=None, caught_exception=None, attempts=1,
-                         operation=None, request_dict=None, **_):
+    def _observe_attempt(self, response: Optional[Tuple[Any, Dict[str, Any]]] = None,
+                         caught_exception: Optional[BaseException] = None, attempts: int = 1,
+                         operation: Any = None, request_dict: Optional[Dict[str, Any]] = None,
+                         **_: Any) -> None:
         """Logs (INFO) and counts an attempt that failed; returns None, so botocore's own
         retry handler decides whether and when to retry."""
         status = response[0].status_code if response else None
@@ -165,7 +170,8 @@ class Connection:
         self.count("failed_attempts")
         if caught_exception is not None:
             cause = f"{type(caught_exception).__name__}: {caught_exception}"
-        else:
+        else:  # botocore gives a response wherever it caught no exception
+            assert response is not None
             cause = f"HTTP {status} {response[1].get('Error', {}).get('Code', '')}".rstrip()
         url = ((request_dict or {}).get("context") or {}).get("uckpt_url", "?")
         more = "; retrying" if attempts < self.opts.max_attempts else "; giving up"

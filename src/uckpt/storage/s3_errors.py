@@ -7,7 +7,7 @@ by class name, so the mapping works on whatever botocore raises without importin
 from __future__ import annotations
 
 import errno as _errno
-from typing import Optional
+from typing import Optional, cast
 
 from ..errors import (CheckpointNotFoundError, ObjectStoreError, StorageAccessError,  # noqa: F401 (re-exported)
                       StorageConfigError, StorageDependencyError, StorageUnavailableError,
@@ -50,7 +50,8 @@ def http_status(exc: BaseException) -> Optional[int]:
     response = getattr(exc, "response", None)
     if not isinstance(response, dict):
         return None
-    return response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    # botocore parses a response's status line into an int (or there is none)
+    return cast(Optional[int], response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
 
 
 def is_transport_error(exc: BaseException) -> bool:

@@ -6,13 +6,17 @@ from __future__ import annotations
 import logging
 import time
 from email.utils import parsedate_to_datetime
-from typing import NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Type
 
 from .. import knobs
 from ..checksum import crc32c
-from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, TruncatedDataError,
-                      UnsupportedObjectError)
-from .s3_errors import ObjectStoreError, is_transport_error
+from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, ObjectStoreError,
+                      TruncatedDataError, UckptError, UnsupportedObjectError)
+from .s3_core import ClientCore
+from .s3_errors import is_transport_error
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
 
 log = logging.getLogger("uckpt.storage.s3")
 
@@ -38,9 +42,8 @@ class Versioned(NamedTuple):
     server_now: float
 
 
-class Reads:
-    """head / size / exists / get / get_range / crc32c_of; needs ``opts``, ``endpoint``,
-    ``url``, ``_call``, ``_error``, ``_check_bucket`` and ``_resumed`` of the client."""
+class Reads(ClientCore):
+    """head / size / exists / get / get_range / crc32c_of."""
 
     def head(self, key: str) -> ObjectInfo:
         """Size, ETag and stored CRC-32C of ``key`` (CheckpointNotFoundError if missing)."""
@@ -63,7 +66,7 @@ class Reads:
             return False
 
     def get(self, key: str, cap: int, *, what: str = "object",
-            too_large=CorruptCheckpointError) -> bytes:
+            too_large: Type[UckptError] = CorruptCheckpointError) -> bytes:
         """The whole object ``key``, refused with ``too_large`` when it holds more than
         ``cap`` bytes: checked on its Content-Length, and at most ``cap + 1`` bytes read."""
         url = self.url(key)
@@ -74,8 +77,8 @@ class Reads:
                 body.close()
                 raise too_large(f"{what} {url} holds {length} bytes, more than the {cap} "
                                 f"uckpt reads for a {what}", path=url)
-            try:
-                data = body.read(min(cap, length if length is not None else cap) + 1)
+            try:  # botocore's StreamingBody reads bytes
+                data: bytes = body.read(min(cap, length if length is not None else cap) + 1)
             except Exception as e:
                 body.close()
                 if not is_transport_error(e) or attempt == self.opts.max_attempts:
@@ -123,7 +126,7 @@ class Reads:
         return Versioned(data, answer.get("ETag", ""),
                          modified.timestamp() if modified is not None else now, now)
 
-    def get_range(self, key: str, offset: int, length: int, into, *,
+    def get_range(self, key: str, offset: int, length: int, into: Buffer, *,
                   if_match: Optional[str] = None) -> int:
         """Reads bytes ``[offset, offset + length)`` of ``key`` into the writable buffer
         ``into`` (at least ``length`` bytes), streaming, and returns how many were read:
@@ -137,7 +140,7 @@ class Reads:
         chunk = max(1 << 16, knobs.read_block_bytes)
         while done < length:
             attempt += 1
-            params = {"Range": f"bytes={offset + done}-{end}"}
+            params: Dict[str, Any] = {"Range": f"bytes={offset + done}-{end}"}
             if etag:
                 params["IfMatch"] = etag
             try:
@@ -194,7 +197,7 @@ class Reads:
         return value
 
 
-def _writable(into, length: int, url: str) -> memoryview:
+def _writable(into: Buffer, length: int, url: str) -> memoryview:
     if isinstance(length, bool) or not isinstance(length, int) or length < 0:
         raise UnsupportedObjectError(f"read of {url}: length must be an integer >= 0, not "
                                      f"{length!r}", path=url)

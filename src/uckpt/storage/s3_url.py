@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import re
-from typing import Tuple
+from typing import Tuple, TypeGuard
 
-from .s3_errors import StorageConfigError
+from ..errors import StorageConfigError
 
 SCHEME = "s3://"
 #: bucket names as S3 allows them today: 3 to 63 lowercase letters, digits, dots and
@@ -13,7 +13,7 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _MAX_KEY_BYTES = 1024  # the S3 limit on a key's UTF-8 length
 
 
-def is_s3_url(text) -> bool:
+def is_s3_url(text: object) -> TypeGuard[str]:
     """Whether ``text`` is a string starting with ``s3://`` (not whether it is valid)."""
     return isinstance(text, str) and text.startswith(SCHEME)
 

@@ -6,11 +6,20 @@ import base64
 import concurrent.futures as cf
 import logging
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
-from ..errors import CheckpointExistsError, CheckpointNotFoundError, UnsupportedObjectError
-from .s3_bodies import RangeBody, Source, open_source
-from .s3_errors import ObjectStoreError
+from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ObjectStoreError,
+                      UnsupportedObjectError)
+from .s3_bodies import RangeBody, Readable, Source, open_source
+from .s3_core import ClientCore
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
+
+    from .s3_read import ObjectInfo
+
+#: an uploaded range's source, as :func:`~.s3_bodies.open_source` gives it
+Opened = Union[memoryview, int, Readable]
 
 log = logging.getLogger("uckpt.storage.s3")
 
@@ -20,11 +29,18 @@ def b64_crc32c(value: int) -> str:
     return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
 
 
-class Writes:
-    """put / upload; needs ``opts``, ``endpoint``, ``url``, ``head`` and ``_call`` of
-    the client."""
+class Writes(ClientCore):
+    """put / upload / copy; needs ``head``, ``size`` (:class:`~.s3_read.Reads`) and
+    ``incomplete_uploads`` of the client."""
 
-    def put(self, key: str, data, *, if_absent: bool = False,
+    if TYPE_CHECKING:
+        def head(self, key: str) -> ObjectInfo: ...
+
+        def size(self, key: str) -> int: ...
+
+        def incomplete_uploads(self, prefix: str = "") -> List[Tuple[str, str, float]]: ...
+
+    def put(self, key: str, data: Buffer, *, if_absent: bool = False,
             if_match: Optional[str] = None) -> str:
         """Writes ``data`` (a buffer) to ``key`` in one PUT and returns the new ETag. With
         ``if_absent``, only if no object ``key`` exists (``If-None-Match: *``), else
@@ -57,14 +73,15 @@ class Writes:
     def _put_body(self, key: str, body: RangeBody, *, if_absent: bool = False,
                   if_match: Optional[str] = None) -> str:
         start, crc = time.monotonic(), body.crc32c()
-        params = dict(Body=body, ContentLength=len(body), ChecksumCRC32C=b64_crc32c(crc))
+        params: Dict[str, Any] = dict(Body=body, ContentLength=len(body),
+                                      ChecksumCRC32C=b64_crc32c(crc))
         if if_absent:
             params["IfNoneMatch"] = "*"
         if if_match:
             params["IfMatch"] = if_match
         etag = ""
         try:
-            etag = self._call("put_object", key, "writing", **params).get("ETag", "")
+            etag = str(self._call("put_object", key, "writing", **params).get("ETag", ""))
         except ObjectStoreError as e:
             if not (if_absent and getattr(e, "code", None) in ("PreconditionFailed",
                                                                "ConditionalRequestConflict")):
@@ -88,7 +105,7 @@ class Writes:
         self._call("delete_object", key, "deleting", IfMatch=etag)
         log.debug("deleted %s (If-Match %s)", self.url(key), etag)
 
-    def _multipart(self, key: str, src, size: int) -> None:
+    def _multipart(self, key: str, src: Opened, size: int) -> None:
         start, part = time.monotonic(), self.opts.part_size_for(size)
         ranges = [(n + 1, off, min(part, size - off)) for n, off in enumerate(range(0, size, part))]
         answer = self._call("create_multipart_upload", key, "starting an upload of",
@@ -120,7 +137,8 @@ class Writes:
             if other_key == key and other_id != upload_id:
                 self._abort(key, other_id, "its CreateMultipartUpload was retried")
 
-    def _upload_part(self, key, upload_id, src, number, offset, length) -> dict:
+    def _upload_part(self, key: str, upload_id: str, src: Opened, number: int, offset: int,
+                     length: int) -> Dict[str, Any]:
         body = RangeBody(src, offset, length)
         checksum = b64_crc32c(body.crc32c())
         answer = self._call("upload_part", key, f"uploading part {number} of", Body=body,
@@ -128,7 +146,8 @@ class Writes:
                             ChecksumCRC32C=checksum)
         return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32C": checksum}
 
-    def _complete(self, key, upload_id, parts, size) -> None:
+    def _complete(self, key: str, upload_id: str, parts: List[Dict[str, Any]],
+                  size: int) -> None:
         try:
             self._call("complete_multipart_upload", key, "completing the upload of",
                        UploadId=upload_id, MultipartUpload={"Parts": parts})
@@ -140,7 +159,7 @@ class Writes:
             if info.size != size or not info.etag.strip('"').endswith(f"-{len(parts)}"):
                 raise
 
-    def _abort(self, key: str, upload_id: str, cause) -> None:
+    def _abort(self, key: str, upload_id: str, cause: object) -> None:
         try:
             self._call("abort_multipart_upload", key, "aborting the upload of",
                        UploadId=upload_id)

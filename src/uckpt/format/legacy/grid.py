@@ -13,14 +13,27 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Sequence as _Sequence
-from typing import (Callable, Iterable, Iterator, List, NamedTuple, Optional,
-                    Tuple)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, NamedTuple,
+                    Optional, Tuple, Union, overload)
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..chunk_table import read_sources
 from ..columns import b64_length, b64decode
+from ..model import Chunk, FileEntry, Pipeline
 from ..values import MAX_INT
+
+if TYPE_CHECKING:
+    from .parser import _Parser
+
+#: what makes a chunk of its fields (:func:`uckpt.format.model.make_chunk`)
+MakeChunk = Callable[[str, int, int, Tuple[int, ...], Tuple[int, ...], Pipeline, str, str,
+                      Optional[str]], Chunk]
+#: a box: ``(start, shape)``
+Box = Tuple[Tuple[int, ...], Tuple[int, ...]]
+#: a column of unsigned integers, one per chunk
+Column = NDArray[np.unsignedinteger[Any]]
 
 FIELDS = ("axis", "rows", "count", "sources", "layout", "digests")
 CODEC_NUMBERS = ("raw", "zstd", "zstd+bytegroup")  # the codec column's values, in order
@@ -30,13 +43,14 @@ LAYOUT_BYTES = 21  # per slab: u64 offset + u64 length + u32 source + u8 codec
 _COLUMNS = (("offset", 8), ("length", 8), ("source", 4), ("codec", 1))
 
 
-def _slab_shape(shape, axis: int, rows: int, k: int) -> Tuple[int, ...]:
+def _slab_shape(shape: Tuple[int, ...], axis: int, rows: int, k: int) -> Tuple[int, ...]:
     shape = tuple(shape)
     return shape[:axis] + (min(rows, shape[axis] - k * rows),) + shape[axis + 1:]
 
 
-def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases,
-           chunk_cls, max_ratio: int) -> tuple:
+def decode(p: _Parser, g: Any, loc: str, dtype_size: int, shape: Tuple[int, ...],
+           files: Dict[str, FileEntry], bases: Dict[str, Dict[str, int]],
+           chunk_cls: MakeChunk, max_ratio: int) -> Slabs:
     """Check grid object ``g`` of array entry ``loc`` (an array of ``shape``, elements of
     ``dtype_size`` bytes) and return its chunks (``chunk_cls``) in slab order. ``p`` is
     the manifest parser (its ``fail``, ``need``, ``nat``, ``fields``, ``plain_name``,
@@ -62,7 +76,7 @@ def decode(p, g, loc: str, dtype_size: int, shape: Tuple[int, ...], files, bases
     row_bytes = dtype_size * math.prod(shape) // extent
     last = extent - (n - 1) * rows
 
-    def expected() -> np.ndarray:  # (made once the text lengths have been checked)
+    def expected() -> NDArray[np.uint64]:  # (made once the text lengths have been checked)
         out = np.full(n, rows * row_bytes if n > 1 else 0, dtype=np.uint64)
         out[-1] = last * row_bytes
         return out
@@ -75,14 +89,14 @@ def _slab(k: int) -> str:
     return f"slab {k}"
 
 
-class Slabs(_Sequence):
+class Slabs(_Sequence[Chunk]):
     """The chunks of a grid, in slab order: a read-only sequence equal to the tuple of
     them, each chunk made from the compact columns when it is read and not kept (a chunk
     object and its strings take ten times the bytes of its slab in the manifest)."""
 
     __slots__ = ("_cols", "_make", "_shape", "_axis", "_rows")
 
-    def __init__(self, cols: "Columns", chunk_cls, shape: Tuple[int, ...], axis: int,
+    def __init__(self, cols: "Columns", chunk_cls: MakeChunk, shape: Tuple[int, ...], axis: int,
                  rows: int) -> None:
         self._cols, self._make = cols, chunk_cls
         self._shape, self._axis, self._rows = shape, axis, rows
@@ -90,7 +104,7 @@ class Slabs(_Sequence):
     def __len__(self) -> int:
         return len(self._cols.offset)
 
-    def _boxes(self, ks: Iterable[int]) -> Iterator[Tuple[tuple, tuple]]:
+    def _boxes(self, ks: Iterable[int]) -> Iterator[Box]:
         shape, axis, rows = self._shape, self._axis, self._rows
         before, after = (0,) * axis, (0,) * (len(shape) - axis - 1)
         full = shape[:axis] + (rows,) + shape[axis + 1:]
@@ -99,10 +113,16 @@ class Slabs(_Sequence):
             yield before + (k * rows,) + after, full if k < last else \
                 _slab_shape(shape, axis, rows, k)
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Chunk]:
         return self._cols.chunks(self._make, self._boxes(range(len(self))))
 
-    def __getitem__(self, k):
+    @overload
+    def __getitem__(self, k: int) -> Chunk: ...
+
+    @overload
+    def __getitem__(self, k: slice) -> Tuple[Chunk, ...]: ...
+
+    def __getitem__(self, k: Union[int, slice]) -> Union[Chunk, Tuple[Chunk, ...]]:
         if isinstance(k, slice):
             return tuple(self[i] for i in range(len(self))[k])
         n = len(self)
@@ -111,7 +131,7 @@ class Slabs(_Sequence):
             raise IndexError("slab index out of range")
         return self._cols.chunk(self._make, k, *next(self._boxes((k,))))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, (tuple, Slabs)):
             return NotImplemented
         return len(self) == len(other) and all(a == b for a, b in zip(self, other))
@@ -130,15 +150,16 @@ _BLOCK = 4096
 class Columns(NamedTuple):
     """The per-chunk fields the columns hold, compact (NumPy arrays and bytes) in row (slab)
     order; :meth:`chunks` makes the chunk objects from them."""
-    source: np.ndarray  # index into names / base_of
-    offset: np.ndarray
-    length: np.ndarray
-    codec: np.ndarray  # index into CODEC_NUMBERS
+    source: Column  # index into names / base_of
+    offset: Column
+    length: Column
+    codec: Column  # index into CODEC_NUMBERS
     digests: bytes  # the decoded ``digests`` column
     names: List[str]
     base_of: List[Optional[str]]
 
-    def chunk(self, chunk_cls, k: int, start: tuple, shape: tuple):
+    def chunk(self, chunk_cls: MakeChunk, k: int, start: Tuple[int, ...],
+              shape: Tuple[int, ...]) -> Chunk:
         """``chunk_cls`` of row (slab) ``k``, of box ``start``, ``shape``."""
         n, digests, s = len(self.offset), self.digests, int(self.source[k])
         return chunk_cls(self.names[s], int(self.offset[k]), int(self.length[k]), start, shape,
@@ -147,13 +168,13 @@ class Columns(NamedTuple):
                          "xxh3-128:" + digests[4 * n + 16 * k:4 * n + 16 * k + 16].hex(),
                          self.base_of[s])
 
-    def chunks(self, chunk_cls, boxes: Iterable[Tuple[tuple, tuple]]) -> Iterator:
+    def chunks(self, chunk_cls: MakeChunk, boxes: Iterable[Box]) -> Iterator[Chunk]:
         """``chunk_cls`` of each row (slab), in order, of ``(start, shape)`` from ``boxes``;
         made a block at a time, so no list of a field for every row is ever held."""
         n = len(self.offset)
         names, base_of, digests = self.names, self.base_of, self.digests
         crcs = np.frombuffer(digests, "<u4", n)
-        boxes = iter(boxes)
+        each = iter(boxes)
         for at in range(0, n, _BLOCK):
             end = min(n, at + _BLOCK)
             hexes = digests[4 * n + 16 * at:4 * n + 16 * end].hex()
@@ -161,14 +182,16 @@ class Columns(NamedTuple):
                     self.source[at:end].tolist(), self.offset[at:end].tolist(),
                     self.length[at:end].tolist(), self.codec[at:end].tolist(),
                     crcs[at:end].tolist())):
-                start, shape = next(boxes)
+                start, shape = next(each)
                 yield chunk_cls(names[s], off, ln, start, shape, PIPELINES[c],
                                 "crc32c:%08x" % crc, "xxh3-128:" + hexes[32 * k:32 * k + 32],
                                 base_of[s])
 
 
-def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], np.ndarray],
-                 max_ratio: int, label: Callable[[int], str]) -> Columns:
+def read_columns(p: _Parser, obj: Dict[str, Any], at: str, n: int,
+                 files: Dict[str, FileEntry], bases: Dict[str, Dict[str, int]],
+                 expected: Callable[[], NDArray[np.uint64]], max_ratio: int,
+                 label: Callable[[int], str]) -> Columns:
     """Check and decode the ``sources``, ``layout`` and ``digests`` of ``obj`` (a grid or a
     table at ``at``) for ``n`` chunks whose boxes hold ``expected()`` raw bytes each
     (uint64); ``label(k)`` names chunk ``k`` in errors. Text lengths are checked before
@@ -186,7 +209,8 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     if len(digests) != DIGEST_BYTES * n:
         p.fail(at + ".digests", f"decodes to {len(digests)} bytes, not {DIGEST_BYTES * n} "
                                 f"(padding inside the text?)")
-    cols, pos = {}, 0
+    cols: Dict[str, Column] = {}
+    pos = 0
     for name, width in _COLUMNS:
         planes = np.frombuffer(layout, np.uint8, width * n, pos).reshape(width, n)
         cols[name] = np.ascontiguousarray(planes.T).view(f"<u{width}").reshape(n).astype(
@@ -210,7 +234,9 @@ def read_columns(p, obj, at: str, n: int, files, bases, expected: Callable[[], n
     return Columns(source, offset, length, codec, digests, names, base_of)
 
 
-def _sources(p, obj, at: str, n: int, files, bases, unit: str):
+def _sources(p: _Parser, obj: Any, at: str, n: int, files: Dict[str, FileEntry],
+             bases: Dict[str, Dict[str, int]], unit: str
+             ) -> Tuple[List[int], List[str], List[Optional[str]]]:
     """Sizes, file names and bases of the ``sources`` of ``n`` slabs or rows (``unit``)."""
     p.need(obj, at, list, "a list of [base or null, file name] pairs")
     if not 1 <= len(obj) <= n:
@@ -218,11 +244,11 @@ def _sources(p, obj, at: str, n: int, files, bases, unit: str):
     return read_sources(p, obj, at, files, bases)
 
 
-def _b64(p, text: str, at: str) -> bytes:
+def _b64(p: _Parser, text: str, at: str) -> bytes:
     return b64decode(p.fail, text, at)
 
 
-def _inflate(p, text: str, at: str, expected: int, unit: str) -> bytes:
+def _inflate(p: _Parser, text: str, at: str, expected: int, unit: str) -> bytes:
     """The zlib stream of Base64 ``text`` inflated to exactly ``expected`` bytes (never more)."""
     stream = _b64(p, text, at)
     z = zlib.decompressobj()
@@ -240,7 +266,8 @@ def _inflate(p, text: str, at: str, expected: int, unit: str) -> bytes:
     return out
 
 
-def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs,
+def _check_columns(p: _Parser, at: str, offset: Column, length: Column, source: Column,
+                   codec: Column, nsources: int, codecs: Tuple[str, ...],
                    label: Callable[[int], str]) -> None:
     for name, values, limit in (("offset", offset, MAX_INT), ("length", length, MAX_INT),
                                 ("source", source, nsources - 1)):
@@ -258,7 +285,8 @@ def _check_columns(p, at, offset, length, source, codec, nsources: int, codecs,
                                f"{', '.join(f'{i} ({CODEC_NUMBERS[i]})' for i in allowed)}")
 
 
-def _check_lengths(p, at, length, codec, expected, max_ratio: int,
+def _check_lengths(p: _Parser, at: str, length: Column, codec: Column,
+                   expected: NDArray[np.uint64], max_ratio: int,
                    label: Callable[[int], str]) -> None:
     """Raw chunks hold exactly their box's bytes (``expected``); compressed ones at most
     32768 raw bytes per stored byte (and at least one stored byte)."""

@@ -10,7 +10,7 @@ pipelines. Version 5's ``grid`` listings are :mod:`.grid`, version 6's ``table``
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from ... import dtypes
 from ...checksum import FORM as _CHECKSUM
@@ -60,7 +60,7 @@ _ARRAY_KEYS_V4 = _ARRAY_KEYS | {"root"}
 _GRID_ARRAY_FIELDS = ("dtype", "shape", "grid", "root")
 
 
-def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], str]]:
+def _fast_array_head(entry: Any, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], str]]:
     """``(dtype, shape, root)`` of an array entry (root "" before version 4), if its fields,
     dtype, shape and root are all valid; None sends it to the field-by-field checks (which
     name the problem)."""
@@ -79,7 +79,8 @@ def _fast_array_head(entry, v4: bool) -> Optional[Tuple[str, Tuple[int, ...], st
     return dtype, tuple(shape), root
 
 
-def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
+def _fast_chunk(obj: Any, itemsize: int, shape: Tuple[int, ...], files: Dict[str, FileEntry],
+                codecs: Tuple[str, ...], v4: bool,
                 bases: Dict[str, Dict[str, int]]) -> Optional[Chunk]:
     """The chunk, if every rule holds; None sends it to the field-by-field checks. Every
     number is then within int64: the file's size and the array's shape were checked."""
@@ -87,6 +88,7 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
         return None
     keys = obj.keys()
     base = None
+    sizes: Optional[Dict[str, int]] = None  # a base's files (set where ``base`` is)
     if keys != (_CHUNK_KEYS_V4 if v4 else _CHUNK_KEYS):
         if not v4 or keys != _CHUNK_KEYS_BASE:
             return None
@@ -102,7 +104,7 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
     if type(name) is not str:
         return None
     size = files[name].size if base is None and name in files else \
-        sizes.get(name) if base is not None else None
+        sizes.get(name) if sizes is not None else None
     if (size is None or type(offset) is not int or type(length) is not int or offset < 0
             or length < 0 or offset + length > size or obj["codec"] not in codecs
             or type(start) is not list or type(cshape) is not list
@@ -123,7 +125,8 @@ def _fast_chunk(obj, itemsize: int, shape, files, codecs, v4: bool,
                       PIPELINE_OF[obj["codec"]], checksum, content, base)
 
 
-def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
+def _fast_array(entry: Any, files: Dict[str, FileEntry], codecs: Tuple[str, ...], v4: bool,
+                bases: Dict[str, Dict[str, int]]
                 ) -> Optional[Tuple[str, Tuple[int, ...], Tuple[Chunk, ...], str]]:
     """``(dtype, shape, chunks, root)`` of a chunk-listed array entry, if every rule but
     the tiling of several chunks holds; None sends it to the field-by-field checks."""
@@ -145,12 +148,13 @@ def _fast_array(entry, files, codecs, v4: bool, bases: Dict[str, Dict[str, int]]
     return dtype, shape, tuple(chunks), root
 
 
-def _one_whole_chunk(chunks, shape) -> bool:
+def _one_whole_chunk(chunks: Sequence[Chunk], shape: Tuple[int, ...]) -> bool:
     """Whether ``chunks`` is one chunk of the whole array (it covers it: no tiling check)."""
     return len(chunks) == 1 and chunks[0].shape == shape and not any(chunks[0].start)
 
 
-def _entry(path, dtype, shape, chunks, root) -> ArrayEntry:
+def _entry(path: str, dtype: str, shape: Tuple[int, ...], chunks: Sequence[Chunk],
+           root: str) -> ArrayEntry:
     return ArrayEntry(path, dtype, shape, chunks, root)
 
 
@@ -171,9 +175,9 @@ class _Parser(Checker):
     def __init__(self, where: str) -> None:
         super().__init__(where)
         self.version = 6
-        self.codecs = CODECS  # those of the manifest's version, once known
+        self.codecs: Tuple[str, ...] = CODECS  # those of the manifest's version, once known
 
-    def manifest(self, doc, checksum: Optional[str], data: bytes) -> Manifest:
+    def manifest(self, doc: Dict[str, Any], checksum: Optional[str], data: bytes) -> Manifest:
         """``checksum``: what the file's checksum member recorded (already verified), or
         None when the file does not end in one."""
         version = doc["format_version"]
@@ -217,10 +221,10 @@ class _Parser(Checker):
                         checksum=checksum if version >= 2 else None, bases=bases,
                         merkle_root=merkle)
 
-    def arrays(self, obj, files: Dict[str, FileEntry],
+    def arrays(self, obj: Any, files: Dict[str, FileEntry],
                bases: Dict[str, Dict[str, int]]) -> Dict[str, ArrayEntry]:
         self.need(obj, "arrays", dict, "an object of path -> array entry")
-        out = {}
+        out: Dict[str, ArrayEntry] = {}
         v4 = self.version >= 4
         grids = self.version >= 5
         for path, entry in obj.items():
@@ -235,7 +239,7 @@ class _Parser(Checker):
                 out[path] = self.checked_array(path, entry, files, bases)
         return out
 
-    def checked_array(self, path: str, entry, files: Dict[str, FileEntry],
+    def checked_array(self, path: str, entry: Any, files: Dict[str, FileEntry],
                       bases: Dict[str, Dict[str, int]]) -> ArrayEntry:
         """An array entry checked field by field (a grid, or a problem to name)."""
         loc = f"arrays[{_key(path)}]"
@@ -263,7 +267,7 @@ class _Parser(Checker):
             self.coverage(chunks, shape, loc + ".chunks")
         return ArrayEntry(path, dtype, shape, chunks, root)
 
-    def grid_array(self, path: str, entry: dict, loc: str, files: Dict[str, FileEntry],
+    def grid_array(self, path: str, entry: Dict[str, Any], loc: str, files: Dict[str, FileEntry],
                    bases: Dict[str, Dict[str, int]]) -> ArrayEntry:
         """Version 5: an array listed by its ``grid`` (docs/format.md section 15)."""
         if "chunks" in entry:
@@ -276,7 +280,8 @@ class _Parser(Checker):
                              MAX_RATIO)
         return ArrayEntry(path, dtype, shape, chunks, root)
 
-    def checked_chunk(self, obj, loc, dtype, shape, files, bases) -> Chunk:
+    def checked_chunk(self, obj: Any, loc: Union[str, _Loc], dtype: str, shape: Tuple[int, ...],
+                      files: Dict[str, FileEntry], bases: Dict[str, Dict[str, int]]) -> Chunk:
         """Field-by-field validation: names the first problem (the slow path)."""
         v4 = self.version >= 4
         self.need(obj, loc, dict, "an object")

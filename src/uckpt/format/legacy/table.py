@@ -8,11 +8,12 @@ number of rows before anything is decoded).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Set, Tuple
 
 import numpy as np
 
 from ... import dtypes
+from ..model import ArrayEntry, Chunk, FileEntry
 from . import grid
 from ..values import MAX_DIMS, MAX_INT
 from ..values import show as _show
@@ -20,8 +21,16 @@ from ..values import show as _show
 FIELDS = ("paths", "dtypes", "shapes", "sources", "layout", "digests")
 _DTYPE = {name: name for name in dtypes.NAMES}
 
+if TYPE_CHECKING:
+    from .parser import _Parser
 
-def decode(p, t, listed: Dict, files, bases, chunk_cls, new_entry, max_ratio: int) -> None:
+#: what makes an array entry of a row: ``new_entry(path, dtype, shape, chunk)``
+NewEntry = Callable[[str, str, Tuple[int, ...], Chunk], ArrayEntry]
+
+
+def decode(p: _Parser, t: Any, listed: Dict[str, ArrayEntry], files: Dict[str, FileEntry],
+           bases: Dict[str, Dict[str, int]], chunk_cls: grid.MakeChunk, new_entry: NewEntry,
+           max_ratio: int) -> None:
     """Check ``table`` object ``t`` and add its array entries to ``listed`` (path -> entry,
     those of ``arrays``), in row order.
 
@@ -56,13 +65,13 @@ def decode(p, t, listed: Dict, files, bases, chunk_cls, new_entry, max_ratio: in
         listed[path] = new_entry(path, name, chunk.shape, chunk)
 
 
-def _boxes(shapes: List) -> Iterator[Tuple[tuple, tuple]]:
+def _boxes(shapes: List[Any]) -> Iterator[grid.Box]:
     """``(start, shape)`` of each row: one tuple per distinct shape, shared by its rows;
     each JSON list replaced as its row is made (the lists and the tuples are not both held)."""
-    seen: Dict[tuple, tuple] = {}
-    zeros: Dict[int, tuple] = {}
-    for k, shape in enumerate(shapes):
-        shape = tuple(shape)
+    seen: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
+    zeros: Dict[int, Tuple[int, ...]] = {}
+    for k, given in enumerate(shapes):
+        shape = tuple(given)
         shape = seen.setdefault(shape, shape)
         shapes[k] = None
         start = zeros.get(len(shape))
@@ -71,12 +80,12 @@ def _boxes(shapes: List) -> Iterator[Tuple[tuple, tuple]]:
         yield start, shape
 
 
-def _check_paths(p, at: str, paths: List, listed) -> None:
+def _check_paths(p: _Parser, at: str, paths: List[Any], listed: Dict[str, ArrayEntry]) -> None:
     if not all(type(path) is str for path in paths):
         k = next(k for k, path in enumerate(paths) if type(path) is not str)
         p.fail(f"{at}.paths[{k}]", f"expected an array path (a string), got {_show(paths[k])}")
     if len(set(paths)) != len(paths):
-        seen = set()
+        seen: Set[str] = set()
         for k, path in enumerate(paths):
             if path in seen:
                 p.fail(f"{at}.paths[{k}]", f"array {path!r:.80} is listed twice")
@@ -87,7 +96,7 @@ def _check_paths(p, at: str, paths: List, listed) -> None:
         p.fail(f"{at}.paths[{k}]", f"array {paths[k]!r:.80} is also listed in 'arrays'")
 
 
-def _nbytes(p, at: str, paths, k: int, itemsize: int, shape) -> int:
+def _nbytes(p: _Parser, at: str, paths: List[str], k: int, itemsize: int, shape: Any) -> int:
     """The bytes of row ``k``'s array (of ``shape``), each rule of section 16.2 checked."""
     if type(shape) is not list or len(shape) > MAX_DIMS:
         p.fail(f"{at}.shapes[{k}]", f"expected a list of at most {MAX_DIMS} integers, got "
@@ -105,6 +114,6 @@ def _nbytes(p, at: str, paths, k: int, itemsize: int, shape) -> int:
     return size
 
 
-def _row(paths, k: int) -> str:
+def _row(paths: List[str], k: int) -> str:
     return f"row {k}, {paths[k]!r:.80}"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple, TypeGuard
 
 from ...errors import StorageConfigError
 
@@ -20,7 +20,7 @@ _stores: Dict[Any, Any] = {}  # memory names and fsspec roots -> their blob stor
 _guard = threading.Lock()
 
 
-def is_blob_url(target: object) -> bool:
+def is_blob_url(target: object) -> TypeGuard[str]:
     return isinstance(target, str) and URL.match(target) is not None
 
 
