@@ -131,8 +131,9 @@ def table_edit(draw, table: Dict[str, Any], ndims: List[int], files: List[str]):
         return f"rows reordered {order}", encode([rows[i] for i in order], sources), True
     if kind == "row":
         r = draw(st.integers(0, n - 1))
-        fields = [name for name, _ in COLUMNS] + [f"start[{i}]" for i in range(len(rows[r]["start"]))] \
-            + [f"shape[{i}]" for i in range(len(rows[r]["shape"]))]
+        d = len(rows[r]["start"])
+        fields = ([name for name, _ in COLUMNS] + [f"start[{i}]" for i in range(d)]
+                  + [f"shape[{i}]" for i in range(d)])
         name = draw(st.sampled_from(fields))
         if "[" in name:
             col, i = name[:5], int(name[6:-1])
@@ -280,7 +281,8 @@ def _root_edit(draw, doc):
             "raw as zstd": [p or ["zstd"] for p in old],
             "duplicate bytegroup": [["bytegroup"] + p for p in old],
         }[how]
-        return f"codecs {how}: {doc['codecs']}", how == "unused added" and len(doc["codecs"]) > len(old)
+        same = how == "unused added" and len(doc["codecs"]) > len(old)
+        return f"codecs {how}: {doc['codecs']}", same
     if region == "arrays":
         t = doc["arrays"]
         how = draw(st.sampled_from(["paths swapped", "dtype", "shape", "one dim more",

@@ -2,8 +2,10 @@
 
 Sources: a checkpoint written here by ``uckpt.save`` (every dtype family, a
 multi-chunk array, nested dict/list/tuple, int keys, metadata, step) and copies
-of every golden checkpoint (``tests/data/golden_v*/*``). Each case copies a
-source twice into a CheckpointManager root (``step_00000001`` intact,
+of every golden checkpoint (``tests/data/golden_v*/*``, ``golden_1.0/*``, whose
+``sharded`` has manifest parts, and ``golden_1.0/chain/step_00000002``, which has
+a base). Each case copies a source twice into a CheckpointManager root
+(``step_00000001`` intact, or the base of a source that has one;
 ``step_00000002`` mutated) and runs, in a worker process (tests/fuzz_common.py),
 ``uckpt.manifest``, ``uckpt inspect`` (text and ``--json``), ``uckpt.load`` (no
 target), ``uckpt.load`` into a state of the right structure, ``uckpt.verify``,
@@ -15,22 +17,25 @@ saved values (bitwise) or raises a UckptError; never another exception, a hang
 (each operation has OP_SECONDS; a worker that does not answer is killed), a
 traceback from the CLI, or a peak memory above its bound (DESIGN invariant 9:
 RSS_SLACK for verify, inspect, ls and the manifest, whatever the sizes declared;
-the arrays a manifest declares plus RSS_SLACK for load and restore). Where a mutation damaged what an operation reads, it must raise, and
-the manager must fall back to step 1. A manifest changed and then re-sealed
+the arrays a manifest declares plus RSS_SLACK for load and restore). Where a
+mutation damaged what an operation reads, it must raise, and the manager must
+fall back to step 1. A manifest changed and then re-sealed
 (its integrity check recomputed) is a different valid-looking checkpoint: it may
 load, but then as the reader of docs/format.md reads it, and restores agree with
 loads. Mutations: data files (flips, insertions, deletions, truncation,
-extension, emptied), manifest bytes, manifest JSON (fields retyped, huge and
-negative integers, deletions, extra and duplicate keys, lone surrogates, deep
-nesting, other dtypes; equivalent re-chunkings, which must load exactly as
-saved), hand-made hostile manifests (2**40 to 2**64 elements, 65+ dimensions,
-int64 overflows, 5,000-digit int keys, ...), decompression bombs (an array
-replaced by one Zstandard chunk of RLE blocks decoding to up to 64 MiB, 32,768
-times its size: valid, holding half what it declares, or declaring another
-size than its frame), and directory entries (FIFOs,
-directories, sockets, symlinks to /dev/zero, /dev/null, outside, inside, to
-themselves, dangling; no permissions; extra files; the checkpoint itself a
-symlink, a file, a FIFO; odd entries in the root).
+extension, emptied), manifest and manifest part bytes, manifest JSON (fields
+retyped, huge and negative integers, deletions, extra and duplicate keys, lone
+surrogates, deep nesting, other dtypes; equivalent re-chunkings, which must load
+exactly as saved; a format-1.0 manifest edited as written, its chunk tables,
+codecs, parts and extensions included: tests/fuzz_format10.py), hand-made hostile
+manifests (2**40 to 2**64 elements, 65+ dimensions, int64 overflows, 5,000-digit
+int keys, ...; written as version 6), decompression bombs (an array replaced by
+one Zstandard chunk of RLE blocks decoding to up to 64 MiB, 32,768 times its
+size: valid, holding half what it declares, or declaring another size than its
+frame), and directory entries (a manifest, part or data file
+replaced by FIFOs, directories, sockets, symlinks to /dev/zero, /dev/null,
+outside, inside, to themselves, dangling; no permissions; extra files; the
+checkpoint itself a symlink, a file, a FIFO; odd entries in the root).
 
 Each test collects every problem over all its examples and fails once, listing
 them; hypothesis runs derandomized (the same examples every run) and never
@@ -250,11 +255,14 @@ def sources(fuzz_dir, fresh, worker):
 
 
 def test_sources_read_back_exactly(sources, fresh):
-    """The fresh source loads as saved; every golden one is there; re-sealing an intact
+    """The fresh source loads as saved; every golden one is there (1.0's with parts and with
+    a base among them); re-sealing an intact
     manifest's JSON gives its bytes back (the oracle relies on all three)."""
     assert fingerprint(uckpt.load(fresh)) == fingerprint(fresh_state())
     assert sources["fresh"].expected["load"]["fp"] == fingerprint(fresh_state())
     assert any(name.startswith("golden_v1/") for name in sources), sorted(sources)
+    assert sources["golden_1.0/sharded"].raw["parts"], "no source with manifest parts"
+    assert sources["golden_1.0/chain/step_00000002"].fallback is not None, "no source with a base"
     for source in sources.values():
         assert is_sealed(source.manifest) == (source.doc["format_version"] >= 2), source.name
     data = sources["fresh"].manifest
@@ -326,7 +334,8 @@ def data_verdicts(source: Source, name: str, old: bytes, new: bytes):
     if len(new) < size:
         return "fail", "fail"
     damaged = {p for p, a in source.doc["arrays"].items() for c in a["chunks"]
-               if c["file"] == name and not c.get("base") and new[c["offset"]:c["offset"] + c["length"]]
+               if c["file"] == name and not c.get("base")  # (a base's file is another)
+               and new[c["offset"]:c["offset"] + c["length"]]
                != old[c["offset"]:c["offset"] + c["length"]]}
     whole = "ok" if len(new) == size else "either"
     if not damaged:
@@ -384,10 +393,13 @@ def run_manifest_cases(worker, source, desc, text, workdir):
     return problems
 
 
+def _is_1_0(source: Source) -> bool:
+    return source.raw["format_version"] == "1.0"
+
+
 def _part_files(source: Source):
     """The manifest parts a format-1.0 source lists (none for the others)."""
-    return [e["file"] for e in source.raw.get("parts", [])] \
-        if source.raw.get("format_version") == "1.0" else []
+    return [e["file"] for e in source.raw["parts"]] if _is_1_0(source) else []
 
 
 def test_manifest_byte_mutations(sources, worker, fuzz_dir):
@@ -548,7 +560,7 @@ def test_manifest_json_mutations(sources, worker, fuzz_dir):
     def run(data):
         family = data.draw(st.sampled_from(["1.0", "legacy"]))
         source = data.draw(st.sampled_from(sorted(
-            (s for s in sources.values() if (s.raw["format_version"] == "1.0") == (family == "1.0")),
+            (s for s in sources.values() if _is_1_0(s) == (family == "1.0")),
             key=lambda s: s.name)))
         if family == "1.0":  # the document as written; half the edits know the format
             if data.draw(st.booleans()):
@@ -597,7 +609,7 @@ def reslab(draw, source: Source):
         a["chunks"] = draw(st.permutations(chunks))
     doc["arrays"] = dict(draw(st.permutations(list(doc["arrays"].items()))))
     _merkle_roots(doc)
-    if source.raw["format_version"] == "1.0":  # written as 1.0: every chunk in the root
+    if _is_1_0(source):  # written as 1.0: every chunk in the root
         doc = as_1_0(doc, source.raw)
     return f"{cuts} cut(s) into slabs, chunks and arrays reordered", dumps(doc).encode()
 
