@@ -184,8 +184,10 @@ def table_edit(draw, table: Dict[str, Any], ndims: List[int], files: List[str]):
         elif how == "base" and sources:
             sources[0] = [draw(st.sampled_from([None, "step_00000001", "step_99999999",
                                                 "..", 0])), sources[0][1]]
-        else:
-            sources = [] if how == "empty" else sources + [[None, "extra.bin"]]
+        elif how == "empty":
+            sources = []
+        else:  # (what was drawn does not apply to these sources)
+            how, sources = "unused pair added", sources + [[None, "extra.bin"]]
         return f"chunks.sources {how}: {sources!r}"[:160], dict(table, sources=sources), False
     if kind == "layout text":
         raw = layout_bytes(rows)
@@ -226,6 +228,7 @@ def table_edit(draw, table: Dict[str, Any], ndims: List[int], files: List[str]):
 
 
 def _runs_edit(draw, runs, narrays):
+    """(description, new runs): one edit of a part entry's ``arrays`` runs."""
     how = draw(st.sampled_from(["empty", "count 0", "past the end", "one more", "one less",
                                 "split", "overlap", "unsorted", "not a list"]))
     runs = copy.deepcopy(runs)
@@ -245,8 +248,8 @@ def _runs_edit(draw, runs, narrays):
         runs.append(list(runs[0]))
     elif how == "unsorted" and len(runs) > 1:
         runs.reverse()
-    else:
-        runs = {"first": 0}
+    else:  # (what was drawn does not apply to these runs)
+        how, runs = "not a list", {"first": 0}
     return how, runs
 
 
@@ -298,7 +301,8 @@ def _root_edit(draw, doc):
             t["shapes"][0].append(1)
         elif n and how == "same path twice":
             t["paths"][-1] = t["paths"][0]
-        else:
+        else:  # (also where what was drawn does not apply)
+            how = "one short"
             for k in t:
                 t[k] = t[k][:-1]
         return f"arrays: {how}", False
