@@ -2,9 +2,10 @@
 
 Tests that edit a manifest's chunks as JSON start from :func:`listed`: a version-5 or 6
 manifest may list any array either way (docs/format-legacy.md), so the listed document is
-valid too; a format-1.0 root (without parts) becomes the version-6 document of the same
-checkpoint (same files, chunks, hashes and Merkle root), so such edits test the rules of
-the legacy parser, which are those of 1.0 for each chunk. The grids are decoded by
+valid too; a format-1.0 root becomes the version-6 document of the same checkpoint (same
+files, chunks, hashes and Merkle root; the chunks of its parts, read from its directory,
+listed with the others), so such edits test the rules of the legacy parser, which are
+those of 1.0 for each chunk. The grids are decoded by
 ``chunk_list`` of tests/data/make_golden.py (written from the spec with base64, zlib and
 NumPy, not uckpt).
 """
@@ -27,12 +28,13 @@ _spec.loader.exec_module(golden)
 chunk_list = golden.chunk_list
 
 
-def listed(doc: Dict[str, Any]) -> Dict[str, Any]:
+def listed(doc: Dict[str, Any], directory=None) -> Dict[str, Any]:
     """A copy of manifest document ``doc`` whose arrays all have ``chunks`` (keys in the
     order uckpt writes them: ``root`` last): grids decoded, and a version-6 ``table``'s rows
-    turned into array entries (after the others), their roots computed from the spec."""
+    turned into array entries (after the others), their roots computed from the spec.
+    ``directory``: the checkpoint's, where a 1.0 root's parts are read from."""
     if doc.get("format_version") == "1.0":
-        return as_version_6(doc)
+        return as_version_6(doc, directory)
     doc = copy.deepcopy(doc)
     for entry in doc.get("arrays", {}).values():
         if isinstance(entry, dict) and "grid" in entry:
@@ -66,13 +68,14 @@ def sealed(doc: Dict[str, Any]) -> bytes:
 CODEC_NAMES = {(): "raw", ("zstd",): "zstd", ("bytegroup", "zstd"): "zstd+bytegroup"}
 
 
-def as_version_6(doc: Dict[str, Any]) -> Dict[str, Any]:
-    """The version-6 document (chunk lists) of format-1.0 root ``doc`` (without parts),
-    its chunk table decoded by uckpt's 1.0 parser."""
-    from uckpt.format import Manifest
+def as_version_6(doc: Dict[str, Any], directory=None) -> Dict[str, Any]:
+    """The version-6 document (chunk lists) of format-1.0 root ``doc``, its chunk tables
+    decoded by uckpt's 1.0 parser (its parts read from ``directory``)."""
+    def read_part(entry):
+        assert directory is not None, "a root with parts needs its directory"
+        return (Path(directory) / entry.file).read_bytes()
 
-    m = parse_manifest(sealed(doc))
-    assert not m.parts, "a root with parts has no version-6 equivalent here"
+    m = parse_manifest(sealed(doc), read_part=read_part)
     out = {k: copy.deepcopy(doc[k]) for k in ("format", "format_version", "generator",
                                                 "created", "world_size", "step", "metadata",
                                                 "files", "tree")}

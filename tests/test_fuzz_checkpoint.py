@@ -2,8 +2,10 @@
 
 Sources: a checkpoint written here by ``uckpt.save`` (every dtype family, a
 multi-chunk array, nested dict/list/tuple, int keys, metadata, step) and copies
-of every golden checkpoint (``tests/data/golden_v*/*``). Each case copies a
-source twice into a CheckpointManager root (``step_00000001`` intact,
+of every golden checkpoint (``tests/data/golden_v*/*``, ``golden_1.0/*``, whose
+``sharded`` has manifest parts, and ``golden_1.0/chain/step_00000002``, which has
+a base). Each case copies a source twice into a CheckpointManager root
+(``step_00000001`` intact, or the base of a source that has one;
 ``step_00000002`` mutated) and runs, in a worker process (tests/fuzz_common.py),
 ``uckpt.manifest``, ``uckpt inspect`` (text and ``--json``), ``uckpt.load`` (no
 target), ``uckpt.load`` into a state of the right structure, ``uckpt.verify``,
@@ -15,22 +17,25 @@ saved values (bitwise) or raises a UckptError; never another exception, a hang
 (each operation has OP_SECONDS; a worker that does not answer is killed), a
 traceback from the CLI, or a peak memory above its bound (DESIGN invariant 9:
 RSS_SLACK for verify, inspect, ls and the manifest, whatever the sizes declared;
-the arrays a manifest declares plus RSS_SLACK for load and restore). Where a mutation damaged what an operation reads, it must raise, and
-the manager must fall back to step 1. A manifest changed and then re-sealed
+the arrays a manifest declares plus RSS_SLACK for load and restore). Where a
+mutation damaged what an operation reads, it must raise, and the manager must
+fall back to step 1. A manifest changed and then re-sealed
 (its integrity check recomputed) is a different valid-looking checkpoint: it may
 load, but then as the reader of docs/format.md reads it, and restores agree with
 loads. Mutations: data files (flips, insertions, deletions, truncation,
-extension, emptied), manifest bytes, manifest JSON (fields retyped, huge and
-negative integers, deletions, extra and duplicate keys, lone surrogates, deep
-nesting, other dtypes; equivalent re-chunkings, which must load exactly as
-saved), hand-made hostile manifests (2**40 to 2**64 elements, 65+ dimensions,
-int64 overflows, 5,000-digit int keys, ...), decompression bombs (an array
-replaced by one Zstandard chunk of RLE blocks decoding to up to 64 MiB, 32,768
-times its size: valid, holding half what it declares, or declaring another
-size than its frame), and directory entries (FIFOs,
-directories, sockets, symlinks to /dev/zero, /dev/null, outside, inside, to
-themselves, dangling; no permissions; extra files; the checkpoint itself a
-symlink, a file, a FIFO; odd entries in the root).
+extension, emptied), manifest and manifest part bytes, manifest JSON (fields
+retyped, huge and negative integers, deletions, extra and duplicate keys, lone
+surrogates, deep nesting, other dtypes; equivalent re-chunkings, which must load
+exactly as saved; a format-1.0 manifest edited as written, its chunk tables,
+codecs, parts and extensions included: tests/fuzz_format10.py), hand-made hostile
+manifests (2**40 to 2**64 elements, 65+ dimensions, int64 overflows, 5,000-digit
+int keys, ...; written as version 6), decompression bombs (an array replaced by
+one Zstandard chunk of RLE blocks decoding to up to 64 MiB, 32,768 times its
+size: valid, holding half what it declares, or declaring another size than its
+frame), and directory entries (a manifest, part or data file
+replaced by FIFOs, directories, sockets, symlinks to /dev/zero, /dev/null,
+outside, inside, to themselves, dangling; no permissions; extra files; the
+checkpoint itself a symlink, a file, a FIFO; odd entries in the root).
 
 Each test collects every problem over all its examples and fails once, listing
 them; hypothesis runs derandomized (the same examples every run) and never
@@ -63,12 +68,14 @@ from uckpt import dtypes, hashing
 from conftest import REPO
 from fuzz_common import (OPS, Case, Dup, Raw, Source, Worker, dumps, establish, fingerprint,
                          is_sealed, judge, manifest_doc, run_case, seal_manifest, stale_seal)
+from fuzz_format10 import as_1_0, edit_10
 
 LONG = os.environ.get("UCKPT_FUZZ_LONG", "") not in ("", "0")
 SEED = os.environ.get("UCKPT_FUZZ_SEED")
 SCALE = 20 if LONG else 1
 MANIFEST = "manifest.json"
 DATA0 = "data-00000.bin"
+PART0 = "manifest.part-00000.json"
 
 pytestmark = pytest.mark.timeout(3600 if LONG else 900)
 
@@ -188,14 +195,15 @@ def _object_keys(doc):
                   if any(n.get("type") == "object" for n, _ in _nodes(node)))
 
 
-def make_source(name: str, path: Path) -> Source:
+def make_source(name: str, path: Path, base: Path = None) -> Source:
     """``sealed``: the manifest has a checksum (format version 2 and later), or was written by
-    this uckpt (which must protect what it writes)."""
+    this uckpt (which must protect what it writes). ``base``: the checkpoint its ``bases``
+    name (``step_00000001``)."""
     data = (path / MANIFEST).read_bytes()
-    doc = manifest_doc(data)
+    doc = manifest_doc(data, path)
     sealed = name == "fresh" or doc["format_version"] >= 2
     declared = sum(f["size"] for f in doc["files"].values())
-    return Source(name, path, data, doc, sealed, _object_keys(doc), declared)
+    return Source(name, path, data, doc, sealed, _object_keys(doc), declared, base=base)
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +231,11 @@ def worker(fuzz_dir, fresh):
 
 
 def golden_dirs():
-    return sorted(p.parent for p in (REPO / "tests" / "data").glob("golden_v*/*/" + MANIFEST))
+    """Every golden checkpoint: the pre-release ones (``golden_v*``), those of format 1.0
+    (``sharded`` has parts) and the second step of 1.0's ``chain`` (it has a base)."""
+    data = REPO / "tests" / "data"
+    return sorted(p.parent for pattern in ("golden_v*/*/", "golden_1.0/*/", "golden_1.0/chain/*2/")
+                  for p in data.glob(pattern + MANIFEST))
 
 
 @pytest.fixture(scope="module")
@@ -231,19 +243,26 @@ def sources(fuzz_dir, fresh, worker):
     """name -> Source, each with its intact results established."""
     out = {"fresh": make_source("fresh", fresh)}
     for g in golden_dirs():
-        name = f"{g.parent.name}/{g.name}"
-        out[name] = make_source(name, shutil.copytree(g, fuzz_dir / "sources" / name))
+        name = str(g.relative_to(REPO / "tests" / "data"))
+        copy_ = shutil.copytree(g, fuzz_dir / "sources" / name)
+        base = next(iter(manifest_doc((g / MANIFEST).read_bytes(), g).get("bases", {})), None)
+        if base is not None:
+            base = shutil.copytree(g.parent / base, copy_.parent / base)  # its sibling
+        out[name] = make_source(name, copy_, base)
     for s in out.values():
         establish(worker, s, fuzz_dir / "establish")
     return out
 
 
 def test_sources_read_back_exactly(sources, fresh):
-    """The fresh source loads as saved; every golden one is there; re-sealing an intact
+    """The fresh source loads as saved; every golden one is there (1.0's with parts and with
+    a base among them); re-sealing an intact
     manifest's JSON gives its bytes back (the oracle relies on all three)."""
     assert fingerprint(uckpt.load(fresh)) == fingerprint(fresh_state())
     assert sources["fresh"].expected["load"]["fp"] == fingerprint(fresh_state())
     assert any(name.startswith("golden_v1/") for name in sources), sorted(sources)
+    assert sources["golden_1.0/sharded"].raw["parts"], "no source with manifest parts"
+    assert sources["golden_1.0/chain/step_00000002"].fallback is not None, "no source with a base"
     for source in sources.values():
         assert is_sealed(source.manifest) == (source.doc["format_version"] >= 2), source.name
     data = sources["fresh"].manifest
@@ -315,7 +334,8 @@ def data_verdicts(source: Source, name: str, old: bytes, new: bytes):
     if len(new) < size:
         return "fail", "fail"
     damaged = {p for p, a in source.doc["arrays"].items() for c in a["chunks"]
-               if c["file"] == name and new[c["offset"]:c["offset"] + c["length"]]
+               if c["file"] == name and not c.get("base")  # (a base's file is another)
+               and new[c["offset"]:c["offset"] + c["length"]]
                != old[c["offset"]:c["offset"] + c["length"]]}
     whole = "ok" if len(new) == size else "either"
     if not damaged:
@@ -373,19 +393,32 @@ def run_manifest_cases(worker, source, desc, text, workdir):
     return problems
 
 
+def _is_1_0(source: Source) -> bool:
+    return source.raw["format_version"] == "1.0"
+
+
+def _part_files(source: Source):
+    """The manifest parts a format-1.0 source lists (none for the others)."""
+    return [e["file"] for e in source.raw["parts"]] if _is_1_0(source) else []
+
+
 def test_manifest_byte_mutations(sources, worker, fuzz_dir):
-    """Any changed byte of a checksummed manifest is refused by every operation (and the
-    manager falls back); an unchecked (version 1) one is read as the spec's reader reads it."""
+    """Any changed byte of a checksummed manifest or of a manifest part is refused by every
+    operation (a part naming itself; the manager falls back); an unchecked (version 1)
+    manifest is read as the spec's reader reads it."""
     problems = []
 
     @fuzz_settings(200)
     @given(st.data())
     def run(data):
         source = data.draw(st.sampled_from(sorted(sources.values(), key=lambda s: s.name)))
-        desc, new = data.draw(byte_edit(source.manifest, MANIFEST_EDITS))
-        verdict = "ok" if new == source.manifest else "fail" if source.sealed else "weak"
-        case = Case(source, f"{MANIFEST}: {desc}", verdict, verdict)
-        problems.extend(run_case(worker, case, _writer(MANIFEST, new), fuzz_dir / "case"))
+        name = data.draw(st.sampled_from([MANIFEST] + _part_files(source)))
+        old = (source.path / name).read_bytes()
+        desc, new = data.draw(byte_edit(old, MANIFEST_EDITS))
+        verdict = "ok" if new == old else "fail" if source.sealed else "weak"
+        case = Case(source, f"{name}: {desc}", verdict, verdict,
+                    names=name if name != MANIFEST and verdict == "fail" else None)
+        problems.extend(run_case(worker, case, _writer(name, new), fuzz_dir / "case"))
 
     run()
     check(problems)
@@ -483,15 +516,60 @@ def json_edit(draw, doc):
     return f"{kind} at {where}"[:160], dumps(doc).encode()
 
 
+def _files_writer(files):
+    def mutate(d: Path) -> None:
+        for name, data in files.items():
+            (d / name).write_bytes(data)
+    return mutate
+
+
+def run_10_cases(worker, source, desc, text, parts, same, workdir):
+    """The cases of an edit of a format-1.0 root's JSON ``text`` and of its ``parts`` (file
+    -> new bytes; the root's entries updated to them): the root re-sealed (the parser: a
+    UckptError or a load the spec's reader agrees with; ``same``: an equivalent
+    checkpoint, which loads exactly as saved), with its stale checksum (refused), and
+    the edited parts under the intact root (refused, naming the part)."""
+    problems = []
+    stale, sealed = stale_seal(text, source.manifest), seal_manifest(text, source.manifest)
+    if sealed == source.manifest and not parts:
+        return run_case(worker, Case(source, desc + " (no change)", "ok", "ok"),
+                        _writer(MANIFEST, sealed), workdir)
+    if same:
+        case = Case(source, desc + ", re-sealed", "ok", "weak", overrides={"verify": "weak"})
+    else:
+        case = Case(source, desc + ", re-sealed", "weak", "weak")
+    problems += run_case(worker, case, _files_writer({**parts, MANIFEST: sealed}), workdir)
+    if stale != source.manifest:
+        problems += run_case(worker, Case(source, desc, "fail", "fail"),
+                             _files_writer({**parts, MANIFEST: stale}), workdir)
+    for name, data in parts.items():
+        problems += run_case(worker, Case(source, f"{desc}, under the intact root", "fail",
+                                          "fail", names=name), _writer(name, data), workdir)
+    return problems
+
+
 def test_manifest_json_mutations(sources, worker, fuzz_dir):
     """Structured edits, with the stale checksum (refused) and re-sealed (the parser: a
-    UckptError, or a load the spec's reader agrees with)."""
+    UckptError, or a load the spec's reader agrees with). A format-1.0 checkpoint is
+    edited as written, half the time by edits that know the format (fuzz_format10.py):
+    its chunk tables (root and parts), codecs, array table, parts and extensions."""
     problems = []
 
     @fuzz_settings(250)
     @given(st.data())
     def run(data):
-        source = data.draw(st.sampled_from(sorted(sources.values(), key=lambda s: s.name)))
+        family = data.draw(st.sampled_from(["1.0", "legacy"]))
+        source = data.draw(st.sampled_from(sorted(
+            (s for s in sources.values() if _is_1_0(s) == (family == "1.0")),
+            key=lambda s: s.name)))
+        if family == "1.0":  # the document as written; half the edits know the format
+            if data.draw(st.booleans()):
+                desc, text, parts, same = data.draw(edit_10(source.raw, source.path))
+            else:
+                (desc, text), parts, same = data.draw(json_edit(source.raw)), {}, False
+            problems.extend(run_10_cases(worker, source, desc, text, parts, same,
+                                         fuzz_dir / "case"))
+            return
         doc = source.doc  # (grids and table listed as chunks)
         if "table" in source.raw:  # half the edits of a tabled manifest hit it as written
             doc = data.draw(st.sampled_from([doc, source.raw]))
@@ -507,13 +585,15 @@ def test_manifest_json_mutations(sources, worker, fuzz_dir):
 def reslab(draw, source: Source):
     """(description, JSON text): some raw chunks cut into slabs along their first axis (each
     still one run of bytes, with its own checksum), every array's chunks and the arrays
-    listed in random order. The same values, another valid manifest."""
+    listed in random order (a format-1.0 source's as 1.0 rows of its root's table, its
+    parts dropped). The same values, another valid manifest."""
     doc, cuts = copy.deepcopy(source.doc), 0
     for a in doc["arrays"].values():
         chunks = []
         for c in a["chunks"]:
             rows = c["shape"][0] if c["shape"] else 0
-            if rows < 2 or c["codec"] != "raw" or not draw(st.booleans()):  # a frame is whole
+            if (rows < 2 or c["codec"] != "raw" or c.get("base")  # a frame is whole
+                    or not draw(st.booleans())):
                 chunks.append(c)
                 continue
             bounds = sorted(draw(st.sets(st.integers(1, rows - 1), min_size=1, max_size=4)))
@@ -529,6 +609,8 @@ def reslab(draw, source: Source):
         a["chunks"] = draw(st.permutations(chunks))
     doc["arrays"] = dict(draw(st.permutations(list(doc["arrays"].items()))))
     _merkle_roots(doc)
+    if _is_1_0(source):  # written as 1.0: every chunk in the root
+        doc = as_1_0(doc, source.raw)
     return f"{cuts} cut(s) into slabs, chunks and arrays reordered", dumps(doc).encode()
 
 
@@ -882,15 +964,17 @@ ENTRY_KINDS = ("fifo", "directory", "socket", "dev_zero", "dev_null", "outside",
                "loop", "dangling", "unreadable")
 
 
-@pytest.mark.parametrize("name", [MANIFEST, DATA0])
+@pytest.mark.parametrize("name", [MANIFEST, DATA0, PART0])
 @pytest.mark.parametrize("kind", ENTRY_KINDS)
 def test_directory_entries(sources, worker, fuzz_dir, kind, name):
-    """A checkpoint's manifest or data file replaced by something that is not a regular
-    file of the checkpoint: refused (naming it), and the manager falls back. A file
-    without permissions is refused too, unless this process can read it anyway (root)."""
+    """A checkpoint's manifest, manifest part (of golden_1.0/sharded) or data file replaced
+    by something that is not a regular file of the checkpoint: refused (naming it), and
+    the manager falls back. A file without permissions is refused too, unless this
+    process can read it anyway (root)."""
     bad = "ok" if kind == "unreadable" and not MODES_BITE else "fail"
-    case = Case(sources["fresh"], f"{name} replaced by {kind}", bad,
-                bad if name == MANIFEST else "ok", names=name)
+    source = sources["golden_1.0/sharded" if name == PART0 else "fresh"]
+    case = Case(source, f"{name} replaced by {kind}", bad,
+                bad if name != DATA0 else "ok", names=name)
     check(run_case(worker, case, replace_with(kind, name), fuzz_dir / "case"))
 
 
