@@ -147,6 +147,39 @@ def check_manifest(data: bytes, where: str) -> None:
                  "memory.max, free memory)")
 
 
+#: the most memory decoding a 1.0 chunk table takes beyond the parsed JSON (its columns,
+#: their checks, the rows grouped by array, an array entry for an array of one row): this
+#: many bytes per row, plus this many per value of the rows' boxes (2 per dimension). Its
+#: layout is deflated, so this is counted from the table's row count and its arrays'
+#: dimensions, not from its bytes; at least 20% above the most measured: see
+#: docs/benchmarks.md
+TABLE_PER_ROW = 200
+TABLE_PER_BOX_VALUE = 40
+
+
+def table_bytes(rows: int, box_values: int) -> int:
+    """The most memory decoding a chunk table of ``rows`` rows and ``box_values`` box
+    values may take (see ``TABLE_PER_ROW``)."""
+    return TABLE_PER_ROW * rows + TABLE_PER_BOX_VALUE * box_values
+
+
+def check_table(rows: int, box_values: int, where: str, member: str) -> None:
+    """Refuse (MemoryLimitError) decoding chunk table ``member`` of ``where`` when it may
+    need (:func:`table_bytes`) more than the memory available (for tables that may need
+    more than ``UNCHECKED_BYTES``); called before its columns are inflated."""
+    need = table_bytes(rows, box_values)
+    if need <= UNCHECKED_BYTES:
+        return
+    limit = available_bytes()
+    if limit is not None and need > limit:
+        raise MemoryLimitError(
+            f"{where}: {member}: decoding this chunk table of {rows} rows may take up to {need} bytes, "
+            f"more than the memory available to this process ({limit} bytes); refused "
+            "before decoding", path=where, need=need, limit=limit,
+            hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
+                 "memory.max, free memory)")
+
+
 @contextlib.contextmanager
 def mapped(what: str, where: str) -> Iterator[None]:
     """Raise a MemoryError of the block as a MemoryLimitError naming ``what`` and ``where``."""

@@ -217,7 +217,7 @@ class Checker:
         ``names(k)``: how an error names chunk ``k`` (default ``chunks [k]``)."""
         total = math.prod(shape)
         extents = ends - starts
-        covered = sum(math.prod(e) for e in extents.tolist())
+        covered = _elements(extents)
         if covered != total:
             self.fail(loc, f"chunks cover {covered} elements, the array has {total}")
         where = np.flatnonzero(extents.all(axis=1))  # chunks with elements
@@ -315,3 +315,13 @@ class Checker:
                     self.fail(f"{loc}.items", f"key {_key(k)} is not an integer in "
                                               "canonical form")
             self.node(v, Item(loc, k), arrays, depth + 1)
+
+
+def _elements(extents: np.ndarray) -> int:
+    """The elements of boxes of ``extents`` (n x d, each at least 0), added up exactly;
+    vectorised while every box's count stays below 2**62."""
+    if not extents.size or float(np.prod(extents.astype(np.float64), axis=1).max()) >= 2.0**62:
+        return sum(math.prod(e) for e in extents.tolist())
+    counts = np.prod(extents, axis=1).astype(np.uint64)  # (each below 2**62: exact)
+    mask = np.uint64(0xFFFFFFFF)  # halves: n below 2**32 sums of values below 2**32 fit
+    return (int((counts >> np.uint64(32)).sum()) << 32) + int((counts & mask).sum())

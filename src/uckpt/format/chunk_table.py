@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from .. import memory
 from .columns import Inflater, b64_length, b64decode, b64encode, planes, unplanes
 from .model import Chunk, Pipeline
 from .rows import Table
@@ -95,6 +96,7 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
     ai = array.astype(np.int64)
     nd = arrays.ndim[ai]
     m = 2 * int(nd.sum())
+    memory.check_table(n, m, p.where, at)
     rest = z.take(21 * n + 8 * m)
     z.end(ROW_BYTES * n + 8 * m)
     offset, length = unplanes(rest, 0, n, 8), unplanes(rest, 8 * n, n, 8)

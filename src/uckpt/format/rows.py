@@ -67,26 +67,31 @@ class Table:
         return ((self.base_of[s], self.names[s]) for s in np.unique(self.source[ks]).tolist())
 
 
-#: the rows of one table that belong to an array: (table, row indices)
-Segment = Tuple[Table, np.ndarray]
-
-
 class Rows(Sequence[Chunk]):
-    """The chunks of an array: its rows in one or more :class:`Table` (root, parts), in
-    order; a read-only sequence equal to the tuple of them, each chunk made from the
-    columns when it is read."""
+    """The chunks of an array: its rows ``order[lo:hi]`` of a :class:`Table`, then those of
+    ``rest`` (rows in further tables: parts), in order; a read-only sequence equal to the
+    tuple of them, each chunk made from the columns when it is read. (Five slots, no
+    tuples or array views of its own: a manifest may list a million arrays.)"""
 
-    __slots__ = ("_segs", "_len")
+    __slots__ = ("_table", "_order", "_lo", "_hi", "_rest")
 
-    def __init__(self, segs: Sequence[Segment]) -> None:
-        self._segs = tuple(segs)
-        self._len = sum(len(ks) for _, ks in self._segs)
+    def __init__(self, table: Optional[Table], order: Optional[np.ndarray], lo: int, hi: int,
+                 rest: Optional[Rows] = None) -> None:
+        self._table, self._order, self._lo, self._hi, self._rest = table, order, lo, hi, rest
+
+    def _segments(self) -> Iterator[Tuple[Table, np.ndarray]]:
+        """(table, row indices) of each table holding rows, in order."""
+        r: Optional[Rows] = self
+        while r is not None:
+            if r._table is not None and r._order is not None and r._hi > r._lo:
+                yield r._table, r._order[r._lo:r._hi]
+            r = r._rest
 
     def __len__(self) -> int:
-        return self._len
+        return self._hi - self._lo + (len(self._rest) if self._rest is not None else 0)
 
     def __iter__(self) -> Iterator[Chunk]:
-        for table, ks in self._segs:
+        for table, ks in self._segments():
             yield from table.chunks(ks)
 
     @overload
@@ -96,12 +101,13 @@ class Rows(Sequence[Chunk]):
     def __getitem__(self, k: slice) -> Tuple[Chunk, ...]: ...
 
     def __getitem__(self, k: Union[int, slice]) -> Union[Chunk, Tuple[Chunk, ...]]:
+        n = len(self)
         if isinstance(k, slice):
-            return tuple(self[i] for i in range(self._len)[k])
-        k = k + self._len if -self._len <= k < 0 else k
-        if not 0 <= k < self._len:
+            return tuple(self[i] for i in range(n)[k])
+        k = k + n if -n <= k < 0 else k
+        if not 0 <= k < n:
             raise IndexError("chunk index out of range")
-        for table, ks in self._segs:
+        for table, ks in self._segments():
             if k < len(ks):
                 return next(table.chunks(ks[k:k + 1]))
             k -= len(ks)
@@ -110,7 +116,7 @@ class Rows(Sequence[Chunk]):
     def corners(self, ndim: int) -> Tuple[np.ndarray, np.ndarray]:
         """Every chunk's start and end (int64 arrays of ``len(self)`` rows, ``ndim``
         columns), from the columns."""
-        got = [t.corners(ks, ndim) for t, ks in self._segs]
+        got = [t.corners(ks, ndim) for t, ks in self._segments()]
         if not got:
             return np.zeros((0, ndim), np.int64), np.zeros((0, ndim), np.int64)
         if len(got) == 1:
@@ -120,7 +126,7 @@ class Rows(Sequence[Chunk]):
 
     def sources_used(self) -> Iterable[Tuple[Optional[str], str]]:
         """The (base, file) pairs the chunks are stored in."""
-        return {pair for t, ks in self._segs for pair in t.sources_used(ks)}
+        return {pair for t, ks in self._segments() for pair in t.sources_used(ks)}
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, (tuple, Rows)):
@@ -131,4 +137,4 @@ class Rows(Sequence[Chunk]):
         return hash(tuple(self))
 
     def __repr__(self) -> str:
-        return f"Rows({self._len} chunks)"
+        return f"Rows({len(self)} chunks)"

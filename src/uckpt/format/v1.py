@@ -285,8 +285,10 @@ class _State:
                            .tolist()))
         for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
                                                      self.meta.shapes)):
-            chunks = Rows([(t, order[b[i]:b[i + 1]]) for t, order, b in groups
-                           if b[i] < b[i + 1]])
+            chunks = Rows(None, None, 0, 0)
+            for t, order, b in reversed(groups):  # (one table: the common case)
+                if b[i] < b[i + 1]:
+                    chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
             starts, ends = chunks.corners(len(shape))
             if not (len(chunks) == 1 and (ends - starts)[0].tolist() == list(shape)):
                 p.tiling(starts, ends, shape, f"chunks: array {i} ({path!r:.80})")
