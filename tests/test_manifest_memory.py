@@ -141,3 +141,23 @@ def test_metadata_of_nested_lists_is_refused_before_parsing(tmp_path):
     assert r.stdout.startswith("MemoryLimitError"), r.stdout
     assert f"parsing this manifest of {size} bytes may take up to" in r.stdout, r.stdout
     assert "refused before parsing" in r.stdout
+
+
+def test_a_chunk_table_too_large_to_decode_is_refused_before_decoding(tmp_path):
+    """A 64-dimensional array cut into 14,000 one-element slabs: a 0.5 MB manifest whose
+    deflated layout holds 128 box values a row, so decoding its rows takes far more than
+    the manifest's bytes suggest (about 60 MB; ``memory.parse_bytes`` estimates 3 MB).
+    Under a limit of 45 MB it is refused before its columns are inflated
+    (``memory.table_bytes`` counts rows and box values), not run out of memory midway
+    (under a cgroup limit: the process killed)."""
+    ckpt = tmp_path / "c"
+    uckpt.save(ckpt, {"w": np.zeros((14_000,) + (1,) * 63, np.int8)},
+               options=uckpt.SaveOptions(chunk_bytes=1))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # the uckpt this test imported
+        [str(Path(uckpt.__file__).resolve().parent.parent), str(REPO / "adapters")]))
+    r = subprocess.run([sys.executable, "-c", _PARSE_UNDER_LIMIT, str(ckpt), str(45 << 20)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("MemoryLimitError"), r.stdout
+    assert "chunks: decoding this chunk table of 14000 rows may take up to" in r.stdout
+    assert "refused before decoding" in r.stdout, r.stdout
