@@ -153,7 +153,7 @@ def check_manifest(data: bytes, where: str) -> None:
 #: layout is deflated, so this is counted from the table's row count and its arrays'
 #: dimensions, not from its bytes; at least 20% above the most measured: see
 #: docs/benchmarks.md
-TABLE_PER_ROW = 200
+TABLE_PER_ROW = 210
 TABLE_PER_BOX_VALUE = 40
 
 
@@ -173,9 +173,9 @@ def check_table(rows: int, box_values: int, where: str, member: str) -> None:
     limit = available_bytes()
     if limit is not None and need > limit:
         raise MemoryLimitError(
-            f"{where}: {member}: decoding this chunk table of {rows} rows may take up to {need} bytes, "
-            f"more than the memory available to this process ({limit} bytes); refused "
-            "before decoding", path=where, need=need, limit=limit,
+            f"{where}: {member}: decoding this chunk table of {rows} rows may take up to "
+            f"{need} bytes, more than the memory available to this process ({limit} bytes); "
+            "refused before decoding", path=where, need=need, limit=limit,
             hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
                  "memory.max, free memory)")
 
