@@ -91,7 +91,7 @@ def test_a_table_of_one_element_arrays_is_parsed_within_12x_its_size(tmp_path):
 
 def test_an_array_of_many_slabs_is_parsed_within_8x_its_size(tmp_path):
     """An array cut into 10,000 slabs (27 bytes of manifest a slab) peaks at most 8 times
-    its size (25.1 times with a Chunk object with its own strings for every row; 6.7 with
+    its size (25.1 times with a Chunk object with its own strings for every row; 7.0 with
     the rows kept as columns, made into chunks when read)."""
     ckpt = tmp_path / "c"
     uckpt.save(ckpt, {"g": np.arange(N * 64, dtype=np.int64).astype(np.int8)},

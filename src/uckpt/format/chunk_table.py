@@ -122,7 +122,7 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
             p.fail(lay, f"{row(k)}: {name} {int(values[k])} " +
                    ("exceeds 2**63-1" if limit == MAX_INT else
                     f"is not an index of the {limit + 1} {name}s"))
-    raw = _boxes(p, lay, arrays, ai, nd, box, row)
+    raw, whole = _boxes(p, lay, arrays, ai, nd, box, row)
     ends = offset + length  # (both below 2**63: no overflow)
     outside = np.flatnonzero(ends > np.array(sizes, dtype=np.uint64)[source])
     if outside.size:
@@ -136,14 +136,14 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
                                                    "lists exactly the sources it uses)")
     box_at = np.zeros(n, np.int64)  # where each row's box starts in ``box``
     np.cumsum(2 * nd[:-1], out=box_at[1:])
-    return ai, Table(source, offset, length, codec, box, box_at, nd.astype(np.uint8), digests,
-                     names, base_of, codecs)
+    return ai, Table(source, offset, length, codec, box, box_at, nd.astype(np.uint8), whole,
+                     digests, names, base_of, codecs)
 
 
 def _boxes(p: Checker, lay: str, arrays: Arrays, ai: np.ndarray, nd: np.ndarray,
-           box: np.ndarray, row: Any) -> np.ndarray:
+           box: np.ndarray, row: Any) -> Tuple[np.ndarray, np.ndarray]:
     """Check every row's box (inside its array, every extent at least 1); return each
-    row's raw bytes (uint64)."""
+    row's raw bytes (uint64) and whether its box is the whole array (bool)."""
     n = len(ai)
     if box.size and int(box.max()) > MAX_INT:
         k = int(np.searchsorted(np.cumsum(2 * nd), int(np.flatnonzero(box > MAX_INT)[0]),
@@ -168,7 +168,8 @@ def _boxes(p: Checker, lay: str, arrays: Arrays, ai: np.ndarray, nd: np.ndarray,
     if total:
         np.multiply.at(elements, rows, extent)
     out: np.ndarray = elements * arrays.itemsize[ai]
-    return out
+    whole: np.ndarray = np.bincount(rows[(start != 0) | (extent != full)], minlength=n) == 0
+    return out, whole
 
 
 def _lengths(p: Checker, lay: str, length: np.ndarray, raw: np.ndarray, is_raw: np.ndarray,

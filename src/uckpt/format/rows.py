@@ -22,18 +22,20 @@ _BLOCK = 4096
 
 class Table:
     """One decoded chunk table: per row its source, offset, length, codec and box (start
-    then shape, from ``box_at``, ``nd`` values each), and the digests' bytes (CRC-32C
-    u32 LE of every row, then the 16-byte XXH3-128 digests)."""
+    then shape, from ``box_at``, ``nd`` values each), whether that box is its whole array
+    (``whole``), and the digests' bytes (CRC-32C u32 LE of every row, then the 16-byte
+    XXH3-128 digests)."""
 
-    __slots__ = ("source", "offset", "length", "codec", "box", "box_at", "nd", "digests",
-                 "names", "base_of", "codecs")
+    __slots__ = ("source", "offset", "length", "codec", "box", "box_at", "nd", "whole",
+                 "digests", "names", "base_of", "codecs")
 
     def __init__(self, source: np.ndarray, offset: np.ndarray, length: np.ndarray,
                  codec: np.ndarray, box: np.ndarray, box_at: np.ndarray, nd: np.ndarray,
-                 digests: bytes, names: List[str], base_of: List[Optional[str]],
-                 codecs: Sequence[Pipeline]) -> None:
+                 whole: np.ndarray, digests: bytes, names: List[str],
+                 base_of: List[Optional[str]], codecs: Sequence[Pipeline]) -> None:
         self.source, self.offset, self.length, self.codec = source, offset, length, codec
-        self.box, self.box_at, self.nd, self.digests = box, box_at, nd, digests
+        self.box, self.box_at, self.nd, self.whole = box, box_at, nd, whole
+        self.digests = digests
         self.names, self.base_of, self.codecs = names, base_of, codecs
 
     def chunks(self, ks: np.ndarray) -> Iterator[Chunk]:
@@ -62,9 +64,11 @@ class Table:
         starts = self.box[at].astype(np.int64)
         return starts, starts + self.box[at + ndim].astype(np.int64)
 
-    def sources_used(self, ks: np.ndarray) -> Iterable[Tuple[Optional[str], str]]:
-        """The (base, file) pairs rows ``ks`` are stored in."""
-        return ((self.base_of[s], self.names[s]) for s in np.unique(self.source[ks]).tolist())
+    def bases_used(self) -> Iterable[Tuple[str, str]]:
+        """The (base, file) pairs of the table's rows stored in a base."""
+        used = np.bincount(self.source, minlength=len(self.names))  # (np.unique imports numpy.ma)
+        return ((b, self.names[s]) for s in np.flatnonzero(used).tolist()
+                if (b := self.base_of[s]) is not None)
 
 
 class Rows(Sequence[Chunk]):
@@ -124,9 +128,11 @@ class Rows(Sequence[Chunk]):
         return (np.concatenate([s for s, _ in got]).reshape(-1, ndim),
                 np.concatenate([e for _, e in got]).reshape(-1, ndim))
 
-    def sources_used(self) -> Iterable[Tuple[Optional[str], str]]:
-        """The (base, file) pairs the chunks are stored in."""
-        return {pair for t, ks in self._segments() for pair in t.sources_used(ks)}
+    def whole(self) -> bool:
+        """Is this one chunk whose box is the whole array?"""
+        return self._rest is None and self._table is not None and self._order is not None \
+            and self._hi - self._lo == 1 \
+            and bool(self._table.whole.item(self._order.item(self._lo)))
 
     def __eq__(self, other: Any) -> bool:
         if not isinstance(other, (tuple, Rows)):

@@ -278,26 +278,32 @@ class _State:
         :class:`~.rows.Rows` over its rows in the tables)."""
         p, used = self.p, set[Tuple[Optional[str], str]]()
         narrays = len(self.meta.paths)
-        groups = []  # per table: its row indices sorted by array, where each array's start
-        for ai, table in self.tables:
-            order = np.argsort(ai, kind="stable")
-            groups.append((table, order, np.searchsorted(ai[order], np.arange(narrays + 1))
-                           .tolist()))
+        groups: List[Tuple[Table, np.ndarray, List[int]]] = []  # per table: its rows by array
+        while self.tables:  # (each table's array column freed once grouped)
+            groups.insert(0, (self.tables[-1][1], *_by_array(self.tables.pop()[0], narrays)))
         for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
                                                      self.meta.shapes)):
             chunks = Rows(None, None, 0, 0)
             for t, order, b in reversed(groups):  # (one table: the common case)
                 if b[i] < b[i + 1]:
                     chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
-            starts, ends = chunks.corners(len(shape))
-            if not (len(chunks) == 1 and (ends - starts)[0].tolist() == list(shape)):
-                p.tiling(starts, ends, shape, f"chunks: array {i} ({path!r:.80})")
-            if self.bases:
-                used.update((b, f) for b, f in chunks.sources_used() if b is not None)
+            if not chunks.whole():
+                p.tiling(*chunks.corners(len(shape)), shape, f"chunks: array {i} ({path!r:.80})")
             m.arrays[path] = make_entry(path, dtype, shape, chunks)
-        self.tables = []
+        for table, _, _ in groups:
+            used.update(table.bases_used())
         p.bases_used(self.bases, used)
         m._pending = None
+
+
+def _by_array(ai: np.ndarray, narrays: int) -> Tuple[np.ndarray, List[int]]:
+    """The rows of array column ``ai`` sorted by array (stable), and where each array's
+    rows start in that order (``narrays`` + 1 positions)."""
+    order = np.argsort(ai, kind="stable")
+    starts = np.searchsorted(ai[order], np.arange(narrays + 1)).tolist()
+    if len(order) < 1 << 32:  # (half the bytes, kept as long as the manifest)
+        order = order.astype(np.uint32)
+    return order, starts
 
 
 def version_error(where: str, version: Any) -> Optional[FormatVersionError]:
