@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import resource
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from .errors import MemoryLimitError, UckptError
 
@@ -136,15 +136,48 @@ def check_manifest(data: bytes, where: str) -> None:
     given a MemoryError."""
     if (PARSE_PER_BYTE + PARSE_PER_CONTAINER) * len(data) <= UNCHECKED_BYTES:
         return
+    _refuse_above(lambda: parse_bytes(data), where,
+                  f"parsing this manifest of {len(data)} bytes", "parsing")
+
+
+def _refuse_above(estimate: Callable[[], int], where: str, what: str, verb: str) -> None:
+    """Raise MemoryLimitError when ``estimate()`` bytes (for ``what``; not counted where
+    no limit can be read) are more than :func:`available_bytes`."""
     limit = available_bytes()
-    need = parse_bytes(data) if limit is not None else 0
+    need = estimate() if limit is not None else 0
     if limit is not None and need > limit:
         raise MemoryLimitError(
-            f"{where}: parsing this manifest of {len(data)} bytes may take up to {need} "
-            f"bytes, more than the memory available to this process ({limit} bytes); "
-            "refused before parsing", path=where, need=need, limit=limit,
-            hint="read it in a process allowed more memory (ulimit -v, the cgroup's "
-                 "memory.max, free memory)")
+            f"{where}: {what} may take up to {need} bytes, more than the memory available "
+            f"to this process ({limit} bytes); refused before {verb}", path=where, need=need,
+            limit=limit, hint="read it in a process allowed more memory (ulimit -v, the "
+                              "cgroup's memory.max, free memory)")
+
+
+#: the most memory decoding a 1.0 chunk table takes beyond the parsed JSON (its columns,
+#: their checks, the rows grouped by array, an array entry for an array of one row): this
+#: many bytes per row, plus this many per value of the rows' boxes (2 per dimension). Its
+#: layout is deflated, so this is counted from the table's row count and its arrays'
+#: dimensions, not from its bytes; at least 20% above the most measured: see
+#: docs/benchmarks.md
+TABLE_PER_ROW = 210
+TABLE_PER_BOX_VALUE = 40
+
+
+def table_bytes(rows: int, box_values: int) -> int:
+    """The most memory decoding a chunk table of ``rows`` rows and ``box_values`` box
+    values may take (see ``TABLE_PER_ROW``)."""
+    return TABLE_PER_ROW * rows + TABLE_PER_BOX_VALUE * box_values
+
+
+def check_table(rows: int, box_values: int, where: str, member: str) -> None:
+    """Refuse (MemoryLimitError) decoding chunk table ``member`` of ``where`` when it may
+    need (:func:`table_bytes`) more than the memory available (for tables that may need
+    more than ``UNCHECKED_BYTES``); called before its columns are inflated."""
+    need = table_bytes(rows, box_values)
+    if need <= UNCHECKED_BYTES:
+        return
+    _refuse_above(lambda: need, where, f"{member}: decoding this chunk table of {rows} rows",
+                  "decoding")
 
 
 @contextlib.contextmanager

@@ -203,30 +203,35 @@ class Checker:
 
     def coverage(self, chunks: Sequence[Chunk], shape: Tuple[int, ...], loc: str,
                  names: Any = None) -> None:
-        """Chunks must tile the array exactly: equal element counts, and no overlap (checked
-        in O(n log n) for the layouts writers make, tiling.py). ``names(k)``: how an error
-        names chunk ``k`` (default ``chunks [k]``)."""
+        """Chunks must tile the array exactly (:meth:`tiling` of their boxes)."""
+        dims = (len(chunks), len(shape))
+        starts = np.array([c.start for c in chunks], dtype=np.int64).reshape(dims)
+        ends = starts + np.array([c.shape for c in chunks], dtype=np.int64).reshape(dims)
+        self.tiling(starts, ends, shape, loc, names)
+
+    def tiling(self, starts: np.ndarray, ends: np.ndarray, shape: Tuple[int, ...], loc: str,
+               names: Any = None) -> None:
+        """The boxes ``starts``..``ends`` (int64, one row a chunk; every value already
+        checked against ``shape``) must tile the array exactly: equal element counts, and
+        no overlap (checked in O(n log n) for the layouts writers make, tiling.py).
+        ``names(k)``: how an error names chunk ``k`` (default ``chunks [k]``)."""
         total = math.prod(shape)
-        covered = sum(math.prod(c.shape) for c in chunks)
+        extents = ends - starts
+        covered = _elements(extents)
         if covered != total:
             self.fail(loc, f"chunks cover {covered} elements, the array has {total}")
-        where = [k for k, c in enumerate(chunks) if all(c.shape)]  # chunks with elements
-        boxes = [chunks[k] for k in where]
-        if len(boxes) < 2:
+        where = np.flatnonzero(extents.all(axis=1))  # chunks with elements
+        if len(where) < 2:
             return
-        # every number fits int64: extents and offsets were checked against the array's shape
-        starts = np.array([c.start for c in boxes], dtype=np.int64).reshape(len(boxes), -1)
-        ends = starts + np.array([c.shape for c in boxes],
-                                 dtype=np.int64).reshape(len(boxes), -1)
-        defect = find_defect(starts, ends, shape)
+        defect = find_defect(starts[where], ends[where], shape)
         if defect is None:
             return
         element = f"element {list(defect.index)}"
         name = names or (lambda k: f"[{k}]")
         if defect.boxes:
-            i, j = (where[b] for b in defect.boxes)
-            self.fail(loc, f"chunks {name(i)} (start {list(chunks[i].start)}) and {name(j)} "
-                           f"(start {list(chunks[j].start)}) overlap: both hold {element}")
+            i, j = (int(where[b]) for b in defect.boxes)
+            self.fail(loc, f"chunks {name(i)} (start {starts[i].tolist()}) and {name(j)} "
+                           f"(start {starts[j].tolist()}) overlap: both hold {element}")
         self.fail(loc, f"chunks overlap: {element} is in none of them, although their "
                        "element counts add up to the array's")
 
@@ -310,3 +315,13 @@ class Checker:
                     self.fail(f"{loc}.items", f"key {_key(k)} is not an integer in "
                                               "canonical form")
             self.node(v, Item(loc, k), arrays, depth + 1)
+
+
+def _elements(extents: np.ndarray) -> int:
+    """The elements of boxes of ``extents`` (n x d, each at least 0), added up exactly;
+    vectorised while every box's count stays below 2**62."""
+    if not extents.size or float(np.prod(extents.astype(np.float64), axis=1).max()) >= 2.0**62:
+        return sum(math.prod(e) for e in extents.tolist())
+    counts = np.prod(extents, axis=1).astype(np.uint64)  # (each below 2**62: exact)
+    mask = np.uint64(0xFFFFFFFF)  # halves: n below 2**32 sums of values below 2**32 fit
+    return (int((counts >> np.uint64(32)).sum()) << 32) + int((counts & mask).sum())

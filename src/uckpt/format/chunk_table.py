@@ -5,8 +5,9 @@ stream>, "digests": <Base64>}``; the layout inflates to the columns array (u32),
 (u64), length (u64), source (u32), codec (u8) and box (u64: each row's start, then its
 shape), each as byte planes (:mod:`.columns`); the digests are the rows' CRC-32C
 (u32) then their XXH3-128 digests (16 bytes). :func:`encode` writes a table;
-:func:`decode` checks one and returns its rows, every count and text length checked
-before anything is decoded or allocated, every row rule checked on whole columns.
+:func:`decode` checks one and returns its rows as columns (:mod:`.rows`), every count and
+text length checked before anything is decoded or allocated, every row rule checked on
+whole columns.
 """
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
+from .. import memory
 from .columns import Inflater, b64_length, b64decode, b64encode, planes, unplanes
-from .model import Chunk, Pipeline, make_chunk
+from .model import Chunk, Pipeline
+from .rows import Table
 from .values import MAX_INT
 from .values import show as _show
 
@@ -71,9 +74,9 @@ def arrays_of(paths: List[str], shapes: List[Tuple[int, ...]], itemsizes: List[i
 
 def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipeline],
            files: Dict[str, Any], bases: Dict[str, Dict[str, int]]
-           ) -> Tuple[np.ndarray, List[Chunk]]:
+           ) -> Tuple[np.ndarray, Table]:
     """Check chunk table ``t`` (member ``at``) and return ``(array index of each row,
-    the rows' chunks)``; ``files``: name -> FileEntry; ``bases``: base -> file -> size."""
+    the rows as columns)``; ``files``: name -> FileEntry; ``bases``: base -> file -> size."""
     p.need(t, at, dict, "a chunk table object")
     p.fields(t, at, FIELDS)
     n = p.nat(t["count"], at + ".count")
@@ -93,6 +96,7 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
     ai = array.astype(np.int64)
     nd = arrays.ndim[ai]
     m = 2 * int(nd.sum())
+    memory.check_table(n, m, p.where, at)
     rest = z.take(21 * n + 8 * m)
     z.end(ROW_BYTES * n + 8 * m)
     offset, length = unplanes(rest, 0, n, 8), unplanes(rest, 8 * n, n, 8)
@@ -118,7 +122,7 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
             p.fail(lay, f"{row(k)}: {name} {int(values[k])} " +
                    ("exceeds 2**63-1" if limit == MAX_INT else
                     f"is not an index of the {limit + 1} {name}s"))
-    raw = _boxes(p, lay, arrays, ai, nd, box, row)
+    raw, whole = _boxes(p, lay, arrays, ai, nd, box, row)
     ends = offset + length  # (both below 2**63: no overflow)
     outside = np.flatnonzero(ends > np.array(sizes, dtype=np.uint64)[source])
     if outside.size:
@@ -130,14 +134,16 @@ def decode(p: Checker, t: Any, at: str, arrays: Arrays, codecs: Sequence[Pipelin
     if unused.size:
         p.fail(at + f".sources[{int(unused[0])}]", "no row is stored there (a writer "
                                                    "lists exactly the sources it uses)")
-    return ai, _chunks(n, nd, box, names, base_of, source, offset, length, codec, codecs,
-                       digests)
+    box_at = np.zeros(n, np.int64)  # where each row's box starts in ``box``
+    np.cumsum(2 * nd[:-1], out=box_at[1:])
+    return ai, Table(source, offset, length, codec, box, box_at, nd.astype(np.uint8), whole,
+                     digests, names, base_of, codecs)
 
 
 def _boxes(p: Checker, lay: str, arrays: Arrays, ai: np.ndarray, nd: np.ndarray,
-           box: np.ndarray, row: Any) -> np.ndarray:
+           box: np.ndarray, row: Any) -> Tuple[np.ndarray, np.ndarray]:
     """Check every row's box (inside its array, every extent at least 1); return each
-    row's raw bytes (uint64)."""
+    row's raw bytes (uint64) and whether its box is the whole array (bool)."""
     n = len(ai)
     if box.size and int(box.max()) > MAX_INT:
         k = int(np.searchsorted(np.cumsum(2 * nd), int(np.flatnonzero(box > MAX_INT)[0]),
@@ -162,7 +168,8 @@ def _boxes(p: Checker, lay: str, arrays: Arrays, ai: np.ndarray, nd: np.ndarray,
     if total:
         np.multiply.at(elements, rows, extent)
     out: np.ndarray = elements * arrays.itemsize[ai]
-    return out
+    whole: np.ndarray = np.bincount(rows[(start != 0) | (extent != full)], minlength=n) == 0
+    return out, whole
 
 
 def _lengths(p: Checker, lay: str, length: np.ndarray, raw: np.ndarray, is_raw: np.ndarray,
@@ -181,39 +188,6 @@ def _lengths(p: Checker, lay: str, length: np.ndarray, raw: np.ndarray, is_raw: 
         p.fail(lay, f"{row(k)}: a compressed chunk of {int(length[k])} bytes cannot hold "
                     f"the {int(raw[k])} bytes of its box (at most {MAX_RATIO} raw bytes per "
                     "stored byte)")
-
-
-def _chunks(n: int, nd: np.ndarray, box: np.ndarray, names: List[str],
-            base_of: List[Optional[str]], source: np.ndarray, offset: np.ndarray,
-            length: np.ndarray, codec: np.ndarray, codecs: Sequence[Pipeline],
-            digests: bytes) -> List[Chunk]:
-    """The rows' chunks, their fields made column by column (tuples by ``zip``, in C); equal
-    shapes share one tuple."""
-    at = np.zeros(n, np.int64)  # where each row's box starts in ``box``
-    np.cumsum(2 * nd[:-1], out=at[1:])
-    starts: List[Tuple[int, ...]] = [()] * n
-    shapes: List[Tuple[int, ...]] = [()] * n
-    for d in np.unique(nd).tolist():
-        rows = np.flatnonzero(nd == d)
-        if d == 0:
-            continue
-        first = at[rows]
-        got_starts = list(zip(*(box[first + j].tolist() for j in range(d))))
-        got_shapes = list(zip(*(box[first + d + j].tolist() for j in range(d))))
-        if len(rows) == n:  # (the common case: every row of the same rank)
-            starts, shapes = got_starts, got_shapes
-            break
-        for k, st, sh in zip(rows.tolist(), got_starts, got_shapes):
-            starts[k], shapes[k] = st, sh
-    seen: Dict[Tuple[int, ...], Tuple[int, ...]] = {}
-    shapes = list(map(seen.setdefault, shapes, shapes))
-    hexes = digests[4 * n:].hex()
-    hashes = ["xxh3-128:" + hexes[32 * k:32 * k + 32] for k in range(n)]
-    crcs = ["crc32c:%08x" % c for c in np.frombuffer(digests, "<u4", n).tolist()]
-    src = source.tolist()
-    return list(map(make_chunk, [names[s] for s in src], offset.tolist(), length.tolist(),
-                    starts, shapes, [codecs[c] for c in codec.tolist()], crcs, hashes,
-                    [base_of[s] for s in src]))
 
 
 def _sources(p: Checker, obj: Any, at: str, n: int, files: Dict[str, Any],

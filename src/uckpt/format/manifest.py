@@ -36,6 +36,8 @@ def parse(data: bytes, where: str = MANIFEST_NAME) -> Manifest:
         except ValueError as e:  # UnicodeDecodeError is one
             raise ManifestError(f"{where} is not valid UTF-8 JSON: {e}", path=where) from None
         return _dispatch(doc, checksum, data, where)
+    except MemoryLimitError:
+        raise  # (refused before allocating: a chunk table too large to decode)
     except MemoryError:
         raise MemoryLimitError(
             f"{where}: out of memory parsing a manifest of {len(data)} bytes", path=where,

@@ -49,6 +49,8 @@ def find_defect(starts: np.ndarray, ends: np.ndarray,
             if not (np.all(starts[:, k] == 0) and np.all(ends[:, k] == full[0, k]))]
     if not axes:
         return Defect((0,) * d, (0, 1)) if n > 1 else None
+    if len(axes) == 1 and _slabs_tile(starts[:, axes[0]], ends[:, axes[0]], int(full[0, axes[0]])):
+        return None
     found = _corner_sums(starts[:, axes], ends[:, axes], full[0, axes])
     if found is None:  # over budget: decide by the sweep
         pair = _sweep(starts[:, axes], ends[:, axes])
@@ -69,6 +71,14 @@ def find_defect(starts: np.ndarray, ends: np.ndarray,
         return Defect(index, ())
     inside = np.flatnonzero(np.all((starts <= index) & (np.asarray(index) < ends), axis=1))
     return Defect(index, (int(inside[0]), int(inside[1])))
+
+
+def _slabs_tile(starts: np.ndarray, ends: np.ndarray, full: int) -> bool:
+    """Do slabs ``starts``..``ends`` along one axis (spanning every other) follow one
+    another from 0 to ``full`` without gap or overlap? (uckpt's layout: O(n) memory.)"""
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    return bool(s[0] == 0 and e[-1] == full and np.array_equal(s[1:], e[:-1]))
 
 
 def _corner_sums(starts: np.ndarray, ends: np.ndarray, full: np.ndarray

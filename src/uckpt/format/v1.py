@@ -21,7 +21,8 @@ from ..errors import (CorruptCheckpointError, FormatVersionError, ManifestError,
 from . import chunk_table
 from .checks import Checker
 from .encode import FORMAT_VERSION, PART_FORMAT
-from .model import Chunk, FileEntry, Manifest, PartEntry, Pipeline, make_entry
+from .model import FileEntry, Manifest, PartEntry, Pipeline, make_entry
+from .rows import Rows, Table
 from .strict_json import loads as strict_json_loads
 from .values import MAX_DIMS, MAX_INT
 from .values import key as _key, show as _show
@@ -218,12 +219,10 @@ class _State:
                  bases: Dict[str, Dict[str, int]]) -> None:
         self.p, self.meta, self.names, self.codecs = p, meta, names, codecs
         self.files, self.bases = files, bases
-        self.chunks: List[List[Chunk]] = [[] for _ in meta.paths]
+        self.tables: List[Tuple[np.ndarray, Table]] = []  # (array index of each row, rows)
 
-    def add(self, ai: np.ndarray, chunks: List[Chunk]) -> None:
-        lists = self.chunks
-        for i, c in zip(ai.tolist(), chunks):
-            lists[i].append(c)
+    def add(self, ai: np.ndarray, table: Table) -> None:
+        self.tables.append((ai, table))
 
     def attach(self, m: Manifest, k: int, data: bytes) -> None:
         entry = m.parts[k]
@@ -252,8 +251,8 @@ class _State:
         if doc["format_version"] != FORMAT_VERSION:
             p.fail("format_version", f"expected {FORMAT_VERSION!r} (the root's), got "
                                      f"{_show(doc['format_version'])}")
-        ai, chunks = chunk_table.decode(p, doc["chunks"], "chunks", self.meta, self.codecs,
-                                        self.files, self.bases)
+        ai, table = chunk_table.decode(p, doc["chunks"], "chunks", self.meta, self.codecs,
+                                       self.files, self.bases)
         inside = np.zeros(len(self.meta.paths), bool)
         for first, count in entry.arrays:
             inside[first:first + count] = True
@@ -269,25 +268,42 @@ class _State:
             i = int(missing[0])
             p.fail("chunks", f"array {i} ({self.meta.paths[i]!r:.80}) is in the part's runs "
                              "in the root, but the part has no row of it")
-        self.add(ai, chunks)
+        self.add(ai, table)
         m.parts_pending.remove(k)
         if not m.parts_pending:
             self.finish(m)
 
     def finish(self, m: Manifest) -> None:
-        """Check every array's tiling and the bases' use; set the arrays' chunks."""
+        """Check every array's tiling and the bases' use; set the arrays' chunks (each a
+        :class:`~.rows.Rows` over its rows in the tables)."""
         p, used = self.p, set[Tuple[Optional[str], str]]()
+        narrays = len(self.meta.paths)
+        groups: List[Tuple[Table, np.ndarray, List[int]]] = []  # per table: its rows by array
+        while self.tables:  # (each table's array column freed once grouped)
+            groups.insert(0, (self.tables[-1][1], *_by_array(self.tables.pop()[0], narrays)))
         for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
                                                      self.meta.shapes)):
-            chunks = self.chunks[i]
-            if not (len(chunks) == 1 and chunks[0].shape == shape):
-                p.coverage(chunks, shape, f"chunks: array {i} ({path!r:.80})")
-            if self.bases:
-                used.update((c.base, c.file) for c in chunks if c.base is not None)
-            m.arrays[path] = make_entry(path, dtype, shape, tuple(chunks))
-            self.chunks[i] = []
+            chunks = Rows(None, None, 0, 0)
+            for t, order, b in reversed(groups):  # (one table: the common case)
+                if b[i] < b[i + 1]:
+                    chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
+            if not chunks.whole():
+                p.tiling(*chunks.corners(len(shape)), shape, f"chunks: array {i} ({path!r:.80})")
+            m.arrays[path] = make_entry(path, dtype, shape, chunks)
+        for table, _, _ in groups:
+            used.update(table.bases_used())
         p.bases_used(self.bases, used)
         m._pending = None
+
+
+def _by_array(ai: np.ndarray, narrays: int) -> Tuple[np.ndarray, List[int]]:
+    """The rows of array column ``ai`` sorted by array (stable), and where each array's
+    rows start in that order (``narrays`` + 1 positions)."""
+    order = np.argsort(ai, kind="stable")
+    starts = np.searchsorted(ai[order], np.arange(narrays + 1)).tolist()
+    if len(order) < 1 << 32:  # (half the bytes, kept as long as the manifest)
+        order = order.astype(np.uint32)
+    return order, starts
 
 
 def version_error(where: str, version: Any) -> Optional[FormatVersionError]:
