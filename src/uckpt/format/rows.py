@@ -18,6 +18,8 @@ from .model import Chunk, Pipeline, make_chunk
 
 #: chunks made from the columns at a time (bounds the per-field lists made for them)
 _BLOCK = 4096
+#: up to this many rows are made one at a time, from single items of the columns
+_FEW = 8
 
 
 class Table:
@@ -41,6 +43,10 @@ class Table:
     def chunks(self, ks: np.ndarray) -> Iterator[Chunk]:
         """The chunks of rows ``ks``, in order, made a block at a time (no list of a field
         for every row is ever held)."""
+        if len(ks) <= _FEW:  # (the common case: an array of one chunk; fancy indexing
+            for k in ks.tolist():  # the columns costs more than reading a few items)
+                yield self.chunk(k)
+            return
         n, digests, names, base_of = len(self.offset), self.digests, self.names, self.base_of
         codecs, box = self.codecs, self.box
         crcs = np.frombuffer(digests, "<u4", n)
@@ -56,6 +62,17 @@ class Table:
                 yield make_chunk(names[s], off, ln, tuple(values[:d]), tuple(values[d:]),
                                  codecs[c], "crc32c:%08x" % crc,
                                  "xxh3-128:" + digests[h:h + 16].hex(), base_of[s])
+
+    def chunk(self, k: int) -> Chunk:
+        """The chunk of row ``k``."""
+        n, digests, s, b, d = (len(self.offset), self.digests, self.source.item(k),
+                               self.box_at.item(k), self.nd.item(k))
+        values = self.box[b:b + 2 * d].tolist()
+        h = 4 * n + 16 * k
+        return make_chunk(self.names[s], self.offset.item(k), self.length.item(k),
+                          tuple(values[:d]), tuple(values[d:]), self.codecs[self.codec.item(k)],
+                          "crc32c:%08x" % int.from_bytes(digests[4 * k:4 * k + 4], "little"),
+                          "xxh3-128:" + digests[h:h + 16].hex(), self.base_of[s])
 
     def corners(self, ks: np.ndarray, ndim: int) -> Tuple[np.ndarray, np.ndarray]:
         """The starts and ends (int64, one row of ``ndim`` each) of rows ``ks`` (all of
