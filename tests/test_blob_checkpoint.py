@@ -227,6 +227,8 @@ def test_a_store_that_cannot_lock_warns_and_still_saves(tmp_path, caplog):
         m.close()
     assert any("checked but not exclusive" in r.getMessage() for r in caplog.records)
     assert uckpt.load(root + "/step_00000001")["step"] == 1
+    # an absolute path stays absolute (it was once taken relative to the working directory)
+    assert (tmp_path / "run" / "step_00000001" / "manifest.json").is_file()
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="uckpt.storage.checkpoint.lock"):
         m = uckpt.CheckpointManager("memory://lockwarn/run", keep=2, async_save=False)

@@ -38,7 +38,9 @@ def open_blob_url(url: str, storage_options: Optional[Mapping[str, Any]] = None
     if m is None:
         raise StorageConfigError(f"{url!r} is not a memory:// or fsspec+<protocol>:// URL",
                                  path=url, hint="write memory://name or fsspec+gcs://bucket/x")
-    scheme, rest = m.group(1), m.group(2).strip("/")
+    scheme, rest = m.group(1), m.group(2)
+    # (a memory name has no leading "/"; an fsspec path may: file:///abs/path)
+    rest = rest.strip("/") if scheme == "memory" else rest.rstrip("/")
     where = f"{scheme}://{rest}"
     if scheme == "memory":
         if storage_options:
