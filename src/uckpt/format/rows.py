@@ -47,32 +47,30 @@ class Table:
             for k in ks.tolist():  # the columns costs more than reading a few items)
                 yield self.chunk(k)
             return
-        n, digests, names, base_of = len(self.offset), self.digests, self.names, self.base_of
-        codecs, box = self.codecs, self.box
-        crcs = np.frombuffer(digests, "<u4", n)
+        crcs = np.frombuffer(self.digests, "<u4", len(self.offset))
         for at in range(0, len(ks), _BLOCK):
             block = ks[at:at + _BLOCK]
-            first, nds = self.box_at[block].tolist(), self.nd[block].tolist()
-            for k, s, off, ln, c, crc, b, d in zip(
-                    block.tolist(), self.source[block].tolist(), self.offset[block].tolist(),
-                    self.length[block].tolist(), self.codec[block].tolist(),
-                    crcs[block].tolist(), first, nds):
-                values = box[b:b + 2 * d].tolist()
-                h = 4 * n + 16 * k
-                yield make_chunk(names[s], off, ln, tuple(values[:d]), tuple(values[d:]),
-                                 codecs[c], "crc32c:%08x" % crc,
-                                 "xxh3-128:" + digests[h:h + 16].hex(), base_of[s])
+            yield from map(self._make, block.tolist(), self.source[block].tolist(),
+                           self.offset[block].tolist(), self.length[block].tolist(),
+                           self.codec[block].tolist(), crcs[block].tolist(),
+                           self.box_at[block].tolist(), self.nd[block].tolist())
 
     def chunk(self, k: int) -> Chunk:
         """The chunk of row ``k``."""
-        n, digests, s, b, d = (len(self.offset), self.digests, self.source.item(k),
-                               self.box_at.item(k), self.nd.item(k))
+        return self._make(k, self.source.item(k), self.offset.item(k), self.length.item(k),
+                          self.codec.item(k),
+                          int.from_bytes(self.digests[4 * k:4 * k + 4], "little"),
+                          self.box_at.item(k), self.nd.item(k))
+
+    def _make(self, k: int, s: int, off: int, ln: int, c: int, crc: int, b: int,
+              d: int) -> Chunk:
+        """The chunk of row ``k`` from its fields (source, offset, length, codec, CRC-32C,
+        where its box starts in the box column, its number of dimensions)."""
         values = self.box[b:b + 2 * d].tolist()
-        h = 4 * n + 16 * k
-        return make_chunk(self.names[s], self.offset.item(k), self.length.item(k),
-                          tuple(values[:d]), tuple(values[d:]), self.codecs[self.codec.item(k)],
-                          "crc32c:%08x" % int.from_bytes(digests[4 * k:4 * k + 4], "little"),
-                          "xxh3-128:" + digests[h:h + 16].hex(), self.base_of[s])
+        h = 4 * len(self.offset) + 16 * k
+        return make_chunk(self.names[s], off, ln, tuple(values[:d]), tuple(values[d:]),
+                          self.codecs[c], "crc32c:%08x" % crc,
+                          "xxh3-128:" + self.digests[h:h + 16].hex(), self.base_of[s])
 
     def corners(self, ks: np.ndarray, ndim: int) -> Tuple[np.ndarray, np.ndarray]:
         """The starts and ends (int64, one row of ``ndim`` each) of rows ``ks`` (all of
