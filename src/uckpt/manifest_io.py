@@ -9,7 +9,7 @@ root (the commit rule: the root manifest last).
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
@@ -43,13 +43,7 @@ def part_bytes(source: Any, entry: PartEntry) -> bytes:
             f"{where}: the manifest part listed in the root manifest is missing", path=where,
             hint="use another checkpoint (CheckpointManager.restore falls back to the "
                  "previous step by itself)") from None
-    if size != entry.size:
-        raise _wrong_size(where, size, entry.size)
-    buf = bytearray(size)
-    n = source.read_into(entry.file, buf, 0) if size else 0
-    if n != size:
-        raise _wrong_size(where, n, entry.size)
-    return bytes(buf)
+    return _whole(where, size, entry.size, lambda buf: source.read_into(entry.file, buf, 0))
 
 
 def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
@@ -61,18 +55,25 @@ def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
         where = os.path.join(base, entry.file)
         fd = fsutil.open_regular(dir_fd, entry.file, what="manifest part", path=where)
         try:
-            size = os.fstat(fd).st_size
-            if size != entry.size:
-                raise _wrong_size(where, size, entry.size)
-            buf = bytearray(size)
-            n = fsutil.pread_into(fd, buf, 0) if size else 0
-            if n != size:  # the file shrank since fstat
-                raise _wrong_size(where, n, entry.size)
-            return bytes(buf)
+            return _whole(where, os.fstat(fd).st_size, entry.size,
+                          lambda buf: fsutil.pread_into(fd, buf, 0))
         finally:
             os.close(fd)
 
     return parse_manifest(data, where=os.path.join(base, MANIFEST_NAME), read_part=read_part)
+
+
+def _whole(where: str, size: int, listed: int, fill: Callable[[bytearray], int]) -> bytes:
+    """A part of ``size`` bytes (its root lists ``listed``) read by ``fill(buffer) -> bytes
+    read``; a size other than the listed one, before or while reading (the file shrank),
+    is damage."""
+    if size != listed:
+        raise _wrong_size(where, size, listed)
+    buf = bytearray(size)
+    n = fill(buf) if size else 0
+    if n != size:
+        raise _wrong_size(where, n, listed)
+    return bytes(buf)
 
 
 def _wrong_size(where: str, actual: int, listed: int) -> CorruptCheckpointError:
