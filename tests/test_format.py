@@ -10,7 +10,7 @@
   (golden_v4/chain is an incremental pair), version 4 is version 5 without grid
   listings (tests/test_grid.py has the grid's own cases), version 5 is version 6
   without the table (tests/test_table.py has the table's own cases);
-* src/uckpt/format/schema.json accepts every real manifest and rejects what the
+* src/uckpt/format/legacy/schema.json accepts every real manifest and rejects what the
   parser rejects, wherever JSON Schema can express it;
 * the readers that docs/format.md and docs/format-legacy.md hold, and their worked
   example, are checked in tests/test_format10_spec.py and tests/test_format_legacy_doc.py.
@@ -177,7 +177,7 @@ def node_types(node, out=None):
 
 @pytest.fixture(scope="module")
 def schema():
-    text = importlib.resources.files("uckpt.format").joinpath("schema.json").read_text("utf-8")
+    text = importlib.resources.files("uckpt.format.legacy").joinpath("schema.json").read_text("utf-8")
     schema = json.loads(text)
     jsonschema.Draft202012Validator.check_schema(schema)
     return schema

@@ -231,7 +231,7 @@ def test_schema_accepts_grids_and_rejects_malformed_ones():
 
     import jsonschema
 
-    schema = json.loads(importlib.resources.files("uckpt.format").joinpath("schema.json")
+    schema = json.loads(importlib.resources.files("uckpt.format.legacy").joinpath("schema.json")
                         .read_text("utf-8"))
     validator = jsonschema.Draft202012Validator(schema)
     good = dict(valid_doc(), manifest_checksum="crc32c:00000000")

@@ -191,7 +191,7 @@ def test_a_tree_node_names_table_rows_and_bytes_rows_are_checked():
 
 @pytest.fixture(scope="module")
 def validator():
-    schema = json.loads(importlib.resources.files("uckpt.format").joinpath("schema.json")
+    schema = json.loads(importlib.resources.files("uckpt.format.legacy").joinpath("schema.json")
                         .read_text("utf-8"))
     return jsonschema.Draft202012Validator(schema)
 
