@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ObjectStoreError,
                       UnsupportedObjectError)
-from .s3_bodies import RangeBody, Readable, Source, open_source
+from .s3_bodies import RangeBody, Source, open_source
 from .s3_core import ClientCore
 
 if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
     from .s3_read import ObjectInfo
 
 #: an uploaded range's source, as :func:`~.s3_bodies.open_source` gives it
-Opened = Union[memoryview, int, Readable]
+Opened = Union[memoryview, int]
 
 log = logging.getLogger("uckpt.storage.s3")
 
