@@ -826,15 +826,42 @@ HOSTILE = {
 }
 
 
+#: members of a format-1.0 root that :func:`as_1_0` rebuilds from the edited chunk lists
+_REBUILT = ("arrays", "merkle_root")
+
+
+def hostile_1_0(edited, source: Source):
+    """The hostile edit ``edited`` of a format-1.0 source's chunk-list rendering, written as
+    a 1.0 root (in its members' order, every chunk in the root's table): its arrays as
+    1.0's array and chunk tables, every other member as edited (one removed, added or
+    duplicated, a changed ``format_version``)."""
+    root = as_1_0(edited, source.raw)
+    carried = {k: v for k, v in edited.items()
+               if k not in _REBUILT and (k in source.raw or k not in source.doc)}
+    if carried.get("format_version") == source.doc["format_version"]:
+        carried["format_version"] = source.raw["format_version"]  # the rendering's number
+    out = {k: v if k in _REBUILT else carried.pop(k, v) for k, v in root.items()
+           if k in _REBUILT or k in carried or k not in source.doc}
+    out.update(carried)  # members the edit added
+    if not isinstance(edited, Dup):
+        return out
+    first = next(iter(edited))
+    dup = Dup({first: out.pop(first), **out})
+    dup.dup_value = edited.dup_value
+    return dup
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_manifests(sources, worker, fuzz_dir, name):
-    """Manifests made to overflow, exhaust or confuse the reader, stale and re-sealed."""
+    """Manifests made to overflow, exhaust or confuse the reader, stale and re-sealed: in
+    format 1.0 (as this uckpt writes it) and in versions 1 and 2."""
     problems = []
     for name_ in ("fresh", "golden_v1/sharded", "golden_v2/sharded"):
-        source = sources.get(name_)
-        if source is None:
-            continue
-        text = dumps(HOSTILE[name](copy.deepcopy(source.doc), source.path)).encode()
+        source = sources[name_]
+        edited = HOSTILE[name](copy.deepcopy(source.doc), source.path)
+        if _is_1_0(source):
+            edited = hostile_1_0(edited, source)
+        text = dumps(edited).encode()
         problems += run_manifest_cases(worker, source, name, text, fuzz_dir / "case")
     check(problems)
 
