@@ -42,6 +42,7 @@ from .format import encode_manifest_files
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from .options import DEFAULT, SaveOptions
+from .plan_cache import PlanCache, lean, structure_key
 from .reader import CheckpointReader
 from .recode import recode_files, recoded_manifest, target_bases
 from .save_errors import raise_save_failure
@@ -59,17 +60,18 @@ def save_collective(store: Store, name: str, flat: Union[Flat, BaseException],
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                     what: Optional[str] = None, options: SaveOptions = DEFAULT,
                     baseline: Optional[Callable[[], Baseline]] = None,
-                    on_commit: Optional[Callable[[Manifest], None]] = None):
+                    on_commit: Optional[Callable[[Manifest], None]] = None,
+                    cache: Optional[PlanCache] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``, laid
     out (and compressed) as ``options`` say; returns its location.
-    ``baseline``, ``on_commit``: see :func:`prepare_collective`.
+    ``baseline``, ``on_commit``, ``cache``: see :func:`prepare_collective`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
                                   overwrite=overwrite, what=what, options=options,
-                                  baseline=baseline, on_commit=on_commit)
+                                  baseline=baseline, on_commit=on_commit, cache=cache)
     assert isinstance(flat, Flat)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Flat, BaseException] = snapshot(flat, None).ready()
@@ -117,22 +119,31 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
                        what: Optional[str] = None,
                        options: SaveOptions = DEFAULT,
                        baseline: Optional[Callable[[], Baseline]] = None,
-                       on_commit: Optional[Callable[[Manifest], None]] = None) -> PreparedSave:
+                       on_commit: Optional[Callable[[Manifest], None]] = None,
+                       cache: Optional[PlanCache] = None) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
 
     ``baseline``: make an incremental checkpoint: its chunks are cut into pieces of
     ``options.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
     (called when this rank writes, after the saves before it committed) refer to it;
-    every checkpoint it refers to is first checked to be committed."""
+    every checkpoint it refers to is first checked to be committed.
+
+    ``cache``: this rank's :class:`~uckpt.plan_cache.PlanCache` of the saves before,
+    over ``comm``: while the structure of the state is unchanged on every rank, the
+    plan is reused after an exchange of digests (:mod:`uckpt.plan_cache`)."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
+    piece_bytes = options.incremental_chunk_bytes if baseline is not None else 0
+    layout = [piece_bytes, options.chunk_bytes, options.alignment]
 
     def plan() -> Dict[str, Any]:
         if isinstance(flat, BaseException):
             raise flat
         meta.update(local_metadata(flat, compare=comm.size > 1))
-        out = compact(meta, comm.rank)
+        key = structure_key(meta, comm.size, comm.rank, layout)
+        kept = cache.kept_for(key) if cache is not None else None
+        out = lean(meta, key, kept) if kept else dict(compact(meta, comm.rank), key=key)
         if comm.rank == 0:
             check_metadata(metadata)
             check_step(step)
@@ -147,14 +158,11 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
     try:
         gathered = comm.gather_outcomes(plan, f"{what} (planning)")
         assert isinstance(flat, Flat)
-        differ = expand(gathered)
-        if differ:  # rare: some rank's replicated leaves differ; fetch them to say which
-            full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
-            for r in differ:
-                gathered[r]["replicated"] = full[r]
-        gp = global_plan(gathered, comm.rank,  # raises the same error on every rank
-                         options.incremental_chunk_bytes if baseline is not None else 0,
-                         chunk_bytes=options.chunk_bytes, alignment=options.alignment)
+        gp = cache.reuse(gathered, what) if cache is not None else None
+        if gp is None:
+            gp = _plan(gathered, meta, comm, piece_bytes, options)
+            if cache is not None:
+                cache.keep(gathered[comm.rank]["key"], [g["key"] for g in gathered], gp)
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()
@@ -162,6 +170,24 @@ def prepare_collective(store: Store, name: str, flat: Union[Flat, BaseException]
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
                         overwrite, what, options, baseline, on_commit)
+
+
+def _plan(gathered: List[Dict[str, Any]], meta: Dict[str, Any], comm: Communicator,
+          piece_bytes: int, options: SaveOptions) -> GlobalPlan:
+    """Plan from every rank's metadata (the same plan, or the same error, on every rank);
+    ranks that sent a lean record (:func:`uckpt.plan_cache.lean`) send theirs first."""
+    leaned = [r for r, g in enumerate(gathered) if "kept" in g]
+    if leaned:  # some ranks kept a plan that cannot serve: every rank plans, together
+        full = comm.all_gather(compact(meta, comm.rank) if comm.rank in leaned else None)
+        for r in leaned:
+            gathered[r].update(full[r])
+    differ = expand(gathered)
+    if differ:  # rare: some rank's replicated leaves differ; fetch them to say which
+        full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
+        for r in differ:
+            gathered[r]["replicated"] = full[r]
+    return global_plan(gathered, comm.rank, piece_bytes,  # raises the same error everywhere
+                       chunk_bytes=options.chunk_bytes, alignment=options.alignment)
 
 
 def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm: Communicator):

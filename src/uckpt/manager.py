@@ -45,6 +45,7 @@ from .errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptChec
 from .leases import check_leases, check_roots, claim_roots
 from .manager_options import AsyncOptions, IncrementalOptions, RetentionOptions, manager_options
 from .options import SaveOptions
+from .plan_cache import PlanCache
 from .policies import CheckpointInfo, Never, SavePolicy, as_retention
 from .format import Manifest
 from .gcpause import pausing
@@ -238,6 +239,7 @@ class CheckpointManager:
         self._nbytes: Dict[tuple, int] = {}  # (tier, step) -> bytes of its data files
         self._lock = threading.RLock()  # pins and pending handles
         self._saves = 0
+        self._plans = PlanCache()  # the last save's plan, reused while the structure holds
         self.incremental = o.incremental is not None
         self.full_every = (o.incremental or IncrementalOptions()).full_every
         self._baseline: Optional[Baseline] = None  # chunks of this manager's last save
@@ -410,7 +412,8 @@ class CheckpointManager:
         store, name, what = self.tiers[0].store, step_dir_name(step), f"save of step {step}"
         retains = store.acts_here(self.comm.rank)
         options: Dict[str, Any] = dict(
-            options=self.options.save.compressed(self.tiers[0].codec(self.compression)))
+            options=self.options.save.compressed(self.tiers[0].codec(self.compression)),
+            cache=self._plans)
         if retains:  # retention learns of the new checkpoint without parsing it back
             options.update(on_commit=lambda m: self._learn(0, step, m))
         if self.incremental:
