@@ -228,6 +228,25 @@ def main():
                 state["step"] = step
                 m.save(step, state)
         report(rank=rank, saved=True)
+    elif scenario == "plan_cache":  # three saves; the third with a new leaf on rank 2
+        records = []
+        handler = logging.Handler(logging.DEBUG)
+        handler.emit = lambda r: records.append(r.getMessage().split(": ", 1)[1])
+        log = logging.getLogger("uckpt.plan_cache")
+        log.addHandler(handler)
+        log.setLevel(logging.DEBUG)
+        lo, hi = bounds(SHARD_SHAPE[0], size, rank)
+        with uckpt.CheckpointManager(directory, comm=c) as m:
+            for step in (1, 2, 3):
+                mine = {"seed": np.array([rank + step])}
+                if step == 3 and rank == 2:
+                    mine["extra"] = np.ones(3)
+                m.save(step, {"zero": uckpt.Shard(full_shard()[lo:hi] + step, SHARD_SHAPE,
+                                                  (lo, 0)),
+                              "w": np.arange(6.0) * step, "step": step,
+                              "mine": uckpt.PerRank(mine)})
+        log.removeHandler(handler)
+        report(rank=rank, records=records)
     elif scenario == "restore":
         import warnings
         with warnings.catch_warnings(record=True) as caught:

@@ -111,6 +111,25 @@ def test_replicated_bytes_written_once_and_balanced(tmp_path):
 
 
 @needs_mpi
+def test_later_saves_reuse_the_plan_until_a_rank_changes(tmp_path):
+    """Manager saves of steps 1-3 by 4 MPI ranks: step 2 reuses step 1's plan on every
+    rank; rank 2's new leaf at step 3 makes every rank plan again. All load back."""
+    r = run("mpi", 4, "plan_cache", tmp_path / "root", timeout=60).check()
+    assert sorted(r.results) == [0, 1, 2, 3]
+    for res in r.results.values():
+        assert res["records"] == ["planning (first save)",
+                                  "plan reused (structure unchanged on all 4 rank(s))",
+                                  "planning (structure changed on rank(s) 2)"], res
+    from dist_worker import full_shard
+    for step in (1, 2, 3):
+        tree = uckpt.load(tmp_path / "root" / f"step_{step:08d}")
+        assert np.array_equal(tree["zero"], full_shard() + step)
+        assert [int(tree["mine"][r]["seed"][0]) for r in range(4)] == [r + step for r in range(4)]
+    assert np.array_equal(uckpt.load(tmp_path / "root" / "step_00000003")["mine"][2]["extra"],
+                          np.ones(3))
+
+
+@needs_mpi
 @pytest.mark.parametrize("scenario,error,names", [
     ("mismatch", "StateMismatchError", "rank(s) 1 differ from rank 0 (rank 1 in key(s) 'step')"),
     ("badobj", "DistributedError", "rank 2: uckpt.errors.UnsupportedObjectError"),
