@@ -154,17 +154,29 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0,
     metas: Dict[str, ArrayMeta] = {}
     boxes: Dict[str, Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], List[int]]] = {}
     sums: Dict[str, Dict[int, List[int]]] = {}
+    shared: List[List[int]] = []  # the lists rank 0's replicated leaves add each rank to
     for r, g in enumerate(gathered):
-        for path, dtype, gshape, start, shape, small in g["replicated"] + g["own"]:
-            meta = ArrayMeta(dtype, tuple(gshape))
-            if metas.setdefault(path, meta) != meta:
-                first = metas[path]
+        if r and g["replicated"] is gathered[0]["replicated"]:  # as rank 0's (expand)
+            for ranks in shared:
+                ranks.append(r)
+            entries = g["own"]
+        else:
+            entries = g["replicated"] + g["own"]
+        for i, (path, dtype, gshape, start, shape, small) in enumerate(entries):
+            meta = metas.get(path)
+            if meta is None:
+                meta = metas[path] = ArrayMeta(dtype, tuple(gshape))
+            elif meta.dtype != dtype or list(meta.shape) != list(gshape):
                 raise StateMismatchError(
-                    f"leaf {path!r} is {first.dtype} {list(first.shape)} on one rank and "
+                    f"leaf {path!r} is {meta.dtype} {list(meta.shape)} on one rank and "
                     f"{dtype} {list(gshape)} on rank {r}", leaf=path)
-            boxes.setdefault(path, {}).setdefault((tuple(start), tuple(shape)), []).append(r)
-            if small is not None:
-                sums.setdefault(path, {}).setdefault(small, []).append(r)
+            holders = boxes.setdefault(path, {}).setdefault((tuple(start), tuple(shape)), [])
+            holders.append(r)
+            group = None if small is None else sums.setdefault(path, {}).setdefault(small, [])
+            if group is not None:
+                group.append(r)
+            if not r and i < len(g["replicated"]):
+                shared.extend([holders] if group is None else [holders, group])
     for path, by_sum in sums.items():
         if len(by_sum) > 1:
             groups = "; ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_sum.values())

@@ -13,6 +13,8 @@ single-rank file is exactly the arrays' bytes laid out like a staging arena
 """
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
@@ -85,10 +87,6 @@ def split_box(dtype: str, start: Sequence[int], shape: Sequence[int],
     return out
 
 
-def _length(meta: ArrayMeta, box_shape: Sequence[int]) -> int:
-    return dtypes.nbytes(meta.dtype, box_shape)
-
-
 #: who holds which box of an array: ``[((start, shape), (rank, ...)), ...]``
 Holdings = Sequence[Tuple[Box, Tuple[int, ...]]]
 
@@ -107,19 +105,41 @@ def plan_holdings(arrays: Mapping[str, ArrayMeta], held: Mapping[str, Holdings],
     """Split each held box into pieces of about ``piece_bytes`` and give each piece to one
     of the ranks holding it: largest pieces first, each to the holder with the fewest
     bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
+    everyone = tuple(range(world_size))
+    pieces: List[Tuple[str, Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], int]] = []
+    for p, m in arrays.items():
+        size = dtypes.itemsize(m.dtype)
+        for (bstart, bshape), holders in held[p]:
+            nbytes = size * math.prod(bshape)
+            if nbytes and nbytes < 2 * piece_bytes:  # most boxes: one piece (split_box)
+                pieces.append((p, tuple(bstart), tuple(bshape), tuple(holders), nbytes))
+            elif nbytes:
+                pieces.extend((p, start, shape, tuple(holders), size * math.prod(shape))
+                              for start, shape in split_box(m.dtype, bstart, bshape,
+                                                            piece_bytes))
     order = {p: i for i, p in enumerate(arrays)}
-    pieces = [(p, start, shape, holders) for p, m in arrays.items()
-              for (bstart, bshape), holders in held[p]
-              for start, shape in split_box(m.dtype, bstart, bshape, piece_bytes)]
+    keys = [(-x[4], order[x[0]], x[1]) for x in pieces]  # largest first, then array, start
+    ranked = sorted(range(len(pieces)), key=keys.__getitem__)
     load = [0] * world_size
-    owner: Dict[Tuple[str, Tuple[int, ...]], int] = {}
-    for p, start, shape, holders in sorted(
-            pieces, key=lambda x: (-_length(arrays[x[0]], x[2]), order[x[0]], x[1])):
-        rank = min(holders, key=lambda r: (load[r], r))
-        owner[(p, start)] = rank
-        load[rank] += _length(arrays[p], shape)
-    return layout([(p, start, shape, owner[(p, start)], _length(arrays[p], shape))
-                   for p, start, shape, _ in pieces], world_size, alignment)
+    lightest = [(0, r) for r in everyone]  # (load, rank), some stale: loads only grow
+    owner = [0] * len(pieces)
+    for i in ranked:
+        holders, length = pieces[i][3], pieces[i][4]
+        if len(holders) == 1:
+            rank = holders[0]
+        elif holders == everyone:  # replicated: the least loaded rank of all, from a heap
+            while lightest[0][0] != load[lightest[0][1]]:
+                heapq.heapreplace(lightest, (load[lightest[0][1]], lightest[0][1]))
+            rank = lightest[0][1]
+        else:
+            rank = min(holders, key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += length
+        if holders == everyone:
+            heapq.heapreplace(lightest, (load[rank], rank))
+    return layout([(p, start, shape, owner[i], length)
+                   for i, (p, start, shape, _, length) in enumerate(pieces)],
+                  world_size, alignment)
 
 
 def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
@@ -130,14 +150,15 @@ def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, in
     items: List[WriteItem] = []
     ends = [0] * world_size
     last_path: List[object] = [None] * world_size
+    names = [data_file_name(r) for r in range(world_size)]
     for p, start, shape, rank, length in pieces:
         offset = ends[rank]
         if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned
             offset = -(-offset // alignment) * alignment
             last_path[rank] = p
-        items.append(WriteItem(p, start, shape, rank, data_file_name(rank), offset, length))
+        items.append(WriteItem(p, start, shape, rank, names[rank], offset, length))
         ends[rank] = offset + length
-    sizes = tuple((data_file_name(r), ends[r]) for r in range(world_size))
+    sizes = tuple((names[r], ends[r]) for r in range(world_size))
     return SavePlan(world_size, tuple(items), sizes)
 
 
