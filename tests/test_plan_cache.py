@@ -12,7 +12,6 @@ import uckpt
 from uckpt.collective import finish_collective, prepare_collective, save_collective
 from uckpt.comm.base import encode
 from uckpt.errors import StateMismatchError
-from uckpt.plan_cache import PlanCache
 from uckpt.storage import locate
 from uckpt.testing import ThreadCommunicator, run_ranks
 from uckpt.tree import flatten
@@ -166,6 +165,7 @@ def test_a_new_manager_plans_once_then_reuses(tmp_path, debug):
 
 def test_a_kept_plan_serves_only_the_world_it_was_made_for(tmp_path, debug):
     """Caches from a world of 2 on ranks 0 and 1 of a world of 3: every rank plans."""
+    from uckpt.plan_cache import PlanCache
     caches = [PlanCache() for _ in range(3)]
 
     def saver(size, step):
@@ -231,6 +231,8 @@ def test_a_reused_plan_exchanges_a_small_record_per_rank(tmp_path):
     """The plan exchange of a later save receives O(ranks) bytes, whatever the number of
     leaves: three digests and the record's keys per rank, its PerRank state and rank 0's
     token and metadata (here under 400 bytes per rank)."""
+    from uckpt.plan_cache import PlanCache
+
     def body(comm, leaves):
         c = Counting(comm.world, comm.rank, comm.group)
         cache, received = PlanCache(), []
