@@ -8,12 +8,10 @@ root (the commit rule: the root manifest last).
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, List, Optional, Tuple
 
 import numpy as np
 
-from . import fsutil
 from .errors import CorruptCheckpointError
 from .format import MANIFEST_NAME, Manifest, PartEntry
 from .format import encode_manifest_files, parse_manifest
@@ -44,23 +42,6 @@ def part_bytes(source: Any, entry: PartEntry) -> bytes:
             hint="use another checkpoint (CheckpointManager.restore falls back to the "
                  "previous step by itself)") from None
     return _whole(where, size, entry.size, lambda buf: source.read_into(entry.file, buf, 0))
-
-
-def read_at(dir_fd: int, directory: Any, data: bytes) -> Manifest:
-    """The manifest of root bytes ``data`` of the checkpoint directory open at ``dir_fd``,
-    parts read from regular files there (``directory``: its path, for messages)."""
-    base = os.fsdecode(directory)
-
-    def read_part(entry: PartEntry) -> bytes:
-        where = os.path.join(base, entry.file)
-        fd = fsutil.open_regular(dir_fd, entry.file, what="manifest part", path=where)
-        try:
-            return _whole(where, os.fstat(fd).st_size, entry.size,
-                          lambda buf: fsutil.pread_into(fd, buf, 0))
-        finally:
-            os.close(fd)
-
-    return parse_manifest(data, where=os.path.join(base, MANIFEST_NAME), read_part=read_part)
 
 
 def _whole(where: str, size: int, listed: int, fill: Callable[[bytearray], int]) -> bytes:
