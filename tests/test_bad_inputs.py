@@ -270,14 +270,12 @@ def test_incremental_save_that_fits_although_its_reservation_does_not(tiny_fs):
 def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
     """Same guarantee where preallocation is unsupported and the write itself fails."""
     import uckpt.fsutil as fsutil
-    import uckpt.writer as writer
 
     def full(fd, buffers, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(fsutil, "preallocate", lambda fd, size: None)
-    monkeypatch.setattr(writer, "preallocate", lambda fd, size: None)
-    monkeypatch.setattr(writer, "pwritev_all", full)
+    monkeypatch.setattr(fsutil, "pwritev_all", full)
     with pytest.raises(errors.StorageFullError):
         uckpt.save(tmp_path / "second", STATE)
     assert not (tmp_path / "second").exists()

@@ -11,7 +11,8 @@ import zstandard
 
 import uckpt
 import uckpt.knobs as knobs
-from uckpt import codecs, writer
+from uckpt import codecs
+from uckpt.storage.blob import posix_io
 from uckpt.encode_memory import POOLED_BYTES, EncodeMemory
 from uckpt.parallel import ordered_map
 
@@ -167,17 +168,17 @@ def test_stream_writes_gaps_as_zeros_and_pieces_of_any_size(tmp_path, monkeypatc
             yield offset, buf
             buf[:] = 0  # reused by the caller
 
-    writer.write_stream(tmp_path / "f", pieces())
+    posix_io.write_stream(tmp_path / "f", pieces())
     assert (tmp_path / "f").read_bytes() == want.tobytes()
-    writer.write_stream(tmp_path / "empty", iter(()))
+    posix_io.write_stream(tmp_path / "empty", iter(()))
     assert (tmp_path / "empty").read_bytes() == b""
     with pytest.raises(FileExistsError):  # never overwrites
-        writer.write_stream(tmp_path / "f", iter(()))
+        posix_io.write_stream(tmp_path / "f", iter(()))
 
 
 def test_direct_file_falls_back_to_buffered_writes(tmp_path):
     """A write O_DIRECT refuses (unaligned) goes through the page cache instead."""
-    out = writer._DirectFile(tmp_path / "f")
+    out = posix_io.DirectFile(tmp_path / "f")
     try:
         out.pwrite(memoryview(b"x" * 4096 * 2)[1:4000], 3)
         assert not out.direct  # refused: buffered from here on

@@ -1,8 +1,8 @@
 """Write one rank's data file from a plan, into a :class:`~uckpt.storage.base.CheckpointSink`.
 
 The pieces of the file and their checksums are computed here; the sink stores them
-(local directories with :func:`write_buffered`, :func:`write_image` and
-:func:`write_stream` below; object stores as a multipart upload). From a snapshot, the
+(local directories with the system calls of :mod:`uckpt.storage.blob.posix_io`;
+object stores as a multipart upload). From a snapshot, the
 staging arena already is the file's image and goes to storage with O_DIRECT. Otherwise
 one thread writes the chunks in file order with vectored writes (a file's
 writes serialise on its inode lock anyway), while another computes their
@@ -23,13 +23,8 @@ computed on the same threads as its checksum or its encoding.
 """
 from __future__ import annotations
 
-import errno
 import math
-import mmap
-import os
-import queue
 import threading
-from pathlib import Path
 from typing import Dict, List, Mapping, Optional
 
 import numpy as np
@@ -38,13 +33,9 @@ from . import codecs, dtypes, hashing, knobs
 from .checksum import crc32c, format_checksum
 from .encode_memory import EncodeMemory
 from .format import Chunk
-from .fsutil import preallocate, pwritev_all, start_writeback
 from .options import DEFAULT_ALIGNMENT
 from .parallel import ordered_map, parallel_map
 from .plan import WriteItem
-
-_BATCH_BUFFERS = 512  # buffers written together (pwritev_all splits at the OS limit)
-_BATCH_BYTES = 16 << 20  # written, then handed to writeback, in batches of this size
 
 
 def box_bytes(arr: np.ndarray, start, shape) -> np.ndarray:
@@ -57,187 +48,6 @@ def box_bytes(arr: np.ndarray, start, shape) -> np.ndarray:
 
 def _local(start, origin):
     return start if origin is None else tuple(s - o for s, o in zip(start, origin))
-
-
-class _Writeback:
-    """Starts storage writeback of written ranges on its own thread (it may block)."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.queue: "queue.SimpleQueue" = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="uckpt-writeback", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            start_writeback(self.fd, *item)
-
-    def add(self, offset: int, nbytes: int) -> None:
-        self.queue.put((offset, nbytes))
-
-    def close(self) -> None:
-        self.queue.put(None)
-        self.thread.join()
-
-
-def _write_in_order(fd: int, pieces) -> int:
-    """Write (offset, bytes) pieces, sorted by offset, batching adjacent ones; returns
-    the end of the last one."""
-    zeros = memoryview(bytes(4096))
-    writeback = _Writeback(fd)
-    try:
-        return _batched(fd, pieces, zeros, writeback)
-    finally:
-        writeback.close()
-
-
-def _batched(fd: int, pieces, zeros: memoryview, writeback: _Writeback) -> int:
-    batch: List[memoryview] = []
-    start = end = 0
-    for offset, data in pieces:
-        gap = offset - end
-        if batch and (0 <= gap <= len(zeros)) and len(batch) < _BATCH_BUFFERS and \
-                end - start < _BATCH_BYTES:
-            if gap:
-                batch.append(zeros[:gap])  # alignment padding is written as zeros
-        else:
-            if batch:
-                pwritev_all(fd, batch, start)
-                writeback.add(start, end - start)
-            batch, start = [], offset
-        batch.append(memoryview(data))
-        end = offset + len(data)
-    if batch:
-        pwritev_all(fd, batch, start)
-    return end
-
-
-def write_buffered(path: Path, size: Optional[int], pieces, reserve: int = 0) -> None:
-    """Write ``(offset, bytes)`` pieces, sorted by offset, as a new file of ``size`` bytes;
-    or, with ``size`` None, a file ending with the last piece, of at most ``reserve``
-    bytes, preallocated where the disk has room (it is cut to its end after)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        if size is not None:
-            preallocate(fd, size)
-        else:
-            try:
-                preallocate(fd, reserve)
-            except OSError as e:  # only a bound: what is written may still fit
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-        end = _write_in_order(fd, pieces)
-        if size is None:
-            size = end
-        if os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-class _DirectFile:
-    """A new file written with O_DIRECT (storage DMA, no page-cache copy: almost no
-    CPU) from page-aligned buffers at page-aligned offsets, falling back to buffered
-    writes (their writeback started per write) where O_DIRECT is refused (tmpfs)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.writeback: Optional[_Writeback] = None
-        try:
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL |
-                              getattr(os, "O_DIRECT", 0), 0o644)
-            self.direct = hasattr(os, "O_DIRECT")
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            self.direct = False
-
-    def pwrite(self, data: memoryview, offset: int) -> None:
-        """Write all of ``data`` at ``offset`` (both page-aligned, unless at the end)."""
-        done = 0
-        while done < len(data):
-            try:
-                n = os.pwrite(self.fd, data[done:], offset + done)
-            except OSError as e:
-                if e.errno != errno.EINVAL or not self.direct:
-                    raise
-                os.close(self.fd)  # O_DIRECT refused for this buffer or file system
-                self.fd, self.direct = os.open(self.path, os.O_WRONLY), False
-                continue
-            if not self.direct:
-                if self.writeback is None:
-                    self.writeback = _Writeback(self.fd)
-                self.writeback.add(offset + done, n)
-            done += n
-
-    def finish(self, size: int) -> None:
-        """Cut the file to ``size`` bytes (the last write may be padded) and fsync it."""
-        os.ftruncate(self.fd, size)
-        os.fsync(self.fd)
-
-    def close(self) -> None:
-        if self.writeback is not None:
-            self.writeback.close()
-        os.close(self.fd)
-
-
-def write_image(path: Path, image: np.ndarray, size: int) -> None:
-    """Write a page-aligned file image with O_DIRECT where the file system takes it."""
-    padded = memoryview(image)[:-(-size // 4096) * 4096] if size else memoryview(image)[:0]
-    out = _DirectFile(path)
-    try:
-        preallocate(out.fd, size)
-        for at in range(0, len(padded), _BATCH_BYTES * 4):
-            out.pwrite(padded[at:at + _BATCH_BYTES * 4], at)
-        out.finish(size)
-    finally:
-        out.close()
-
-
-def write_stream(path: Path, pieces) -> None:
-    """Write ``(offset, bytes)`` pieces, sorted by offset (gaps are zero; the file ends
-    with the last piece), as a new file: each piece is copied as it comes into a
-    page-aligned buffer of ``knobs.stream_buffer_bytes``, written with O_DIRECT when
-    full (:class:`_DirectFile`), so the caller may reuse a piece's memory once it hands
-    over the next one. Pieces of any size and offset go this way (the buffer is
-    written whenever it is full, so every write but the last is whole pages)."""
-    page = mmap.PAGESIZE
-    size = max(page, knobs.stream_buffer_bytes // page * page)
-    buf = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)  # anonymous: page-aligned
-    out = _DirectFile(path)
-    base = fill = 0  # the file offset of buf[0]; bytes of buf in use
-
-    def flush() -> None:  # the whole buffer, or at the end what it holds, padded
-        nonlocal base, fill
-        whole = -(-fill // page) * page
-        buf[fill:whole] = 0  # the last page's padding (cut off by finish)
-        out.pwrite(memoryview(buf)[:whole], base)
-        base, fill = base + whole, 0
-
-    try:
-        end = 0
-        for offset, data in pieces:
-            data = memoryview(data).cast("B")
-            gap = offset - end
-            assert gap >= 0, (offset, end)
-            for zeros, part in ((True, gap), (False, len(data))):
-                done = 0
-                while done < part:
-                    n = min(part - done, size - fill)
-                    buf[fill:fill + n] = 0 if zeros else data[done:done + n]
-                    fill, done = fill + n, done + n
-                    if fill == size:
-                        flush()
-            end = offset + len(data)
-        flush()
-        out.finish(end)
-    finally:
-        out.close()
 
 
 def file_end(chunks) -> int:

@@ -1,7 +1,7 @@
 """Local POSIX storage: a root directory of checkpoint directories.
 
 Today's fast paths, wrapped rather than rewritten: data files are written by
-:mod:`uckpt.writer` (vectored writes with writeback started per batch, or one
+:mod:`uckpt.storage.blob.posix_io` (vectored writes with writeback started per batch, or one
 O_DIRECT write of a staging arena), into a hidden temporary directory held by a
 save lease (:mod:`uckpt.leases`); the manifest is written last and the directory
 renamed into place (``renameat2(RENAME_EXCHANGE)`` to overwrite). Reads open the
@@ -27,6 +27,7 @@ from ..format import MANIFEST_NAME
 from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
     remove_debris
 from . import archive_local, base, listing_local
+from .blob import posix_io
 from .archive import hidden_steps
 from .base import STEP_NAME, CheckpointSink, CheckpointSource, Entry, Store
 
@@ -272,25 +273,20 @@ class LocalSink(CheckpointSink):
         return path
 
     def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Buffer]]) -> None:
-        from ..writer import write_buffered
+        posix_io.write_buffered(self._new(name), size, pieces)
 
-        write_buffered(self._new(name), size, pieces)
-
-    copies_stream_pieces = True  # writer.write_stream copies each piece into its buffer
+    copies_stream_pieces = True  # posix_io.write_stream copies each piece into its buffer
 
     def write_stream(self, name: str, pieces: Iterable[Tuple[int, Buffer]],
                      reserve: Optional[int] = None) -> None:
-        from ..writer import write_buffered, write_stream
-
         if reserve is not None:  # from where they are, into reserved space, as a plain save
-            write_buffered(self._new(name), None, pieces, reserve=reserve)
+            posix_io.write_buffered(self._new(name), None, pieces, reserve=reserve)
         else:  # each piece copied as it comes, written with O_DIRECT
-            write_stream(self._new(name), pieces)
+            posix_io.write_stream(self._new(name), pieces)
 
     def write_image(self, name: str, image: NDArray[np.uint8], size: int) -> None:
-        from ..writer import write_image
-
-        write_image(self._new(name), image, size)
+        image_: Buffer = image  # type: ignore[assignment]  # (arrays: Buffer from 3.12)
+        posix_io.write_image(self._new(name), image_, size)
 
     def copy_file(self, source: CheckpointSource, name: str, size: int) -> None:
         """Copy ``size`` bytes (in the kernel where it can), fsync, and drop the copy from

@@ -19,19 +19,23 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
 from ... import fsutil, knobs
 from ...errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                        NotACheckpointError, RootLockedError)
-from ...writer import _DirectFile
-from .base import (RESERVED, BlobLock, BlobStore, BlobWriter, Listing, check_below_root, check_key,
-                   check_offset, check_prefix, check_rename, closed, flat, writable_view)
+from . import posix_io
+from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listing,
+                   check_below_root, check_key, check_offset, check_prefix, check_rename, closed,
+                   flat, writable_view)
+from .posix_io import DirectFile
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
+
+    from .base import Pieces
 
 log = logging.getLogger("uckpt.storage.blob.posix")
 
@@ -49,6 +53,7 @@ class PosixStore(BlobStore):
     conditional_create = True
     advisory_locks: ClassVar[bool] = True
     direct_io: ClassVar[bool] = True
+    vectored_reads: ClassVar[bool] = True
 
     def __init__(self, root: str | os.PathLike[str], *,
                  buffer_bytes: int | None = None) -> None:
@@ -119,6 +124,14 @@ class PosixStore(BlobStore):
             raise fsutil.unreadable(e, self.where(key), "blob") from None
         finally:
             os.close(fd)
+
+    def open_reader(self, key: str) -> BlobReader:
+        dir_fd, name = self._parent(key)
+        try:
+            fd = self._regular(fsutil.open_regular, dir_fd, name, key)
+        finally:
+            os.close(dir_fd)
+        return _Reader(self.where(key), fd)
 
     def size(self, key: str) -> int:
         dir_fd, name = self._parent(key)
@@ -191,6 +204,63 @@ class PosixStore(BlobStore):
     # --- writing ----------------------------------------------------------------------------
     def open_writer(self, key: str) -> BlobWriter:
         return _Writer(self, key)
+
+    def write_pieces(self, key: str, pieces: Pieces, size: int | None = None,
+                     reserve: int = 0) -> None:
+        """Preallocated vectored writes with writeback per batch (``size`` or
+        ``reserve`` given), else each piece copied into O_DIRECT writes
+        (:mod:`.posix_io`); fsynced, renamed into place."""
+        if size is None and not reserve:
+            self._place(key, lambda path: posix_io.write_stream(path, pieces))
+        else:
+            self._place(key, lambda path: posix_io.write_buffered(path, size, pieces, reserve))
+
+    def write_image(self, key: str, image: Buffer, size: int) -> None:
+        self._place(key, lambda path: posix_io.write_image(path, image, size))
+
+    def copy_in(self, key: str, reader: BlobReader, size: int) -> int:
+        """In the kernel (``copy_file_range``) from a reader with a descriptor; the copy
+        fsynced and dropped from the page cache, so that a read-back comes from storage."""
+        fd_in = reader.fd
+        if fd_in is None:
+            return super().copy_in(key, reader, size)
+        copied = 0
+
+        def make(path: Path) -> None:
+            nonlocal copied
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                copied = fsutil.copy_range(fd_in, fd, size)
+                if copied < size:
+                    raise _CutShort
+                os.fsync(fd)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        try:
+            self._place(key, make)
+        except _CutShort:
+            pass
+        return copied
+
+    def _place(self, key: str, make: Callable[[Path], None]) -> None:
+        """``make(path)`` a new file at a hidden path beside ``key``, then move it into
+        place and fsync the directory (the hidden file removed if anything fails)."""
+        dir_fd, name = self._parent(key, create=True)
+        tmp = _hidden("w")
+        try:
+            make(Path(self.root, *key.split("/")[:-1], tmp))
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        finally:
+            os.close(dir_fd)
 
     def create_if_absent(self, key: str, data: Buffer) -> bool:
         with _Writer(self, key) as out:
@@ -315,7 +385,7 @@ class _Writer(BlobWriter):
         self._tmp = _hidden("w")
         path = Path(store.root, *key.split("/")[:-1], self._tmp)
         try:
-            self._out: _DirectFile | None = _DirectFile(path)
+            self._out: DirectFile | None = DirectFile(path)
         except BaseException:
             os.close(self._dir_fd)
             raise
@@ -381,6 +451,36 @@ class _Writer(BlobWriter):
         os.close(self._dir_fd)
         self._dir_fd = -1
         self._buf.close()
+
+
+class _CutShort(Exception):
+    """The source of a copy ended early (nothing is put in place)."""
+
+
+class _Reader(BlobReader):
+    """A regular file held open: ``pread`` and ``preadv`` straight into buffers."""
+
+    def __init__(self, where: str, fd: int) -> None:
+        self.where, self.fd = where, fd
+        try:
+            self.size = os.fstat(fd).st_size
+        except OSError as e:
+            os.close(fd)
+            raise fsutil.unreadable(e, where, "blob") from None
+
+    def read_into(self, offset: int, buf: Buffer) -> int:
+        assert self.fd is not None, "read of a closed reader"
+        return int(fsutil.pread_into(self.fd, writable_view(self.where, buf),
+                                     check_offset(self.where, offset)))
+
+    def read_vectored(self, offset: int, bufs: Iterable[Buffer]) -> int:
+        assert self.fd is not None, "read of a closed reader"
+        return int(fsutil.preadv_into(self.fd, list(bufs), offset))
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class _Lock(BlobLock):
