@@ -128,6 +128,75 @@ class StoreTests:
         store.write("k", b"short")
         assert self.get(store, "k") == b"short" and store.size("k") == 5
 
+    # --- the fast paths a store may override (write_pieces, write_image, readers) ---------
+    def test_write_pieces_with_gaps_of_zeros(self, store: BlobStore) -> None:
+        data = pattern(self.large_size, seed=4)
+        n = len(data)
+        spans = [(0, 5), (9, 4100), (4100, 4101), (8200, n - 7)]
+        want = bytearray(n)
+        for a, b in spans:
+            want[a:b] = data[a:b]
+        pieces = [(a, memoryview(data)[a:b]) for a, b in spans]
+        store.write_pieces("sized", iter(pieces), n)  # zeros up to size
+        store.write_pieces("reserved", iter(pieces), None, reserve=n + 4096)
+        store.write_pieces("streamed", iter(pieces))
+        assert self.get(store, "sized") == bytes(want)
+        for key in ("reserved", "streamed"):  # each ends with its last piece
+            assert self.get(store, key) == bytes(want[:n - 7]), key
+        store.write_pieces("none", iter(()), None)
+        assert self.get(store, "none") == b""
+        assert sorted(k for k, _ in store.list()) == ["none", "reserved", "sized", "streamed"]
+
+    def test_write_image_keeps_only_its_size(self, store: BlobStore) -> None:
+        import mmap
+
+        size = 2 * 4096 + 5
+        image = mmap.mmap(-1, 3 * 4096)  # page-aligned, padded to whole pages
+        image[:] = pattern(3 * 4096, seed=6)
+        store.write_image("img", image, size)
+        assert self.get(store, "img") == pattern(3 * 4096, seed=6)[:size]
+        store.write_image("empty", image, 0)
+        assert self.get(store, "empty") == b""
+
+    def test_a_reader_reads_ranges_and_many_buffers_at_once(self, store: BlobStore) -> None:
+        data = pattern(10_000, seed=7)
+        store.write("r", data)
+        reader = store.open_reader("r")
+        try:
+            assert reader.size == len(data)
+            buf = bytearray(100)
+            assert reader.read_into(50, buf) == 100 and bytes(buf) == data[50:150]
+            bufs = [bytearray(3), bytearray(0), bytearray(4096), bytearray(7)]
+            assert reader.read_vectored(11, bufs) == 3 + 4096 + 7
+            assert b"".join(bufs) == data[11:11 + 3 + 4096 + 7]
+            tail = [bytearray(40), bytearray(40)]  # short only where the object ends
+            assert reader.read_vectored(len(data) - 50, tail) == 50
+            assert bytes(tail[0]) + bytes(tail[1][:10]) == data[-50:]
+        finally:
+            reader.close()
+            reader.close()  # a second close does nothing
+        with pytest.raises(CheckpointNotFoundError):
+            store.open_reader("missing")
+
+    def test_copy_in_from_a_reader_of_any_store(self, store: BlobStore) -> None:
+        from ..storage.blob.memory import MemoryStore
+
+        data = pattern(self.large_size, seed=8)
+        other = MemoryStore()
+        other.write("src", data)
+        store.write("src", data)
+        for source, key in ((other, "from-other"), (store, "from-self")):
+            reader = source.open_reader("src")
+            try:
+                assert store.copy_in(key, reader, len(data) - 3) == len(data) - 3
+                assert self.get(store, key) == data[:-3]
+                # a source shorter than asked: the bytes it had, and nothing written
+                assert store.copy_in(key + "-short", reader, len(data) + 10) == len(data)
+            finally:
+                reader.close()
+            assert not store.exists(key + "-short")
+        assert not [k for k, _ in store.list() if "short" in k]
+
     def test_large_object_in_odd_pieces(self, store: BlobStore) -> None:
         data = pattern(self.large_size, seed=3)
         n = len(data)

@@ -52,8 +52,10 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidKeyError, SaveError,
                        StoreCapabilityError, UnsupportedObjectError)
 
-#: bytes streamed at once by :meth:`BlobStore.copy`'s default
+#: bytes streamed at once by :meth:`BlobStore.copy`'s and :meth:`BlobStore.copy_in`'s default
 COPY_BLOCK = 8 << 20
+#: zeros written at once into a gap between pieces (:meth:`BlobStore.write_pieces`)
+ZEROS = bytes(1 << 16)
 #: the first characters of a key component a store uses for its own temporary objects
 RESERVED = ".uckpt-part-"
 
@@ -62,6 +64,8 @@ if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
 
     #: what :meth:`BlobStore.write` takes: one buffer, or buffers one after another
     Data = Buffer | Iterable[Buffer]
+    #: what :meth:`BlobStore.write_pieces` takes: ``(offset, bytes)`` sorted by offset
+    Pieces = Iterable[tuple[int, Buffer]]
 
 
 class Version(NamedTuple):
@@ -218,6 +222,38 @@ class BlobWriter(abc.ABC):
             self.abort()
 
 
+class BlobReader:
+    """One object opened for reading (:meth:`BlobStore.open_reader`): sized once, then
+    read in ranges from any number of threads until :meth:`close`. This default asks the
+    store for each range; a store overrides it to keep the object open."""
+
+    #: an open file descriptor of the object, where the store has one (for kernel copies)
+    fd: int | None = None
+
+    def __init__(self, store: BlobStore, key: str) -> None:
+        self.store, self.key = store, key
+        self.size = store.size(key)
+
+    def read_into(self, offset: int, buf: Buffer) -> int:
+        """As :meth:`BlobStore.read_into`."""
+        return self.store.read_into(self.key, offset, buf)
+
+    def read_vectored(self, offset: int, bufs: Iterable[Buffer]) -> int:
+        """Fill ``bufs`` in order, as one range from ``offset``; the bytes read (fewer
+        only where the object ends). One call where :attr:`BlobStore.vectored_reads`."""
+        total = 0
+        for buf in bufs:
+            want = memoryview(buf).nbytes
+            n = self.read_into(offset + total, buf) if want else 0
+            total += n
+            if n != want:
+                break
+        return total
+
+    def close(self) -> None:
+        """Done reading; a second call does nothing."""
+
+
 class BlobLock(abc.ABC):
     """An advisory lock on a key, held until :meth:`release` (or the process ends)."""
 
@@ -258,6 +294,9 @@ class BlobStore(abc.ABC):
     #: reads worth having in flight at once (0: the local defaults of :mod:`uckpt.knobs`)
     read_block_bytes: int = 0
     read_threads: int = 0
+    #: a reader's :meth:`BlobReader.read_vectored` is one request, so adjacent ranges are
+    #: worth reading together
+    vectored_reads: ClassVar[bool] = False
 
     # --- reading ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -295,6 +334,11 @@ class BlobStore(abc.ABC):
         del buf[n:]
         return bytes(buf)
 
+    def open_reader(self, key: str) -> BlobReader:
+        """The object ``key`` opened for reading (CheckpointNotFoundError if missing);
+        the caller closes it."""
+        return BlobReader(self, key)
+
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         """Every key below ``prefix``, however deep, with its size, in no set order."""
@@ -315,6 +359,59 @@ class BlobStore(abc.ABC):
         with self.open_writer(key) as out:
             for view in buffers(data):
                 out.write(view)
+
+    def write_pieces(self, key: str, pieces: Pieces, size: int | None = None,
+                     reserve: int = 0) -> None:
+        """Write the whole object ``key`` from ``(offset, bytes)`` pieces sorted by offset
+        (gaps are zeros), ``size`` bytes long (else ending with the last piece; ``reserve``:
+        at most that many, a hint for preallocation). The pieces' memory is the caller's
+        again once the next piece is taken. This default streams them through
+        :meth:`open_writer`; a local store writes them in place, vectored."""
+        zeros = memoryview(ZEROS)
+        pos = 0
+        with self.open_writer(key) as out:
+            def pad(to: int) -> None:
+                nonlocal pos
+                while pos < to:
+                    n = min(len(zeros), to - pos)
+                    out.write(zeros[:n])
+                    pos += n
+            for offset, piece in pieces:
+                pad(offset)
+                view = flat(piece)
+                out.write(view)
+                pos += len(view)
+            if size is not None:
+                pad(size)
+
+    def write_image(self, key: str, image: Buffer, size: int) -> None:
+        """Write the first ``size`` bytes of ``image`` as the object ``key``. ``image``
+        is page-aligned and holds ``size`` rounded up to whole pages (a local store
+        writes it with O_DIRECT); this default is :meth:`write`."""
+        self.write(key, flat(image)[:size])
+
+    def copy_in(self, key: str, reader: BlobReader, size: int) -> int:
+        """Write the first ``size`` bytes of ``reader`` (an object of this or any store)
+        as the object ``key``; returns the bytes copied (fewer only where the source
+        ends, and then the object is not written). This default streams them through
+        this process in bounded blocks; a local store copies in the kernel."""
+        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))
+        done = 0
+        out = self.open_writer(key)
+        try:
+            while done < size:
+                want = min(len(buf), size - done)
+                n = reader.read_into(done, buf[:want])
+                out.write(buf[:n])
+                done += n
+                if n < want:  # cut short: nothing appears
+                    out.abort()
+                    return done
+            out.commit()
+        except BaseException:
+            out.abort()
+            raise
+        return done
 
     @abc.abstractmethod
     def create_if_absent(self, key: str, data: Buffer) -> bool:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
 from ...errors import CheckpointExistsError, CheckpointNotFoundError, RootLockedError, SaveError
 from .. import base
-from ..blob.base import COPY_BLOCK
+from ..blob.base import BlobReader
 from .names import (COORDINATOR_MARK, LEASE_SUFFIX, MANIFEST_NAME, OLD_MARK, failed, forget,
                     hidden, live)
 from .source import BlobSource
@@ -26,10 +26,6 @@ if TYPE_CHECKING:
     from .store import BlobCheckpointStore
 
 log = logging.getLogger("uckpt.storage.checkpoint")
-
-#: zeros written at once into a gap between pieces
-ZEROS = bytes(1 << 16)
-
 
 def committed_meanwhile(where: str) -> CheckpointExistsError:
     return CheckpointExistsError(f"{where!r} was committed by another save during this one",
@@ -90,48 +86,26 @@ class BlobSink(base.CheckpointSink):
         return key
 
     def write_pieces(self, name: str, size: int, pieces: List[Tuple[int, Any]]) -> None:
-        self._write(name, pieces, size)
+        self.blob.write_pieces(self._key(name), pieces, size)
 
     def write_stream(self, name: str, pieces: Iterable[Tuple[int, Any]],
                      reserve: Optional[int] = None) -> None:
-        self._write(name, pieces, None)
-
-    def _write(self, name: str, pieces: Iterable[Tuple[int, Any]], size: Optional[int]) -> None:
-        """Write ``pieces`` (sorted by offset, gaps zero) and, with ``size``, zeros to it."""
-        zeros = memoryview(ZEROS)
-        pos = 0
-        with self.blob.open_writer(self._key(name)) as out:
-            def pad(to: int) -> None:
-                nonlocal pos
-                while pos < to:
-                    n = min(len(zeros), to - pos)
-                    out.write(zeros[:n])
-                    pos += n
-            for offset, piece in pieces:
-                pad(offset)
-                view = memoryview(piece).cast("B")
-                out.write(view)
-                pos += len(view)
-            if size is not None:
-                pad(size)
+        self.blob.write_pieces(self._key(name), pieces, None, reserve or 0)
 
     def write_image(self, name: str, image: Any, size: int) -> None:
-        self.blob.write(self._key(name), memoryview(image).cast("B")[:size])
+        self.blob.write_image(self._key(name), image, size)
 
     def copy_file(self, source: base.CheckpointSource, name: str, size: int) -> None:
+        """Through the store's :meth:`~BlobStore.copy_in` (in the kernel from a local
+        file to a local file), in bounded memory."""
         actual = source.open_file(name)
         if actual != size:
             raise base.wrong_size(source.file_where(name), actual, size)
-        buf = memoryview(bytearray(min(COPY_BLOCK, max(size, 1))))  # bounded memory
-        done = 0
-        with self.blob.open_writer(self._key(name)) as out:
-            while done < size:
-                want = min(len(buf), size - done)
-                n = source.read_into(name, buf[:want], done)
-                out.write(buf[:n])
-                done += n
-                if n < want:  # cut short while it was copied
-                    raise base.wrong_size(source.file_where(name), done, size)
+        reader = (source.reader(name) if isinstance(source, BlobSource)
+                  else _FromSource(source, name))
+        done = self.blob.copy_in(self._key(name), reader, size)
+        if done < size:  # cut short while it was copied
+            raise base.wrong_size(source.file_where(name), done, size)
 
     def written(self, manifest: Any) -> base.CheckpointSource:
         return BlobSource(self.blob, self.prefix, self.where)
@@ -206,3 +180,13 @@ class BlobSink(base.CheckpointSink):
                         "save to this root removes it", self.where, e)
         finally:
             self.release()
+
+
+class _FromSource(BlobReader):
+    """Data file ``name`` of a source that is not a blob store's, read as a blob."""
+
+    def __init__(self, source: base.CheckpointSource, name: str) -> None:
+        self.source, self.name = source, name
+
+    def read_into(self, offset: int, buf: Any) -> int:
+        return self.source.read_into(self.name, buf, offset)

@@ -1,7 +1,8 @@
 """Reading one checkpoint from a blob store (:class:`~uckpt.storage.base.CheckpointSource`)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import threading
+from typing import TYPE_CHECKING, Any, Dict, Sequence
 
 from ... import knobs
 from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
@@ -10,18 +11,21 @@ from .. import base
 from .names import MANIFEST_NAME
 
 if TYPE_CHECKING:
-    from ..blob.base import BlobStore
+    from ..blob.base import BlobReader, BlobStore
 
 
 class BlobSource(base.CheckpointSource):
     """The checkpoint under ``prefix`` (``"a/step_1/"``) of ``blob``; ``where`` is its URL
-    or path, for messages. Data files are sized once (:meth:`open_file`), then read in
-    ranges straight into the caller's buffers."""
+    or path, for messages. Data files are opened and sized once (:meth:`open_file`), then
+    read in ranges straight into the caller's buffers, until :meth:`close`."""
 
     def __init__(self, blob: BlobStore, prefix: str, where: str) -> None:
         self.blob, self.prefix, self.where = blob, prefix, where
         self.block_bytes = max(knobs.read_block_bytes, blob.read_block_bytes)
         self.read_threads = self.verify_threads = max(knobs.io_threads, blob.read_threads)
+        self.coalesce = blob.vectored_reads
+        self._readers: Dict[str, BlobReader] = {}
+        self._lock = threading.Lock()
 
     def _missing(self) -> NotACheckpointError:
         return NotACheckpointError(
@@ -49,15 +53,34 @@ class BlobSource(base.CheckpointSource):
         return f"{self.where}/{name}"
 
     def open_file(self, name: str, what: str = "data file") -> int:
-        try:
-            return self.blob.size(self.prefix + name)
-        except CheckpointNotFoundError:
-            where = self.file_where(name)
-            raise CheckpointNotFoundError(f"{what} {where!r} listed in the manifest is "
-                                          "missing", path=where) from None
+        return self._open(name, what).size
+
+    def reader(self, name: str) -> BlobReader:
+        """Data file ``name``, opened (by :meth:`open_file`, else now)."""
+        return self._readers.get(name) or self._open(name, "data file")
+
+    def _open(self, name: str, what: str) -> BlobReader:
+        with self._lock:
+            if name not in self._readers:
+                try:
+                    self._readers[name] = self.blob.open_reader(self.prefix + name)
+                except CheckpointNotFoundError:
+                    where = self.file_where(name)
+                    raise CheckpointNotFoundError(f"{what} {where!r} listed in the manifest "
+                                                  "is missing", path=where) from None
+            return self._readers[name]
 
     def read_into(self, name: str, buf: Any, offset: int) -> int:
-        return self.blob.read_into(self.prefix + name, offset, buf)
+        return self.reader(name).read_into(offset, buf)
+
+    def read_vectored(self, name: str, bufs: Sequence[Any], offset: int) -> int:
+        return self.reader(name).read_vectored(offset, bufs)
+
+    def close(self) -> None:
+        with self._lock:
+            readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
+            reader.close()
 
     def sibling(self, name: str) -> "BlobSource":
         """The checkpoint ``name`` beside this one (a base of an incremental checkpoint)."""
