@@ -182,3 +182,26 @@ def test_posix_writer_killed_mid_object_leaves_the_old_one_whole(posix):
     assert posix.read("d/k", 1 << 20) == old and list(posix.list()) == [("d/k", 5000)]
     posix.delete_prefix("d")
     assert list(posix.list()) == [] and os.listdir(posix.root) == []
+
+
+def test_posix_write_failing_mid_object_raises_its_os_error_and_leaves_nothing(posix,
+                                                                              monkeypatch):
+    """A full disk at a writer's buffered write surfaces as that OSError (the abort used
+    to fail on the staging buffer still exported by the failed write: BufferError); the
+    old object stays whole and no temporary file is left."""
+    import errno
+
+    old = pattern(5000, seed=2)
+    posix.write("d/k", old)
+    real = os.pwrite
+
+    def full(*args):
+        monkeypatch.setattr(os, "pwrite", real)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left on device") as info:
+        posix.write("d/k", pattern(3 * 4096 + 5))
+    assert info.value.errno == errno.ENOSPC
+    assert posix.read("d/k", 1 << 20) == old
+    assert os.listdir(posix.root / "d") == ["k"]

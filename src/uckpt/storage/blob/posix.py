@@ -450,7 +450,10 @@ class _Writer(BlobWriter):
             pass  # renamed into place
         os.close(self._dir_fd)
         self._dir_fd = -1
-        self._buf.close()
+        try:
+            self._buf.close()
+        except BufferError:  # a failed write's traceback still holds a view of it: the
+            pass  # buffer is freed with that traceback
 
 
 class _CutShort(Exception):
