@@ -205,3 +205,16 @@ def test_posix_write_failing_mid_object_raises_its_os_error_and_leaves_nothing(p
     assert info.value.errno == errno.ENOSPC
     assert posix.read("d/k", 1 << 20) == old
     assert os.listdir(posix.root / "d") == ["k"]
+
+
+def test_posix_listing_skips_a_file_removed_while_it_walks(posix):
+    """A listing is lazy: a file removed between the directory's read and its stat (a
+    writer removing debris meanwhile) is left out, not a FileNotFoundError."""
+    for name in ("a", "b", "c"):
+        posix.write(f"d/{name}", name.encode())
+    listing = posix.list("d")
+    first, _ = next(listing)
+    for name in "abc":
+        if f"d/{name}" != first:
+            posix.delete(f"d/{name}")
+    assert list(listing) == []

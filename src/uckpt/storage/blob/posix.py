@@ -173,7 +173,10 @@ class PosixStore(BlobStore):
     def _walk(self, fd: int, prefix: str) -> Iterator[tuple[str, int]]:
         try:
             for entry in _entries(fd):
-                st = entry.stat(follow_symlinks=False)
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed since the directory was read
                 if stat.S_ISREG(st.st_mode):
                     yield prefix + entry.name, st.st_size
                 elif stat.S_ISDIR(st.st_mode):
