@@ -30,7 +30,14 @@ Locking, by the writer of a root: :meth:`BlobStore.lock` where the store has
   :attr:`~BlobStore.advisory_locks`, else a lease object made with ``create_if_absent``.
 Reading, by any process: :meth:`BlobStore.list` / :meth:`BlobStore.list_dir`, then
   :meth:`BlobStore.size` and :meth:`BlobStore.read_into` (or :meth:`BlobStore.read` for
-  small objects, with a cap).
+  small objects, with a cap), or :meth:`BlobStore.open_reader` once per object, its
+  ranges read through the reader, then ``close``.
+
+Fast paths (optional: each has a generic default here that a store may override):
+:meth:`BlobStore.write_pieces` (an object from ``(offset, bytes)`` pieces),
+:meth:`BlobStore.write_image` (from a page-aligned image), :meth:`BlobStore.copy_in`
+(from another store's reader), :meth:`BlobReader.read_vectored` (many buffers at once,
+one request where :attr:`BlobStore.vectored_reads`).
 Removing, by the writer only: :meth:`BlobStore.delete`, :meth:`BlobStore.delete_prefix`.
 
 Every method may be called from any thread. Errors are :mod:`uckpt.errors` classes: a
@@ -364,9 +371,10 @@ class BlobStore(abc.ABC):
                      reserve: int = 0) -> None:
         """Write the whole object ``key`` from ``(offset, bytes)`` pieces sorted by offset
         (gaps are zeros), ``size`` bytes long (else ending with the last piece; ``reserve``:
-        at most that many, a hint for preallocation). The pieces' memory is the caller's
-        again once the next piece is taken. This default streams them through
-        :meth:`open_writer`; a local store writes them in place, vectored."""
+        at most that many, a hint for preallocation). With neither, a piece's memory is
+        the caller's again once the next piece is taken (it is copied); otherwise the
+        pieces must stay as they are until this returns (a local store writes them from
+        where they are, vectored). This default streams them through :meth:`open_writer`."""
         zeros = memoryview(ZEROS)
         pos = 0
         with self.open_writer(key) as out:
