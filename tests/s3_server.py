@@ -42,10 +42,6 @@ from s3_faults import FaultProxy
 ACCESS_KEY = "uckpt-test-access"
 SECRET_KEY = "uckpt-test-secret-5e1c0a7f"
 START_TIMEOUT_S = 60.0
-#: SIGTERM -> SIGKILL in the fixtures' teardown. SeaweedFS's filer waits 15 s for its own
-#: metadata streams to end before it exits; the data directory is thrown away, so a
-#: longer wait would only slow the tests down.
-TEARDOWN_GRACE_S = 5.0
 _PORTS = ("s3", "s3.port.grpc", "master", "master.port.grpc", "volume", "volume.port.grpc",
           "filer", "filer.port.grpc")
 
@@ -154,18 +150,6 @@ class SeaweedServer:
         except ProcessLookupError:
             pass
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; waits for the process."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        self.kill()
-
     def kill(self) -> None:
         """SIGKILL (a crash: nothing flushed or closed); waits for the process."""
         if self.proc is None:
@@ -254,12 +238,16 @@ def own_s3_server(tmp_path):
 
 
 def _running(server):
-    """Start ``server``, yield it to the fixture, stop it (by its process group) after."""
+    """Start ``server``, yield it to the fixture, kill it (by its process group) after.
+
+    SIGKILL, not SIGTERM: SeaweedFS's filer waits 15 s for its own metadata streams to end
+    before it exits on SIGTERM, and the data directory is thrown away anyway, so a grace
+    period (5 s at every session's end and every ``own_s3_server`` test) would only wait."""
     server.start()
     try:
         yield server
     finally:
-        server.stop(TEARDOWN_GRACE_S)
+        server.kill()
 
 
 @pytest.fixture

@@ -22,7 +22,12 @@ def _small():
 
 
 def _trained(make, shape, out):
+    """A model after two steps of fit, so that every optimizer variable holds a trained value.
+    Run eagerly: tracing a Keras Application's train step into a graph costs several times
+    what two eager steps cost, and the eager steps fill the same weights and optimizer
+    variables (docs/testing.md, "Run time")."""
     model = make()
+    model.run_eagerly = True
     rng = np.random.default_rng(0)
     model.fit(rng.random((4, *shape)).astype("float32"), rng.random((4, *out)).astype("float32"),
               verbose=0, epochs=1, batch_size=2)
