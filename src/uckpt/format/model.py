@@ -114,6 +114,8 @@ class Manifest:
     parts: List[PartEntry] = field(default_factory=list)
     #: indices into ``parts`` of the parts not yet read (:meth:`attach_part`)
     parts_pending: List[int] = field(default_factory=list)
+    #: the rank whose rows each part lists (extension ``part-ranks``), None if not declared
+    part_ranks: Optional[Tuple[int, ...]] = None
     #: the state :meth:`attach_part` needs (the 1.0 parser's), None once all are attached
     _pending: Any = field(default=None, repr=False, compare=False)
 

@@ -33,8 +33,10 @@ ROOT_FIELDS = ("format", "format_version", "extensions", "generator", "created",
 PART_FIELDS = ("format", "format_version", "chunks")
 #: the codec pipelines of format 1.0
 PIPELINES: Tuple[Pipeline, ...] = ((), ("zstd",), ("bytegroup", "zstd"))
-#: extensions this uckpt implements (none: 1.0 defines none)
-EXTENSIONS: frozenset[str] = frozenset()
+#: extensions this uckpt implements (docs/format.md section 13)
+EXTENSIONS: frozenset[str] = frozenset({"part-ranks"})
+#: the member of extension ``part-ranks`` (section 13.1)
+PART_RANKS = "part-ranks:ranks"
 MAX_PART_BYTES = 1 << 30  # like the root manifest
 _EXTENSION = re.compile(r"[a-z][a-z0-9-]{0,63}")
 
@@ -76,11 +78,13 @@ class _Root(Checker):
         state.add(*chunk_table.decode(self, doc["chunks"], "chunks", meta, codecs, files, bases))
         del doc["chunks"]  # (decoded: freed before the tree's check)
         parts = self.parts(doc["parts"], len(paths), files)
+        ranks = self.part_ranks(doc, extensions, len(parts), world)
         m = Manifest(world_size=world, tree=doc["tree"], arrays={}, files=files, step=step,
                      metadata=doc["metadata"], generator=doc["generator"],
                      created=doc["created"], format_version=FORMAT_VERSION, checksum=checksum,
                      bases=bases, merkle_root=merkle, parts=parts,
-                     parts_pending=list(range(len(parts))), _pending=state)
+                     parts_pending=list(range(len(parts))), part_ranks=ranks,
+                     _pending=state)
         if parts:  # (the arrays without chunks until every part is attached)
             m.arrays = {p: make_entry(p, d, s, ()) for p, d, s in zip(paths, names, shapes)}
         else:
@@ -192,6 +196,25 @@ class _Root(Checker):
                                  self.runs(entry["arrays"], loc + ".arrays", narrays)))
         return out
 
+    def part_ranks(self, doc: Dict[str, Any], extensions: Dict[str, bool], nparts: int,
+                   world: int) -> Optional[Tuple[int, ...]]:
+        """The rank of each part (extension ``part-ranks``, section 13.1), or None."""
+        if "part-ranks" not in extensions:
+            return None
+        if PART_RANKS not in doc:
+            self.fail("<top>", f"extension 'part-ranks' is declared, but {PART_RANKS!r} is "
+                               "missing")
+        obj = self.need(doc[PART_RANKS], PART_RANKS, list, "a list of ranks, one per part")
+        if len(obj) != nparts:
+            self.fail(PART_RANKS, f"{len(obj)} ranks for {nparts} parts")
+        ranks = tuple(self.nat(r, f"{PART_RANKS}[{k}]") for k, r in enumerate(obj))
+        bad = next((k for k, r in enumerate(ranks) if r >= world), None)
+        if bad is not None:
+            self.fail(f"{PART_RANKS}[{bad}]", f"rank {ranks[bad]} of a world of {world}")
+        if len(set(ranks)) != len(ranks):
+            self.fail(PART_RANKS, "a rank is listed twice: each rank has at most one part")
+        return ranks
+
     def runs(self, obj: Any, loc: str, narrays: int) -> Tuple[Tuple[int, int], ...]:
         self.need(obj, loc, list, "a list of [first, count] runs")
         out: List[Tuple[int, int]] = []
@@ -220,6 +243,19 @@ class _State:
         self.p, self.meta, self.names, self.codecs = p, meta, names, codecs
         self.files, self.bases = files, bases
         self.tables: List[Tuple[np.ndarray, Table]] = []  # (array index of each row, rows)
+        self._grouped: List[Tuple[np.ndarray, List[int]]] = []  # per table: _by_array
+
+    def rows_so_far(self, i: int) -> Rows:
+        """The rows of array ``i`` in the root and the parts attached so far (for a reader
+        that reads only some parts: docs/format.md section 7)."""
+        narrays = len(self.meta.paths)
+        while len(self._grouped) < len(self.tables):
+            self._grouped.append(_by_array(self.tables[len(self._grouped)][0], narrays))
+        chunks = Rows(None, None, 0, 0)
+        for (_, t), (order, b) in reversed(list(zip(self.tables, self._grouped))):
+            if b[i] < b[i + 1]:
+                chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
+        return chunks
 
     def add(self, ai: np.ndarray, table: Table) -> None:
         self.tables.append((ai, table))
@@ -279,6 +315,7 @@ class _State:
         p, used = self.p, set[Tuple[Optional[str], str]]()
         narrays = len(self.meta.paths)
         groups: List[Tuple[Table, np.ndarray, List[int]]] = []  # per table: its rows by array
+        self._grouped.clear()
         while self.tables:  # (each table's array column freed once grouped)
             groups.insert(0, (self.tables[-1][1], *_by_array(self.tables.pop()[0], narrays)))
         for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
