@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
 from .comm import background_communicator, get_communicator
@@ -147,11 +147,11 @@ def load_from(open_, state, strict: bool, comm, what: str,
     that a failure to open is told to the other ranks)."""
     c = get_communicator(comm)
     if c.size == 1:
-        return _load_local(open_, state, strict, 0, max_bytes)
+        return _load_local(open_, state, strict, (0, 1), max_bytes)
     out: Dict[str, Any] = {}
 
     def job() -> None:
-        out["tree"] = _load_local(open_, state, strict, c.rank, max_bytes)
+        out["tree"] = _load_local(open_, state, strict, (c.rank, c.size), max_bytes)
 
     c.gather_outcomes(job, what)
     return out["tree"]
@@ -177,12 +177,14 @@ def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
 
 
 @pausing
-def _load_local(open_, state, strict: bool, rank: int, max_bytes: Optional[int]
+def _load_local(open_, state, strict: bool, rank: Tuple[int, int], max_bytes: Optional[int]
                 ) -> Dict[str, Any]:
-    with CheckpointReader(open_(), max_bytes=max_bytes) as reader:
+    """Load as ``rank`` = (rank, world size): the manifest's parts read on demand, only
+    those that cover what this rank loads."""
+    with CheckpointReader(open_(), max_bytes=max_bytes, rank=rank) as reader:
         if state is None:
             return load_tree(reader)
-        return restore_into(reader, state, strict=strict, rank=rank)
+        return restore_into(reader, state, strict=strict, rank=rank[0])
 
 
 def consolidate(src, dst, *, overwrite: bool = False,

@@ -31,6 +31,12 @@ def read(source: Any, data: Optional[bytes] = None) -> Manifest:
                           read_part=lambda entry: part_bytes(source, entry))
 
 
+def read_root(source: Any) -> Manifest:
+    """The root manifest of ``source``, its parts left pending (attached on demand:
+    :func:`uckpt.format.cover.attach_covering`)."""
+    return parse_manifest(source.manifest_bytes(), where=where_of(source))
+
+
 def part_bytes(source: Any, entry: PartEntry) -> bytes:
     """Part file ``entry.file`` of ``source``, read whole once its size is the listed one."""
     where = source.file_where(entry.file)

@@ -17,10 +17,11 @@ and every failure is a :class:`~uckpt.errors.UckptError` (so
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
-from typing import Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -29,11 +30,14 @@ from .checksum import crc32c, format_checksum
 from .errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestError,
                      TruncatedDataError, UckptError)
 from .format import ArrayEntry, Chunk, Manifest
+from .format.cover import attach_covering
 from .format.manifest import MAX_RATIO
 from .parallel import parallel_map
 from .readruns import Piece, flat_chunks, plan_runs, split_whole
 from .storage import open_source
 from .storage.base import wrong_size
+
+log = logging.getLogger("uckpt.reader")
 
 
 
@@ -57,18 +61,26 @@ class CheckpointReader:
     """
 
     def __init__(self, directory, manifest: Optional[Manifest] = None, *,
-                 storage_options=None, max_bytes: Optional[int] = None) -> None:
+                 storage_options=None, max_bytes: Optional[int] = None,
+                 rank: Optional[Tuple[int, int]] = None) -> None:
         """``manifest``: one already read (e.g. the source's, for a copy not yet committed);
         ``max_bytes``: the most bytes of new arrays :meth:`read_arrays` allocates (None: the
-        memory available, :mod:`uckpt.memory`)."""
+        memory available, :mod:`uckpt.memory`); ``rank``: ``(rank, world size)`` of a
+        reader that loads only its share: the manifest's parts are then read on demand,
+        only those that cover what :meth:`read_arrays` reads (its own part first), and
+        ``parts_read`` lists them."""
         self.max_bytes = max_bytes
+        self.rank = rank
+        self.parts_read: List[str] = []
         self.source = open_source(directory, storage_options)
         self.directory = self.source.directory if hasattr(self.source, "directory") \
             else self.source.where
         self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
         self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:
-            self.manifest = manifest if manifest is not None else manifest_io.read(self.source)
+            self.manifest = manifest if manifest is not None else \
+                manifest_io.read_root(self.source) if rank is not None else \
+                manifest_io.read(self.source)
         except BaseException:
             self.close()
             raise
@@ -138,6 +150,8 @@ class CheckpointReader:
         array), or ``(target, offsets)``: the box of the global array at ``offsets`` with
         the target's shape. Only chunks that intersect a wanted box are read (whole, so
         that their checksums can be verified)."""
+        if self.manifest.parts_pending:
+            self._attach_parts(wanted)
         plan = []  # (entry, target or None, origin (None: the whole array), chunks to read)
         arrays = self.manifest.arrays
         for path, target in wanted.items():
@@ -168,6 +182,26 @@ class CheckpointReader:
                      self.source.where, leaf=new[0].path if len(new) == 1 else None)
         with memory.mapped("reading arrays from", self.source.where):
             return self._read_planned(plan)
+
+    def _attach_parts(self, wanted: Mapping[str, Any]) -> None:
+        """Read the pending parts of the manifest that cover ``wanted`` (as
+        :meth:`read_arrays` takes it); log how many of them were read."""
+        m = self.manifest
+        boxes: Dict[str, Any] = {}
+        for path, target in wanted.items():
+            if isinstance(target, tuple):
+                boxes[path] = (tuple(target[1]), tuple(target[0].shape))
+            elif target is not None and target.shape != m.arrays[path].shape:
+                boxes[path] = ((0,) * len(target.shape), tuple(target.shape))
+            else:
+                boxes[path] = None
+        rank, world = self.rank or (0, 1)
+        read = attach_covering(m, boxes, lambda e: manifest_io.part_bytes(self.source, e),
+                               rank, world)
+        self.parts_read += [m.parts[k].file for k in read]
+        log.info("rank %d of %d read %d of %d manifest part(s) of %s (%d bytes) for %d "
+                 "array(s)", rank, world, len(read), len(m.parts), self.source.where,
+                 sum(m.parts[k].size for k in read), len(boxes))
 
     def _read_planned(self, plan: list) -> Dict[str, np.ndarray]:
         """Allocate the new arrays of ``plan`` (checked by :meth:`read_arrays`) and read."""
