@@ -24,7 +24,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.format import ArrayEntry, Chunk, FileEntry, Manifest, chunk_table
-from uckpt.format import encode_manifest, parse_manifest
+from uckpt.format import encode_manifest, encode_manifest_files, parse_manifest
 from grid_listing import doc_of, golden, sealed
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -136,10 +136,19 @@ def test_compression_alias_writes_the_bytegroup_pipeline(tmp_path):
         same(uckpt.load(path), state)
 
 
+def shard_of(state, rank, n):
+    """Rank ``rank``'s share of ``state`` cut along the first axis among ``n`` ranks (the
+    rows of sharded arrays are in their writer's part)."""
+    return {k: uckpt.Shard(a[rank * len(a) // n:(rank + 1) * len(a) // n], a.shape,
+                           (rank * len(a) // n,) + (0,) * (a.ndim - 1)) for k, a in state.items()}
+
+
 def save_ranks(path, state, n=2, **kw):
+    """``state``'s arrays saved by ``n`` thread ranks, sharded (:func:`shard_of`)."""
     from uckpt.testing import run_ranks
 
-    for outcome in run_ranks(n, lambda comm: uckpt.save(path, state, comm=comm, **kw)):
+    for outcome in run_ranks(n, lambda comm: uckpt.save(path, shard_of(state, comm.rank, n),
+                                                        comm=comm, **kw)):
         assert not isinstance(outcome, BaseException), outcome
     return path
 
@@ -150,6 +159,8 @@ def sharded_state():
 
 
 def test_ranks_write_one_part_each_and_it_reads_back(tmp_path):
+    """Sharded arrays: a part per rank, written by it (replicated arrays: the root's rows,
+    test_a_replicated_save_is_a_root_alone in test_split_manifest.py)."""
     state = sharded_state()
     path = save_ranks(tmp_path / "c", state, n=3)
     doc = doc_of(path)
@@ -161,7 +172,9 @@ def test_ranks_write_one_part_each_and_it_reads_back(tmp_path):
         assert list(part) == ["format", "format_version", "chunks"]
         assert part["chunks"]["sources"] == [[None, f"data-{k:05d}.bin"]]
     m = uckpt.verify(path)
-    assert m.merkle_root == uckpt.verify(uckpt.save(tmp_path / "one", state)).merkle_root
+    # (the boxes differ from a one-process save's, so its root does; the whole-manifest
+    # writer computes the same root from the same rows)
+    assert json.loads(encode_manifest_files(m)[0])["merkle_root"] == m.merkle_root
     same(uckpt.load(path), state)
 
 
@@ -217,7 +230,7 @@ def test_a_tier_copy_carries_the_parts(tmp_path, compression):
         tiers = [uckpt.Tier(tmp_path / "fast"), uckpt.Tier(tmp_path / "durable",
                                                           compression=compression)]
         with uckpt.CheckpointManager(tiers=tiers, comm=comm) as m:
-            m.save(1, state)
+            m.save(1, shard_of(state, comm.rank, 2))
             m.wait()
 
     assert run_ranks(2, body) == [None, None]
@@ -409,11 +422,17 @@ def test_huge_count_is_refused_before_allocating(tmp_path):
 
 
 def test_a_part_row_outside_its_runs_and_a_run_without_rows_are_refused(tmp_path):
-    path = save_ranks(tmp_path / "c", sharded_state())
+    from uckpt.testing import run_ranks
+
+    path = tmp_path / "c"  # "extra" replicated (rows in the root), layer0..5 sharded (parts)
+    state = sharded_state()
+    assert run_ranks(2, lambda comm: uckpt.save(
+        path, {**shard_of(state, comm.rank, 2), "extra": np.ones(3)}, comm=comm)) == [path] * 2
     doc = doc_of(path)
+    assert doc["arrays"]["paths"][0] == "extra" and doc["parts"][1]["arrays"] == [[1, 6]]
     data = (path / doc["parts"][0]["file"]).read_bytes()
-    for runs, words in ((((0, 6),), "is in the part's runs in the root, but the part has no row"),
-                        (doc["parts"][1]["arrays"], "is of an array outside the part's runs")):
+    for runs, words in ((((0, 7),), "is in the part's runs in the root, but the part has no row"),
+                        (((1, 3),), "is of an array outside the part's runs")):
         root = parse_manifest(sealed(doc))
         assert root.parts_pending == [0, 1]
         root.parts[0] = dataclasses.replace(root.parts[0], arrays=tuple(map(tuple, runs)))

@@ -30,9 +30,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from . import manifest_io
+from . import manifest_io, own_parts
 from .comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
 from .engine import submit_collective
@@ -222,13 +222,38 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
             log.info("saved %s of %s: step %s, %d bytes%s, %.3f s", file, where,
                      "-" if p.step is None else p.step, stored,
                      f" ({size} raw)" if stored != size else "", time.perf_counter() - start)
+            if split:  # its own part, written here; the others get a small record
+                try:
+                    entry, own["part"] = own_parts.write_own_part(
+                        sink, comm.rank, mine, chunks, gp.metas, replicated, codecs)
+                except BaseException as e:
+                    raise_save_failure(e, f"{p.what}: writing the manifest part of rank "
+                                          f"{comm.rank}", where)
+                return {**own_parts.own_record(mine, chunks, replicated, entry),
+                        "size": stored, "replica": replica}
             return {"chunks": [_compact(c) for c in chunks], "size": stored, "replica": replica}
 
+        # several ranks, no base: a manifest split by rank (uckpt.own_parts)
+        split = comm.size > 1 and p.baseline is None
+        replicated = own_parts.replicated_paths(p.gathered) if split else set()
+        codecs = own_parts.pipelines(p.options.codec is not None)
+        own: Dict[str, bytes] = {}
         used: Dict[str, Baseline] = {}
         written = comm.gather_outcomes(write, f"{p.what} (writing)")
         built: Dict[str, Manifest] = {}
+        replicas = [w["replica"] for w in written]
+        several = any(r != replicas[0] for r in replicas)
+        foreign: List[Optional[str]] = []
+        if split and several:  # node-local: every replica gets every part (their
+            # bytes exchanged only then)
+            foreign = comm.gather_outcomes(lambda: own.get("part", b"").decode() or None,
+                                           f"{p.what} (exchanging manifest parts)")
 
         def manifest() -> Manifest:
+            if "m" not in built and split:
+                built["m"] = own_parts.head_manifest(
+                    merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
+                    [w["size"] for w in written], p.step, p.metadata)
             if "m" not in built:
                 # the order the ranks' chunks arrived in
                 ordered = sorted(gp.plan.items, key=lambda it: it.rank)
@@ -240,13 +265,18 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
                     p.metadata, sizes=sizes, bases=bases_of(chunks.values(), used.get("baseline")))
             return built["m"]
 
-        replicas = [w["replica"] for w in written]
-
         def commit() -> None:
             if replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
-            data, parts = encode_manifest_files(manifest())
+            parts: List[Tuple[str, bytes]] = []
+            if split:
+                data = own_parts.encode_root_of(manifest(), gp.plan, written, replicated,
+                                                codecs)
+            else:
+                data, parts = encode_manifest_files(manifest())
             try:
+                if foreign:
+                    own_parts.write_foreign_parts(sink, foreign, replicas, comm.rank)
                 manifest_io.write_parts(sink, parts)
                 sink.commit(data, p.overwrite)
             except BaseException as e:

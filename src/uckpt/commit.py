@@ -86,6 +86,15 @@ def write_checkpoint(directory, flat: Flat, *, step: Optional[int] = None,
     return where
 
 
+#: the manifest's ``generator``
+GENERATOR = f"uckpt {_version}"
+
+
+def created_now() -> str:
+    """The manifest's ``created``: the UTC time now."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
                       sizes=None, bases=None) -> Manifest:
     """The manifest of a plan's chunks (``chunks``: write item -> :class:`~uckpt.format.Chunk`);
@@ -99,7 +108,6 @@ def assemble_manifest(tree, array_metas, plan: SavePlan, chunks, step, metadata,
               for p, m in array_metas.items()}
     files = {f: FileEntry(f, r, size if sizes is None else sizes[r])
              for r, (f, size) in enumerate(plan.file_sizes)}
-    created = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
-                    step=step, metadata=metadata, generator=f"uckpt {_version}", created=created,
+                    step=step, metadata=metadata, generator=GENERATOR, created=created_now(),
                     bases=bases or {})

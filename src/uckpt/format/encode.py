@@ -49,16 +49,27 @@ def encode(m: Manifest) -> Tuple[bytes, List[Tuple[str, bytes]]]:
         root_rows = []
         for _, mine in sorted(_by_rank(m, rows).items()):
             name = part_name(len(parts))
-            data = _json({"format": PART_FORMAT, "format_version": FORMAT_VERSION,
-                          "chunks": chunk_table.encode(mine, used)}) + b"\n"
+            data, entry = encode_part(mine, used)
             parts.append((name, data))
-            part_entries.append({"file": name, "size": len(data), "checksum": _crc_text(data),
-                                 "arrays": _runs(sorted({i for i, _ in mine}))})
+            part_entries.append({"file": name, **entry})
     roots = {a.path: a.merkle_root() for a in entries}
+    return encode_root(m, used, root_rows, part_entries,
+                       hashing.format_hash(hashing.checkpoint_root(roots))), parts
+
+
+def encode_root(m: Manifest, used: Dict[Pipeline, int], root_rows: List[Tuple[int, Chunk]],
+                part_entries: List[Dict[str, Any]], merkle_root: str,
+                extensions: Optional[Dict[str, Any]] = None) -> bytes:
+    """The root manifest of ``m`` (its arrays' dtypes and shapes; its chunks are ignored)
+    with ``root_rows`` in its chunk table, pipelines ``used`` (pipeline -> index), part
+    entries ``part_entries`` and ``merkle_root`` (text); ``extensions``: extension name
+    -> ``(required, {member: value})``, declared and their members added."""
+    entries = list(m.arrays.values())
+    extensions = extensions or {}
     doc = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
-        "extensions": {},
+        "extensions": {name: {"required": req} for name, (req, _) in extensions.items()},
         "generator": m.generator,
         "created": m.created,
         "world_size": m.world_size,
@@ -72,9 +83,21 @@ def encode(m: Manifest) -> Tuple[bytes, List[Tuple[str, bytes]]]:
         "codecs": [list(p) for p in used],
         "chunks": chunk_table.encode(root_rows, used),
         "parts": part_entries,
-        "merkle_root": hashing.format_hash(hashing.checkpoint_root(roots)),
+        "merkle_root": merkle_root,
     }
-    return integrity.seal(_json(doc)[:-1]), parts  # sealed without the closing brace
+    for _, members in extensions.values():
+        doc.update(members)
+    return integrity.seal(_json(doc)[:-1])  # sealed without the closing brace
+
+
+def encode_part(rows: List[Tuple[int, Chunk]], used: Dict[Pipeline, int]
+                ) -> Tuple[bytes, Dict[str, Any]]:
+    """``(part bytes, its entry in the root without "file")`` of chunk rows ``rows``
+    (array index, chunk); ``used``: the root's pipelines (pipeline -> index)."""
+    data = _json({"format": PART_FORMAT, "format_version": FORMAT_VERSION,
+                  "chunks": chunk_table.encode(rows, used)}) + b"\n"
+    return data, {"size": len(data), "checksum": _crc_text(data),
+                  "arrays": _runs(sorted({i for i, _ in rows}))}
 
 
 def encode_manifest(m: Manifest) -> bytes:
