@@ -14,12 +14,13 @@ error itself) and nothing is committed:
    :class:`~uckpt.global_plan.GlobalPlan` (which checks, in one process too, that
    :class:`~uckpt.Shard` boxes tile their arrays);
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
-   directory), writes its data file durably (compressing its chunks first if asked), and
-   sends its chunks' checksums (compressed: also their codecs, offsets and lengths) and
-   which copy of the storage it wrote into (its *replica*: ``sink.view()``);
-3. *commit*: the lowest rank of each replica writes the manifest (the same on every replica)
-   last; in a directory by renaming the temporary directory into place, in an object
-   store by the manifest object's PUT.
+   directory), writes its data file durably (compressing its chunks first if asked) and,
+   with several ranks, its own manifest part (:mod:`uckpt.own_parts`), and sends a small
+   record of them (an incremental save: every chunk's record) and which copy of the
+   storage it wrote into (its *replica*: ``sink.view()``);
+3. *commit*: the lowest rank of each replica writes the root manifest (the same on every
+   replica) last; in a directory by renaming the temporary directory into place, in an
+   object store by the manifest object's PUT.
 
 A rank that dies makes the others' exchange fail (the backend's error or
 :class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and what was
