@@ -88,7 +88,7 @@ def root_doc(path):
 
 
 def test_each_rank_writes_its_own_part_and_the_root_holds_the_replicated_rows(tmp_path,
-                                                                             validator10):
+                                                                             validator10):  # noqa: F811
     path = save(tmp_path / "c", 3)
     doc = root_doc(path)
     assert doc["extensions"] == {"part-ranks": {"required": False}}
