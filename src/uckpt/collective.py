@@ -236,7 +236,7 @@ def finish_collective(p: PreparedSave, staged: Union[Flat, BaseException], comm:
 
         # several ranks, no base: a manifest split by rank (uckpt.own_parts)
         split = comm.size > 1 and p.baseline is None
-        replicated = own_parts.replicated_paths(p.gathered) if split else set()
+        replicated = own_parts.replicated_paths(p.flat) if split else set()
         codecs = own_parts.pipelines(p.options.codec is not None)
         own: Dict[str, bytes] = {}
         used: Dict[str, Baseline] = {}

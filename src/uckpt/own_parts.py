@@ -50,9 +50,12 @@ def pipelines(compressed: bool) -> Dict[Pipeline, int]:
     return {p: k for k, p in enumerate(_ALL_PIPELINES if compressed else ((),))}
 
 
-def replicated_paths(gathered: Sequence[Dict[str, Any]]) -> Set[str]:
-    """The arrays every rank holds whole (the plan exchange's ``replicated`` lists)."""
-    return {entry[0] for entry in gathered[0]["replicated"]}
+def replicated_paths(flat: Any) -> Set[str]:
+    """The arrays every rank holds whole: this rank's plain array leaves (the plan checked
+    them equal on every rank), not its :class:`~uckpt.Shard` or ``PerRank`` ones (the rule
+    of :func:`uckpt.global_plan.local_metadata`; a cached plan keeps no lists of them)."""
+    mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
+    return {p for p in flat.arrays if p not in flat.boxes and not p.startswith(mine)}
 
 
 def write_own_part(sink: Any, rank: int, items: Sequence[WriteItem], chunks: Sequence[Chunk],
