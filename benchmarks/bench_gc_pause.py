@@ -4,7 +4,7 @@ A training process holds a few hundred thousand objects that Python's cyclic col
 tracks (torch alone brings most of them). A ``uckpt.load`` allocates a few thousand
 short-lived containers (the parsed manifest, the match, the read plan); without a pause,
 CPython's thresholds now and then make one of them set off a full collection of the
-whole heap inside the call. ``uckpt.gcpause`` keeps the collector paused while a save or
+whole heap inside the call. ``uckpt.runtime.gcpause`` keeps the collector paused while a save or
 load runs on the caller's thread (``knobs.pause_gc``); this script measures both ways in
 one process, in interleaved rounds, on the ResNet50- or VGG16-sized state of bench_sync:
 

@@ -15,9 +15,9 @@ steps, a blocking save after each; the first save of an incremental manager is f
                <= 5%), for several ``incremental_chunk_bytes``.
 ``full``       ResNet50 where every parameter changes (SGD momentum on all): the time
                of an incremental save against a plain one (target <= 1.05x).
-``hash``       XXH3-128 throughput of uckpt.hashing over 64 MiB pieces, 1 and 2 threads
+``hash``       XXH3-128 throughput of uckpt.codecs.hashing over 64 MiB pieces, 1 and 2 threads
                (target >= 2 GB/s on 2 cores).
-``verify``     the cost of reading back what incremental saves refer to (uckpt.reverify):
+``verify``     the cost of reading back what incremental saves refer to (uckpt.saving.reverify):
                a ``--rows`` x 256 float32 table, 1% of its rows changed per step (NumPy),
                saved after each step, synchronously and asynchronously, with the
                verification as shipped and with it disabled (saves refer to unverified
@@ -182,7 +182,7 @@ def full_training(tmp: Path, steps: int, repeat: int) -> dict:
 
 
 class _Unverified:
-    """A stand-in for uckpt.reverify.Verifier that verifies nothing (for the baseline)."""
+    """A stand-in for uckpt.saving.reverify.Verifier that verifies nothing (for the baseline)."""
 
     def __init__(self, *args) -> None:
         self.bytes_read, self.read_seconds, self.waited_seconds = 0, 0.0, 0.0
@@ -191,7 +191,7 @@ class _Unverified:
         pass
 
     def usable(self, baseline):
-        from uckpt.incremental import Baseline
+        from uckpt.saving.incremental import Baseline
 
         return baseline if baseline is not None else Baseline("")
 
@@ -206,8 +206,8 @@ def verification(tmp: Path, steps: int, rows: int, repeat: int, gap: float) -> d
     """Save times with and without the read-back verification, sync and async; ``gap``
     seconds of (simulated) training between the end of a save and the next."""
     import uckpt
-    import uckpt.manager as manager
-    from uckpt.reverify import Verifier
+    import uckpt.manager.checkpoint_manager as manager
+    from uckpt.saving.reverify import Verifier
 
     layout = uckpt.SaveOptions(incremental_chunk_bytes=64 << 10)
     rng = np.random.default_rng(4)
@@ -258,7 +258,7 @@ def verification(tmp: Path, steps: int, rows: int, repeat: int, gap: float) -> d
 
 
 def hash_throughput(total: int) -> dict:
-    from uckpt import hashing
+    from uckpt.codecs import hashing
 
     data = np.random.default_rng(3).integers(0, 255, size=total, dtype=np.uint8)
     pieces = [data[i:i + (64 << 20)] for i in range(0, total, 64 << 20)]
@@ -328,7 +328,7 @@ def report(results: dict) -> str:
                                     for k, m in v["modes"].items()]), ""]
     if "hash" in results:
         h = results["hash"]
-        lines += ["## XXH3-128 throughput (uckpt.hashing.digests, 64 MiB pieces)", "",
+        lines += ["## XXH3-128 throughput (uckpt.codecs.hashing.digests, 64 MiB pieces)", "",
                   C.markdown_table(["bytes", "1 thread", "2 threads"],
                                    [[C.fmt_bytes(h["bytes"]), f"{h['GB/s_1_threads']:.1f} GB/s",
                                      f"{h['GB/s_2_threads']:.1f} GB/s"]]), ""]

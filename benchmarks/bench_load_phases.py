@@ -9,13 +9,13 @@ interleaved rounds time, from the page cache:
 - ``read, T threads`` and ``read + CRC-32C, T threads, one buffer``: the uckpt data file
   read in ``knobs.read_block_bytes`` blocks on ``knobs.io_threads`` threads into one
   (huge-page) buffer, without and with a checksum of each block while it is in cache (the
-  CRC-32C implementation uckpt uses, ``uckpt.checksum.BACKEND``);
+  CRC-32C implementation uckpt uses, ``uckpt.codecs.checksum.BACKEND``);
 - ``read + CRC-32C, T threads, into the tensors``: the same bytes read the same way, but
   into the tensors' own memory, as an in-place load must (the tensors split over the
   threads by bytes, each read in blocks): the floor of a verified in-place load here, with
   no per-tensor work beyond the reads;
 - ``uckpt.load``: the whole in-place load, and its phases run one after another as
-  ``uckpt.restore.restore_into`` runs them: manifest (read, JSON, validation), matching
+  ``uckpt.loading.restore.restore_into`` runs them: manifest (read, JSON, validation), matching
   (the adapters' ``prepare``: what is checked before anything is written), reading with
   verification (``CheckpointReader.read_arrays``), and the adapters' ``restore``.
 
@@ -51,13 +51,14 @@ for _p in (REPO / "src", REPO / "adapters"):
         sys.path.insert(0, str(_p))
 
 import uckpt  # noqa: E402
-from uckpt import checksum, knobs  # noqa: E402
+from uckpt.codecs import checksum  # noqa: E402
+from uckpt import knobs  # noqa: E402
 from uckpt.format import strict_json  # noqa: E402
 from uckpt.format import parse_manifest
 from uckpt.format.manifest import MANIFEST_NAME, Manifest  # noqa: E402
-from uckpt.reader import CheckpointReader  # noqa: E402
-from uckpt.restore import _Matcher, paths_in  # noqa: E402
-from uckpt.tree import array_leaf_value, decode  # noqa: E402
+from uckpt.loading.reader import CheckpointReader  # noqa: E402
+from uckpt.loading.restore import _Matcher, paths_in  # noqa: E402
+from uckpt.tree.flatten import array_leaf_value, decode  # noqa: E402
 
 
 def _blocks(fd: int, buf: np.ndarray, threads: int, pool, crc: bool) -> None:

@@ -35,7 +35,7 @@ VGG16 = [((64, 3, 3, 3), (64,)), ((64, 64, 3, 3), (64,)), ((128, 64, 3, 3), (128
 
 NP_LOAD = "import numpy as np,sys\nf=np.load(sys.argv[1])\nfor k in f.files: f[k]"
 UCKPT_READ = ("import sys\nfrom uckpt.conversion import open_checkpoint\n"
-              "from uckpt.conversion.model import unique_leaves\n"
+              "from uckpt.conversion.interchange import unique_leaves\n"
               "with open_checkpoint(sys.argv[1]) as t:\n"
               "    for _, leaf in unique_leaves(t.root): leaf.read()")
 

@@ -3,7 +3,7 @@
 Part 1, copy throughput: the ResNet50- and VGG16-sized states of bench_sync, saved once
 to a local checkpoint, then copied to the object store, each round interleaving:
 
-  uckpt copy           uckpt.tiers.copy_checkpoint(local, s3://..., verify=False): one
+  uckpt copy           uckpt.manager.tiers.copy_checkpoint(local, s3://..., verify=False): one
                        parallel multipart upload of the data file (parts with their
                        CRC-32C), then the manifest PUT last
   uckpt copy+verify    the same plus what a durable tier does before counting the copy:
@@ -73,7 +73,7 @@ def boto3_upload(server, bucket: str, prefix: str, directory: Path, opts) -> Non
 def copy_throughput(server, sizes, repeat: int, workdir: Path):
     import uckpt
     from uckpt.storage.s3 import S3Options
-    from uckpt.tiers import copy_checkpoint
+    from uckpt.manager.tiers import copy_checkpoint
 
     opts = S3Options.from_dict(server.storage_options)
     rows, raw = [], []

@@ -23,7 +23,7 @@ import xxhash
 from crc32c import crc32c
 
 import uckpt
-from uckpt import checksum, hashing
+from uckpt.codecs import checksum, hashing
 from uckpt.format import Manifest
 from uckpt.format import encode_manifest, parse_manifest
 from dataclasses import replace

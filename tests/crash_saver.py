@@ -59,8 +59,8 @@ if bitrot:
                               record.getMessage())
             say("detected", *found.groups()[:3], found.group(4).replace(" ", ""))
 
-    logging.getLogger("uckpt.reverify").addHandler(Detected(logging.WARNING))
-    logging.getLogger("uckpt.collective").addHandler(Detected(logging.WARNING))
+    logging.getLogger("uckpt.saving.reverify").addHandler(Detected(logging.WARNING))
+    logging.getLogger("uckpt.saving.collective").addHandler(Detected(logging.WARNING))
     mgr = uckpt.CheckpointManager(args[0], keep_last=6, incremental=True, reverify_every=2,
                                   save_options=LAYOUT)
 elif incremental:

@@ -232,7 +232,7 @@ def main():
         records = []
         handler = logging.Handler(logging.DEBUG)
         handler.emit = lambda r: records.append(r.getMessage().split(": ", 1)[1])
-        log = logging.getLogger("uckpt.plan_cache")
+        log = logging.getLogger("uckpt.saving.plan_cache")
         log.addHandler(handler)
         log.setLevel(logging.DEBUG)
         lo, hi = bounds(SHARD_SHAPE[0], size, rank)

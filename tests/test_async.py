@@ -11,8 +11,8 @@ import torch
 import uckpt
 from conftest import mount_tmpfs
 from uckpt import errors
-from uckpt.engine import AsyncSaver
-from uckpt.tree import flatten
+from uckpt.saving.engine import AsyncSaver
+from uckpt.tree.flatten import flatten
 
 
 def test_in_place_mutation_after_save_does_not_leak(tmp_path):

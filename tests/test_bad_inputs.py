@@ -269,7 +269,7 @@ def test_incremental_save_that_fits_although_its_reservation_does_not(tiny_fs):
 
 def test_disk_full_injected_at_the_write_call(tmp_path, good, monkeypatch):
     """Same guarantee where preallocation is unsupported and the write itself fails."""
-    import uckpt.fsutil as fsutil
+    import uckpt.storage.fsutil as fsutil
 
     def full(fd, buffers, offset):
         raise OSError(errno.ENOSPC, "No space left on device")

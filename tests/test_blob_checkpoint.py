@@ -153,7 +153,7 @@ def test_rollback_archives_the_old_line(root, caplog):
             m.save(s, state(s))
     with uckpt.CheckpointManager(root, keep=keep) as m:
         assert m.restore(empty(), step=3) == 3
-        with caplog.at_level(logging.WARNING, logger="uckpt.rollback"):
+        with caplog.at_level(logging.WARNING, logger="uckpt.manager.rollback"):
             assert m.rollback(to=3) == [4, 5]
         m.save(4, {"w": np.full((16, 16), -4, np.float32), "step": 4})
         assert m.steps() == [3, 4]

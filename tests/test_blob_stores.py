@@ -10,7 +10,7 @@ from functools import partial
 
 import pytest
 
-from uckpt.checksum import crc32c
+from uckpt.codecs.checksum import crc32c
 from uckpt.errors import CheckpointNotFoundError, CorruptCheckpointError, RootLockedError
 from uckpt.storage.blob import FsspecStore, MemoryStore, PosixStore, S3Store
 from uckpt.storage.blob.base import RESERVED

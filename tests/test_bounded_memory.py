@@ -33,7 +33,7 @@ _ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(  # the uckpt this test impor
 _PEAKS = r"""
 import json, os, resource, subprocess, sys
 import uckpt, uckpt.cli.main
-from uckpt.reader import CheckpointReader
+from uckpt.loading.reader import CheckpointReader
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -253,8 +253,8 @@ def test_the_frame_walk_finds_the_frame_end_however_the_bytes_arrive():
     import random
 
     import zstandard
-    from uckpt import codecs
-    from uckpt.codec_stream import FrameWalk
+    from uckpt.codecs import pipeline as codecs
+    from uckpt.codecs.stream import FrameWalk
 
     rng = np.random.default_rng(1)
     data = np.concatenate([rng.integers(0, 4, 300_000, dtype=np.uint8),

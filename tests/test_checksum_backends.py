@@ -1,4 +1,4 @@
-"""The two CRC-32C implementations (uckpt.checksum): the ``crc32c`` package and, where
+"""The two CRC-32C implementations (uckpt.codecs.checksum): the ``crc32c`` package and, where
 installed, ``crc32c-rs``. They must give the same values, so a checkpoint written with
 either loads and verifies with the other, and a faulty one is never used."""
 import os
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import checksum, errors
+from uckpt.codecs import checksum
+from uckpt import errors
 from conftest import flip_byte
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

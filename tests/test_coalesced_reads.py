@@ -1,4 +1,4 @@
-"""Loads read adjacent chunks of a data file together (uckpt.readruns): one vectored read
+"""Loads read adjacent chunks of a data file together (uckpt.loading.readruns): one vectored read
 into the arrays' own memory, then each chunk's checksum. Every byte is still checked, and
 a damaged or cut file still names the leaf and the offset."""
 import os
@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors, fsutil
-from uckpt import reader as reader_mod
-from uckpt.reader import CheckpointReader
-from uckpt.readruns import MAX_PIECES, plan_runs, split_whole
+from uckpt import errors
+from uckpt.storage import fsutil
+from uckpt.loading import reader as reader_mod
+from uckpt.loading.reader import CheckpointReader
+from uckpt.loading.readruns import MAX_PIECES, plan_runs, split_whole
 from conftest import flip_byte
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import uckpt
-import uckpt.fsutil as fsutil
+import uckpt.storage.fsutil as fsutil
 from uckpt import errors
 from conftest import mount_tmpfs
 from test_bad_inputs import digest

@@ -112,7 +112,7 @@ def test_every_dtype_round_trips(tmp_path, compression):
 def test_byte_planes_decoded_in_small_blocks(tmp_path, monkeypatch):
     """Byte planes are decoded a block at a time; blocks that end inside a plane, or span
     two, land in the right places (a block of 777 bytes: never aligned to a plane)."""
-    from uckpt import codecs
+    from uckpt.codecs import pipeline as codecs
 
     monkeypatch.setattr(codecs, "_BLOCK", 777)
     state = every_dtype()
@@ -355,7 +355,7 @@ def test_ordered_map_keeps_order_and_bounds_what_it_holds():
     import threading
     import time
 
-    from uckpt.parallel import ordered_map
+    from uckpt.runtime.parallel import ordered_map
 
     lock, started, ahead = threading.Lock(), [0], []
     consumed = [0]
@@ -377,7 +377,7 @@ def test_ordered_map_keeps_order_and_bounds_what_it_holds():
 
 
 def test_ordered_map_raises_and_stops():
-    from uckpt.parallel import ordered_map
+    from uckpt.runtime.parallel import ordered_map
 
     calls = []
 
@@ -394,7 +394,7 @@ def test_ordered_map_raises_and_stops():
 
 def test_save_error_while_compressing_leaves_nothing(tmp_path, monkeypatch):
     """A failure in a compressing thread fails the save: nothing committed, no debris."""
-    from uckpt import codecs
+    from uckpt.codecs import pipeline as codecs
 
     def broken(*args, **kwargs):
         raise MemoryError("no memory for the frame")

@@ -1,16 +1,16 @@
 """Compressed tiers: a raw fast tier and a durable tier compressed while copying (local
 directories and a real S3 server, tests/s3_server.py), the manager's default, and
-``uckpt.tiers.copy_checkpoint`` with compression."""
+``uckpt.manager.tiers.copy_checkpoint`` with compression."""
 import shutil
 
 import numpy as np
 import pytest
 
 import uckpt
-from uckpt.codecs import label as codec_label
+from uckpt.codecs.pipeline import label as codec_label
 from uckpt.format import FORMAT_VERSION
 from uckpt import Tier, errors
-from uckpt.tiers import copy_checkpoint
+from uckpt.manager.tiers import copy_checkpoint
 from conftest import flip_byte
 
 pytestmark = pytest.mark.timeout(300)

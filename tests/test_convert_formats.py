@@ -12,7 +12,7 @@ import pytest
 import uckpt
 from convert_common import EXT, TARGETS, rich_state, target
 from uckpt.conversion import ConvertWarning, convert, diff, open_checkpoint
-from uckpt.conversion.model import Leaf
+from uckpt.conversion.interchange import Leaf
 
 pytestmark = pytest.mark.filterwarnings("ignore::uckpt.conversion.ConvertWarning")
 

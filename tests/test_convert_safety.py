@@ -173,7 +173,7 @@ def test_torch_storage_larger_than_its_member_is_refused(tmp_path):
 def test_torch_tensor_beyond_its_storage_is_refused(tmp_path):
     """A tensor whose size and stride reach past its storage (a crafted data.pkl)."""
     from uckpt.conversion.torch_writer import Emitter
-    from uckpt.conversion.model import Leaf
+    from uckpt.conversion.interchange import Leaf
 
     pkl = Emitter({}).dump({"w": Leaf("float32", (10 ** 6,), lambda: None)})
     torch_zip(tmp_path / "t.pt", pkl.replace(b"J\x40\x42\x0f\x00", b"J\x03\x00\x00\x00", 1),
@@ -434,7 +434,7 @@ def test_expanded_tensors_are_bounded_by_the_ratio(tmp_path):
     that makes 4 GiB out of 4 bytes is refused by --max-ratio before anything is made."""
     import torch
 
-    from uckpt.conversion.model import Leaf
+    from uckpt.conversion.interchange import Leaf
     from uckpt.conversion.torch_writer import Emitter
 
     torch.save({"e": torch.arange(4.0).expand(3, 4)}, tmp_path / "e.pt")

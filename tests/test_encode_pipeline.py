@@ -1,4 +1,4 @@
-"""The pipeline of compressed saves (uckpt.writer, uckpt.encode_memory, uckpt.parallel):
+"""The pipeline of compressed saves (uckpt.saving.writer, uckpt.saving.encode_memory, uckpt.runtime.parallel):
 byte planes, reused encoder memory, encoding ahead by bytes, and data files streamed
 through a page-aligned buffer with O_DIRECT. Files are real, under tmp_path."""
 import threading
@@ -11,10 +11,10 @@ import zstandard
 
 import uckpt
 import uckpt.knobs as knobs
-from uckpt import codecs
+from uckpt.codecs import pipeline as codecs
 from uckpt.storage.blob import posix_io
-from uckpt.encode_memory import POOLED_BYTES, EncodeMemory
-from uckpt.parallel import ordered_map
+from uckpt.saving.encode_memory import POOLED_BYTES, EncodeMemory
+from uckpt.runtime.parallel import ordered_map
 
 RNG = np.random.default_rng(7)
 

@@ -9,7 +9,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.cli.scan import scan
-from uckpt.tiers import copy_checkpoint
+from uckpt.manager.tiers import copy_checkpoint
 from incremental_common import manager, state
 from s3_server import s3_bucket, s3_server  # noqa: F401
 

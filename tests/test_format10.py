@@ -451,7 +451,7 @@ def test_uckpt_reads_what_an_independent_writer_wrote(tmp_path, kind):
     import format10_writer as fw
 
     expected = fw.build(kind, tmp_path / "c")
-    from uckpt.reader import CheckpointReader
+    from uckpt.loading.reader import CheckpointReader
 
     with CheckpointReader(tmp_path / "c") as r:
         got = r.read_arrays({p: None for p in r.manifest.arrays})

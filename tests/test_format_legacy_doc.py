@@ -13,7 +13,7 @@ import uckpt
 from format10_writer import seal
 from spec_doc import as_read, legacy_reader
 from test_format import assert_same
-from uckpt.reader import CheckpointReader
+from uckpt.loading.reader import CheckpointReader
 
 DATA = Path(__file__).resolve().parent / "data"
 GOLDENS = {v: DATA / f"golden_v{v}" for v in range(1, 7)}

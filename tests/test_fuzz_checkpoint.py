@@ -64,7 +64,8 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 import uckpt
-from uckpt import dtypes, hashing
+from uckpt import dtypes
+from uckpt.codecs import hashing
 from conftest import REPO
 from fuzz_common import (OPS, Case, Dup, Raw, Source, Worker, dumps, establish, fingerprint,
                          is_sealed, judge, manifest_doc, run_case, seal_manifest, stale_seal)

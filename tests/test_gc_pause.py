@@ -1,5 +1,5 @@
 """The cyclic garbage collector is paused while a save or load runs on the caller's thread
-(uckpt.gcpause), and left as it was found afterwards: enabled, or disabled by the user."""
+(uckpt.runtime.gcpause), and left as it was found afterwards: enabled, or disabled by the user."""
 import gc
 import threading
 
@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors, gcpause, knobs
+from uckpt import errors, knobs
+from uckpt.runtime import gcpause
 from uckpt.registry import unregister_adapter
 
 

@@ -6,9 +6,9 @@ import pytest
 
 import uckpt
 from uckpt.errors import StateMismatchError
-from uckpt.global_plan import (compact, expand, global_plan, local_metadata, merged_tree,
+from uckpt.saving.global_plan import (compact, expand, global_plan, local_metadata, merged_tree,
                                shared_tree)
-from uckpt.tree import flatten
+from uckpt.tree.flatten import flatten
 
 
 def gather(states, compare=True):
@@ -55,7 +55,7 @@ def test_every_rank_computes_the_same_plan_and_writes_each_byte_once(size):
             assert states[it.rank]["z"].offsets[0] <= it.start[0] < \
                 states[it.rank]["z"].offsets[0] + states[it.rank]["z"].array.shape[0]
     for r, p in enumerate(plans):  # where each rank's local array sits in the global one
-        assert p.origins.get("z", (0, 0)) == (tuple(states[r]["z"].offsets)
+        assert p.starts.get("z", (0, 0)) == (tuple(states[r]["z"].offsets)
                                               if size > 1 else (0, 0))
 
 

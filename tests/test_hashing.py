@@ -1,4 +1,4 @@
-"""Content hashes and Merkle trees (uckpt.hashing; docs/format.md sections 11.2 and 11.3)."""
+"""Content hashes and Merkle trees (uckpt.codecs.hashing; docs/format.md sections 11.2 and 11.3)."""
 from __future__ import annotations
 
 import struct
@@ -8,7 +8,7 @@ import pytest
 import crc32c
 import xxhash
 
-from uckpt import hashing
+from uckpt.codecs import hashing
 
 
 def H(data: bytes) -> bytes:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors, fsutil
+from uckpt import errors
+from uckpt.storage import fsutil
 from test_bad_inputs import edit_manifest
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails its test instead of blocking the run

@@ -28,7 +28,7 @@ def test_import_uckpt_leaves_slow_standard_modules_for_first_use():
     the ``crc32c`` package, which imports it, is not imported at all."""
     code = ("import sys, json, uckpt; "
             "print(json.dumps(['importlib.metadata' in sys.modules, 'crc32c' in sys.modules, "
-            "uckpt.checksum.BACKEND]))")
+            "uckpt.codecs.checksum.BACKEND]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     metadata, reference, backend = json.loads(out.stdout.strip().splitlines()[-1])
     assert not metadata

@@ -78,7 +78,7 @@ def test_everything_changed_writes_everything_and_refers_to_nothing(tmp_path):
 
 
 def test_retention_deleting_every_older_checkpoint_keeps_the_newest_whole(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="uckpt.manager")
+    caplog.set_level(logging.INFO, logger="uckpt.manager.checkpoint_manager")
     with manager(tmp_path, incremental=True, full_every=4, keep_last=1) as mgr:
         for s in range(1, 11):
             mgr.save(s, state(s))

@@ -50,7 +50,7 @@ def restored(mgr, step=None):
 
 def damage_warnings(caplog):
     return [r.getMessage() for r in caplog.records
-            if r.name == "uckpt.reverify" and r.levelno == logging.WARNING]
+            if r.name == "uckpt.saving.reverify" and r.levelno == logging.WARNING]
 
 
 def test_flipped_bit_in_a_base_is_found_logged_and_the_next_save_is_full(tmp_path, caplog):
@@ -244,7 +244,7 @@ def test_a_save_committed_after_the_damage_was_recorded_is_saved_again_in_full(
         f"{root}/step_00000003 was committed referring to {root}/step_00000001/data-00000.bin "
         f"(leaf 'table', byte offset {chunk.offset}), which was found damaged while it was "
         "written")
-    assert any(r.name == "uckpt.collective" and r.levelno == logging.WARNING and
+    assert any(r.name == "uckpt.saving.collective" and r.levelno == logging.WARNING and
                r.getMessage().endswith("; saving it again, in full") for r in caplog.records)
     warned = damage_warnings(caplog)
     assert len(warned) == 1 and "refer to it (they may not restore): [1, 2" in warned[0]
@@ -258,8 +258,8 @@ def test_medium_reads_check_unaligned_chunks_across_blocks(tmp_path, monkeypatch
     """The read-back's aligned block reads (O_DIRECT where the file system takes them)
     give the CRC of exactly a chunk's bytes, at any offset and length, across blocks;
     a chunk past the end of the file reads as None (truncated)."""
-    from uckpt import readback
-    from uckpt.checksum import of
+    from uckpt.storage import readback
+    from uckpt.codecs.checksum import of
     from uckpt.storage.local import LocalSource
 
     monkeypatch.setattr(knobs, "read_block_bytes", 2 * readback.ALIGN)

@@ -13,7 +13,7 @@ import pytest
 import uckpt
 from uckpt import Tier, errors
 from uckpt.format import FORMAT_VERSION
-from uckpt.tiers import copy_checkpoint
+from uckpt.manager.tiers import copy_checkpoint
 from conftest import PYTHON
 from incremental_common import check, empty_state, manager, save, state
 

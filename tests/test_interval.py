@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt.costs import COSTS_NAME, read_costs
+from uckpt.manager.costs import COSTS_NAME, read_costs
 from uckpt.errors import DurationError, ManifestError
-from uckpt.interval import (EveryOptimal, advise, daly_interval, expected_overhead,
+from uckpt.manager.interval import (EveryOptimal, advise, daly_interval, expected_overhead,
                             parse_duration, young_interval)
 
 
@@ -147,7 +147,7 @@ def test_manager_records_costs_and_feeds_the_policy(tmp_path, async_save):
     again = EveryOptimal(mtbf="6h")
     with uckpt.CheckpointManager(tmp_path, save_policy=again, role="reader"):
         assert again.advice is not None
-    assert uckpt.manager.CheckpointManager(tmp_path).steps() == [1, 2, 3]  # not a checkpoint
+    assert uckpt.manager.checkpoint_manager.CheckpointManager(tmp_path).steps() == [1, 2, 3]  # not a checkpoint
 
 
 def test_costs_with_a_durable_tier(tmp_path):

@@ -1,5 +1,5 @@
 """The save planner is pure data: deterministic, complete, balanced."""
-from uckpt.plan import ArrayMeta, plan_save, split_box
+from uckpt.saving.plan import ArrayMeta, plan_save, split_box
 
 
 def split_rows(meta, chunk_bytes):

@@ -1,4 +1,4 @@
-"""Plans kept across saves (uckpt.plan_cache), on ranks played by threads: a later save
+"""Plans kept across saves (uckpt.saving.plan_cache), on ranks played by threads: a later save
 with the same structure reuses the plan after an exchange of digests; any change on any
 rank makes every rank plan again, with today's errors; a new manager plans once."""
 import json
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt.collective import finish_collective, prepare_collective, save_collective
+from uckpt.saving.collective import finish_collective, prepare_collective, save_collective
 from uckpt.comm.base import encode
 from uckpt.errors import StateMismatchError
 from uckpt.storage import locate
 from uckpt.testing import ThreadCommunicator, run_ranks
-from uckpt.tree import flatten
+from uckpt.tree.flatten import flatten
 
 
 def values(outcomes):
@@ -39,13 +39,13 @@ def state_of(rank, size, step=1, leaves=4, rows=6):
 
 def plan_records(caplog):
     """Per save, by message: how many ranks reused the plan and how many planned."""
-    msgs = [r.getMessage() for r in caplog.records if r.name == "uckpt.plan_cache"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "uckpt.saving.plan_cache"]
     return sum("plan reused" in m for m in msgs), sum(": planning (" in m for m in msgs), msgs
 
 
 @pytest.fixture
 def debug(caplog):
-    caplog.set_level(logging.DEBUG, logger="uckpt.plan_cache")
+    caplog.set_level(logging.DEBUG, logger="uckpt.saving.plan_cache")
     return caplog
 
 
@@ -165,7 +165,7 @@ def test_a_new_manager_plans_once_then_reuses(tmp_path, debug):
 
 def test_a_kept_plan_serves_only_the_world_it_was_made_for(tmp_path, debug):
     """Caches from a world of 2 on ranks 0 and 1 of a world of 3: every rank plans."""
-    from uckpt.plan_cache import PlanCache
+    from uckpt.saving.plan_cache import PlanCache
     caches = [PlanCache() for _ in range(3)]
 
     def saver(size, step):
@@ -231,7 +231,7 @@ def test_a_reused_plan_exchanges_a_small_record_per_rank(tmp_path):
     """The plan exchange of a later save receives O(ranks) bytes, whatever the number of
     leaves: three digests and the record's keys per rank, its PerRank state and rank 0's
     token and metadata (here under 400 bytes per rank)."""
-    from uckpt.plan_cache import PlanCache
+    from uckpt.saving.plan_cache import PlanCache
 
     def body(comm, leaves):
         c = Counting(comm.world, comm.rank, comm.group)

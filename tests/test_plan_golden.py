@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt.global_plan import compact, expand, global_plan, local_metadata
-from uckpt.tree import flatten
+from uckpt.saving.global_plan import compact, expand, global_plan, local_metadata
+from uckpt.tree.flatten import flatten
 
 
 def varied(rank, size):
@@ -39,7 +39,7 @@ def plan_digest(size, piece_bytes, chunk_bytes, alignment):
     for rank in range(size):
         gp = global_plan(gathered, rank, piece_bytes, chunk_bytes=chunk_bytes,
                          alignment=alignment)
-        h.update(repr((gp.plan, list(gp.metas.items()), sorted(gp.origins.items()))).encode())
+        h.update(repr((gp.plan, list(gp.metas.items()), sorted(gp.starts.items()))).encode())
     return h.hexdigest()[:32]
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of the save and retention policies (uckpt.policies)."""
+"""Unit tests of the save and retention policies (uckpt.manager.policies)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from uckpt.policies import (AnyOf, CheckpointInfo, EveryNSeconds, EveryNSteps, KeepAll,
+from uckpt.manager.policies import (AnyOf, CheckpointInfo, EveryNSeconds, EveryNSteps, KeepAll,
                             KeepBest, KeepEvery, KeepLast, KeepUnion, Never, OnSignal,
                             RetentionPolicy, SavePolicy, as_retention)
 
@@ -634,7 +634,7 @@ class TestAsRetention:
 
 def test_module_imports_no_framework():
     import subprocess
-    code = ("import sys, uckpt.policies; "
+    code = ("import sys, uckpt.manager.policies; "
             "bad = [m for m in ('torch', 'tensorflow', 'chainer', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

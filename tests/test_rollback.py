@@ -76,7 +76,7 @@ def test_rollback_keeps_the_new_line_and_archives_the_old(tmp_path, how, caplog)
                                 else "refuse")
     out = empty()
     assert m.restore(out, step=5) == 5
-    with caplog.at_level(logging.WARNING, logger="uckpt.rollback"):
+    with caplog.at_level(logging.WARNING, logger="uckpt.manager.rollback"):
         if how == "rollback":
             assert m.rollback(to=5) == [8, 9, 10]
         p6 = m.save(6, state(6, line=1))

@@ -15,7 +15,7 @@ from s3_server import (fault_proxy, free_ports, own_s3_server, s3_bucket,  # noq
                        s3_options, s3_server)
 from s3_faults import FaultProxy
 
-from uckpt.checksum import crc32c
+from uckpt.codecs.checksum import crc32c
 from uckpt.errors import (CheckpointExistsError, CheckpointNotFoundError,
                           CorruptCheckpointError, StorageAccessError, TruncatedDataError,
                           UckptError, UnsupportedObjectError)

@@ -339,7 +339,7 @@ def test_mpi_ranks_upload_their_own_files_and_load_on_1_2_3_ranks(s3_server, s3_
     assert m.world_size == 4 and sorted(m.files) == [f"data-{r:05d}.bin" for r in range(4)]
     parts = sorted(p.file for p in m.parts)
     assert parts == [f"manifest.part-{r:05d}.json" for r in range(4)], parts  # one per rank
-    # every rank uploaded its own data file, then its own manifest part (uckpt.own_parts);
+    # every rank uploaded its own data file, then its own manifest part (uckpt.saving.own_parts);
     # rank 0 the root, last
     assert uploads == {rank: [f"{where}/data-{rank:05d}.bin",
                               f"{where}/manifest.part-{rank:05d}.json"] +
@@ -503,8 +503,8 @@ def test_info_logs_of_save_copy_verify_and_retention(tmp_path, s3_bucket, s3_opt
         m.save(2, arrays(2, mb=1))
     text = "\n".join(f"{r.name}: {r.getMessage()}" for r in caplog.records)
     size = str(uckpt.manifest(tmp_path / "fast" / "step_00000002").files["data-00000.bin"].size)
-    for pattern in ("uckpt.collective: committed", "uckpt.collective: verified the copy of step 2",
-                    "uckpt.collective: copied step 2", "uckpt.manager: deleted step 1 from tier 'fast'"):
+    for pattern in ("uckpt.saving.collective: committed", "uckpt.saving.collective: verified the copy of step 2",
+                    "uckpt.saving.collective: copied step 2", "uckpt.manager.checkpoint_manager: deleted step 1 from tier 'fast'"):
         assert pattern in text, text
     saved = [r.getMessage() for r in caplog.records if "committed" in r.getMessage()]
     assert any("step 2" in s and size in s and s.rstrip().endswith(" s") for s in saved), saved

@@ -193,12 +193,12 @@ def test_reader_role_and_readers_create_nothing(tmp_path):
 
 def test_live_save_directory_survives_a_new_writer(tmp_path):
     """The bug this replaces: a manager opened during a save removed its directory."""
-    from uckpt.leases import make_tmp_dir, remove_debris
+    from uckpt.storage.leases import make_tmp_dir, remove_debris
 
     lease = make_tmp_dir(tmp_path / "step_00000007")  # a save in flight, this process
     dead = tmp_path / ".step_00000008.uckpt-tmp-0badf00d"  # an interrupted one
     dead.mkdir()
-    code = ("import sys, pathlib\nfrom uckpt.leases import remove_debris\n"
+    code = ("import sys, pathlib\nfrom uckpt.storage.leases import remove_debris\n"
             "print(remove_debris(pathlib.Path(sys.argv[1]), 'manifest.json'))\n")
     r = subprocess.run([PYTHON, "-c", code, str(tmp_path)], capture_output=True, text=True,
                        timeout=60, check=True)
@@ -212,8 +212,8 @@ def test_live_save_directory_survives_a_new_writer(tmp_path):
 def test_a_costs_file_being_replaced_by_a_killed_writer_is_debris(tmp_path):
     """CI found a killed saver's ``.uckpt-costs.json.<pid>.tmp`` left for good: the
     costs file is now replaced through a locked temporary file the writer cleans."""
-    from uckpt.costs import COSTS_NAME
-    from uckpt.leases import TMP_MARK, remove_debris, replace_file
+    from uckpt.manager.costs import COSTS_NAME
+    from uckpt.storage.leases import TMP_MARK, remove_debris, replace_file
 
     replace_file(tmp_path, COSTS_NAME, b'{"x": 1}\n')
     assert (tmp_path / COSTS_NAME).read_bytes() == b'{"x": 1}\n' and entries(tmp_path) == []
@@ -241,7 +241,7 @@ def test_a_save_directory_being_created_is_never_taken_for_debris(tmp_path):
     birth guard; the writer judges debris only under that guard (the race that once
     flaked test_concurrent_writers_opt_in). Here another process is stopped inside
     that window: the directory exists and is not locked yet."""
-    from uckpt.leases import remove_debris
+    from uckpt.storage.leases import remove_debris
 
     born = tmp_path / ".step_00000009.uckpt-tmp-00c0ffee"
     code = ("import fcntl, os, sys\n"
@@ -272,7 +272,7 @@ def test_a_save_directory_being_created_is_never_taken_for_debris(tmp_path):
 
 
 def test_debris_symlinks_are_unlinked_not_followed(tmp_path):
-    from uckpt.leases import remove_debris
+    from uckpt.storage.leases import remove_debris
 
     outside = tmp_path / "outside"
     outside.mkdir()

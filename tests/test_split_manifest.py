@@ -17,7 +17,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.format import encode_manifest_files
-from uckpt.reader import CheckpointReader
+from uckpt.loading.reader import CheckpointReader
 from uckpt.testing import run_ranks
 
 from spec_doc import reference_reader
@@ -57,7 +57,7 @@ def load(path, world):
         def emit(self, record):
             records.append(record.getMessage())
     handler = Keep(logging.INFO)
-    logger = logging.getLogger("uckpt.reader")
+    logger = logging.getLogger("uckpt.loading.reader")
     old = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -12,7 +12,7 @@ from tf_common import compiled_cnn, data, keras, tf
 
 import uckpt  # noqa: E402
 from uckpt.registry import find_adapter  # noqa: E402
-from uckpt.tree import flatten  # noqa: E402
+from uckpt.tree.flatten import flatten  # noqa: E402
 
 
 def leaves(tree):

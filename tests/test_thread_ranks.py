@@ -11,12 +11,12 @@ import pytest
 
 import uckpt
 from conftest import entries
-from uckpt.collective import finish_collective, prepare_collective
+from uckpt.saving.collective import finish_collective, prepare_collective
 from uckpt.errors import (CollectiveTimeoutError, DistributedError, StateMismatchError,
                           UnsupportedObjectError)
 from uckpt.storage import locate
 from uckpt.testing import ThreadCommunicator, run_ranks
-from uckpt.tree import flatten
+from uckpt.tree.flatten import flatten
 
 RANKS = [1, 2, 3, 5, 8]
 

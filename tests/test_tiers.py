@@ -7,7 +7,7 @@ import pytest
 
 import uckpt
 from uckpt import KeepBest, KeepEvery, KeepLast, Tier, errors
-from uckpt.engine import SaveHandle
+from uckpt.saving.engine import SaveHandle
 from conftest import flip_byte, entries
 
 

@@ -1,4 +1,4 @@
-"""Late snapshots (uckpt.late, uckpt.torch.LateSnapshot): parameters and optimizer state
+"""Late snapshots (uckpt.saving.late, uckpt.torch.LateSnapshot): parameters and optimizer state
 copied after save returns, before the next optimizer step; checkpoints isolated from
 later updates; buffers copied at save."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import uckpt
 from uckpt.format import FORMAT_VERSION
 import uckpt.torch
-from uckpt.late import DeferredCopy, Ranges
+from uckpt.saving.late import DeferredCopy, Ranges
 
 
 def _net(seed=0):

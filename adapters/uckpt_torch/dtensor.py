@@ -32,7 +32,7 @@ import torch
 from uckpt.adapter import ArraySpec
 from uckpt.dtypes import to_numpy as numpy_dtype_of
 from uckpt.errors import StateMismatchError, UnsupportedObjectError
-from uckpt.shard import Shard
+from uckpt.tree.shard import Shard
 
 from .convert import from_numpy, is_dtensor, same_memory, writable_view  # noqa: F401 (is_dtensor re-exported)
 

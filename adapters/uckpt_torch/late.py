@@ -39,7 +39,7 @@ from typing import List, Tuple
 
 import torch
 
-from uckpt.late import DeferredCopy, LateGuard
+from uckpt.saving.late import DeferredCopy, LateGuard
 
 
 def _extent(t: torch.Tensor):

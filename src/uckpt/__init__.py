@@ -8,17 +8,17 @@ on first use.
 from . import errors
 from ._version import __version__
 from .adapter import Adapter, ArraySpec, RNGProvider
-from . import policies
+from .manager import policies
 from .api import consolidate, load, manifest, save, verify
-from .engine import SaveHandle
-from .interval import EveryOptimal
-from .manager import CheckpointManager
-from .policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery, KeepLast,
-                       OnSignal)
+from .saving.engine import SaveHandle
+from .manager.interval import EveryOptimal
+from .manager.checkpoint_manager import CheckpointManager
+from .manager.policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery,
+                               KeepLast, OnSignal)
 from .registry import register_adapter
 from .rng import RandomState
-from .shard import PerRank, Shard
-from .tiers import Tier
+from .tree.shard import PerRank, Shard
+from .manager.tiers import Tier
 
 __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate",
            "EveryNSteps", "EveryOptimal", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
@@ -29,14 +29,14 @@ __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds"
 __all__ += ["convert"]
 
 #: option objects, by the module defining them (imported on first use)
-_OPTIONS = {"SaveOptions": "options", "RetentionOptions": "manager_options",
-            "AsyncOptions": "manager_options", "IncrementalOptions": "manager_options"}
+_OPTIONS = {"SaveOptions": "options", "RetentionOptions": "manager.options",
+            "AsyncOptions": "manager.options", "IncrementalOptions": "manager.options"}
 __all__ += list(_OPTIONS)
 
 
 def __getattr__(name: str):
     """``uckpt.convert`` (:func:`uckpt.conversion.convert`) and the option objects
-    (:class:`uckpt.options.SaveOptions`, :mod:`uckpt.manager_options`) are imported on
+    (:class:`uckpt.options.SaveOptions`, :mod:`uckpt.manager.options`) are imported on
     first use, so ``import uckpt`` stays light."""
     if name == "convert":
         from .conversion.api import convert

@@ -2,20 +2,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Union
 
-from .collective import flatten_shared, prepare_collective, save_collective, submit_async_share
+from .saving.collective import (flatten_shared, prepare_collective, save_collective,
+                                submit_async_share)
 from .comm import background_communicator, get_communicator
-from .engine import SaveHandle, default_saver
-from .errors import (CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError,
-                     UnsafePathError)
+from .saving.engine import SaveHandle, default_saver
+from .errors import UnsafePathError
 from .format import Manifest
-from .gcpause import pausing
-from .incremental import Baseline
+from .runtime.gcpause import pausing
+from .saving.incremental import Baseline
 from .options import SaveOptions, save_options
-from .reader import CheckpointReader, read_manifest
-from .restore import load_tree, restore_into
+from .loading.reader import CheckpointReader, read_manifest
 from .storage import locate, open_source
+from .loading.collective import load_from
 
 
 @pausing
@@ -48,7 +48,7 @@ def save(directory, state: Mapping[str, Any], *, step: Optional[int] = None,
     compression (then not also given as keywords: :class:`~uckpt.errors.OptionsError`).
 
     Returns the directory (a URL for an object store). With ``blocking=False``, returns a
-    :class:`~uckpt.engine.SaveHandle` as soon as the state is copied to host
+    :class:`~uckpt.saving.engine.SaveHandle` as soon as the state is copied to host
     memory (a snapshot: later in-place changes do not reach the checkpoint);
     the write continues in the background. ``handle.wait()`` returns the
     directory or raises the error the write failed with; an error nobody looked
@@ -117,7 +117,7 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
     (no framework needed; the arrays are carved from a few large allocations, see
-    :data:`uckpt.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a
+    :data:`uckpt.loading.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a
     ``state`` mapping, restore its framework objects and arrays in place and return the
     loaded tree for its keys. With ``strict`` (default), the keys of ``state`` must be
     exactly the checkpoint's top-level keys; otherwise only the given keys are restored.
@@ -134,57 +134,11 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     per thread. Their declared total is refused before anything is allocated
     (:class:`~uckpt.errors.MemoryLimitError`, also a ``MemoryError``) when it is more than
     ``max_bytes``, or, without it, than the memory available to the process (the least
-    of ``ulimit -v``, the cgroup's limit and ``MemAvailable``: :mod:`uckpt.memory`); a
+    of ``ulimit -v``, the cgroup's limit and ``MemAvailable``: :mod:`uckpt.runtime.memory`); a
     ``MemoryError`` while reading is a MemoryLimitError too.
     """
     return load_from(lambda: open_source(directory, storage_options), state, strict, comm,
                      f"load of {str(directory)!r}", max_bytes)
-
-
-def load_from(open_, state, strict: bool, comm, what: str,
-              max_bytes: Optional[int] = None) -> Dict[str, Any]:
-    """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
-    that a failure to open is told to the other ranks)."""
-    c = get_communicator(comm)
-    if c.size == 1:
-        return _load_local(open_, state, strict, (0, 1), max_bytes)
-    out: Dict[str, Any] = {}
-
-    def job() -> None:
-        out["tree"] = _load_local(open_, state, strict, (c.rank, c.size), max_bytes)
-
-    c.gather_outcomes(job, what)
-    return out["tree"]
-
-
-def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
-    """Verify the checkpoint ``open_()`` opens on every rank (collective; streaming, in
-    bounded memory): the UckptError of damage it finds (the first rank's), or None when
-    it is intact. A refusal to parse its manifest for memory counts as damage."""
-    def job() -> None:
-        with CheckpointReader(open_()) as reader:
-            reader.verify()
-
-    try:
-        get_communicator(comm).gather_outcomes(job, what)
-    except (MemoryLimitError, CorruptCheckpointError, ManifestError) as e:
-        return e
-    except DistributedError as e:
-        if not e.failed_with(MemoryLimitError, CorruptCheckpointError, ManifestError):
-            raise
-        return e
-    return None
-
-
-@pausing
-def _load_local(open_, state, strict: bool, rank: Tuple[int, int], max_bytes: Optional[int]
-                ) -> Dict[str, Any]:
-    """Load as ``rank`` = (rank, world size): the manifest's parts read on demand, only
-    those that cover what this rank loads."""
-    with CheckpointReader(open_(), max_bytes=max_bytes, rank=rank) as reader:
-        if state is None:
-            return load_tree(reader)
-        return restore_into(reader, state, strict=strict, rank=rank[0])
 
 
 def consolidate(src, dst, *, overwrite: bool = False,
@@ -200,9 +154,9 @@ def consolidate(src, dst, *, overwrite: bool = False,
     ``compression``, ``compression_level`` and ``options`` as for :func:`save`.
     ``storage_options`` apply to whichever of them is an ``s3://`` URL.
     Each piece of the output is read from the source when it is written: memory is one
-    source chunk (at most the largest array) plus a few pieces (:mod:`uckpt.consolidation`),
+    source chunk (at most the largest array) plus a few pieces (:mod:`uckpt.saving.consolidation`),
     not the whole checkpoint."""
-    from .consolidation import consolidate as rewrite
+    from .saving.consolidation import consolidate as rewrite
 
     layout = save_options(options, compression, compression_level, "uckpt.consolidate")
     with CheckpointReader(src, storage_options=_for(src, storage_options)) as reader:
@@ -221,7 +175,7 @@ def verify(directory, *, storage_options: Optional[Mapping[str, Any]] = None) ->
 
     Memory: the parsed manifest plus a constant, whatever sizes it declares: chunks are
     streamed a read block at a time; a compressed one decoded in memory up to
-    ``knobs.verify_decode_bytes``, streamed beyond (:mod:`uckpt.codec_stream`)."""
+    ``knobs.verify_decode_bytes``, streamed beyond (:mod:`uckpt.codecs.stream`)."""
     with CheckpointReader(directory, storage_options=storage_options) as reader:
         reader.verify()
         return reader.manifest

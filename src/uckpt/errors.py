@@ -117,7 +117,7 @@ class TruncatedDataError(CorruptCheckpointError):
 
 class DamagedBaseError(CorruptCheckpointError):
     """An incremental save was committed referring to stored bytes that the background
-    verification found damaged while it was written (:mod:`uckpt.reverify`). In one
+    verification found damaged while it was written (:mod:`uckpt.saving.reverify`). In one
     process the save is written again, in full, over itself; with several ranks it is
     raised and the save is not reported as done (the next one writes in full)."""
 
@@ -131,7 +131,7 @@ class ManifestChecksumError(ManifestError, CorruptCheckpointError):
 class MemoryLimitError(UckptError, MemoryError):
     """Reading would take more memory than the process may use: the arrays a manifest
     declares are more than ``max_bytes`` (or than the memory available, see
-    :mod:`uckpt.memory`), refused before allocating; or an allocation failed while reading.
+    :mod:`uckpt.runtime.memory`), refused before allocating; or an allocation failed while reading.
     ``need`` and ``limit``: the bytes asked for and allowed, where known."""
 
 

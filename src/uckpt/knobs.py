@@ -20,7 +20,7 @@ def _env_int(name: str, default: int) -> int:
 
 
 #: threads that read chunks and check their checksums in parallel when loading (an
-#: object store also verifies on this many; saves do not use it, see uckpt.writer)
+#: object store also verifies on this many; saves do not use it, see uckpt.saving.writer)
 io_threads: int = _env_int("io_threads", max(2, min(8, (os.cpu_count() or 2))))
 #: threads that compress chunks in parallel; a chunk of at least ``compress_split_bytes``
 #: that is a large share of its file is compressed on this many threads of Zstandard's own
@@ -49,8 +49,8 @@ debris_expiry_s: float = float(os.environ.get("UCKPT_DEBRIS_EXPIRY_S", "3600"))
 #: on the store's clock (uckpt.storage.checkpoint.lease_lock)
 lock_lease_s: float = float(os.environ.get("UCKPT_LOCK_LEASE_S", "60"))
 #: 1: Python's cyclic garbage collector is paused while a save or load runs on the
-#: caller's thread (uckpt.gcpause); 0: left alone
+#: caller's thread (uckpt.runtime.gcpause); 0: left alone
 pause_gc: int = _env_int("pause_gc", 1)
 #: ``verify`` decodes a compressed chunk of up to this many raw bytes in memory to hash
-#: it; a larger one is decoded as a stream (uckpt.codec_stream), in bounded memory
+#: it; a larger one is decoded as a stream (uckpt.codecs.stream), in bounded memory
 verify_decode_bytes: int = _env_int("verify_decode_bytes", 16 << 20)

@@ -32,8 +32,8 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _Lightning
 from . import api
 from .errors import NotACheckpointError
 from .options import SaveOptions
-from .reader import CheckpointReader
-from .restore import load_tree
+from .loading.reader import CheckpointReader
+from .loading.restore import load_tree
 from .storage import local_path, locate, storage_options_for
 
 log = logging.getLogger("uckpt.lightning")

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
-from .codecs import Compression, compression_of
+from .codecs.pipeline import Compression, compression_of
 from .errors import OptionsError
 
 #: the defaults of :class:`SaveOptions` (what a save without options writes)
@@ -59,7 +59,7 @@ class SaveOptions:
 
     @property
     def codec(self) -> Optional[Compression]:
-        """The :class:`~uckpt.codecs.Compression` of the chunks (None: stored raw)."""
+        """The :class:`~uckpt.codecs.pipeline.Compression` of the chunks (None: stored raw)."""
         return compression_of(self.compression, self.compression_level)
 
     def compressed(self, codec: Optional[Compression]) -> "SaveOptions":

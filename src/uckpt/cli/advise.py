@@ -1,12 +1,12 @@
 """``uckpt advise ROOT --mtbf 6h``: the measured save costs of a root and the optimal
-checkpoint interval for a mean time between failures (Young/Daly, :mod:`uckpt.interval`)."""
+checkpoint interval for a mean time between failures (Young/Daly, :mod:`uckpt.manager.interval`)."""
 from __future__ import annotations
 
 import argparse
 
-from ..costs import COSTS_NAME, RECENT, read_costs, summarize
+from ..manager.costs import COSTS_NAME, RECENT, read_costs, summarize
 from ..errors import CheckpointNotFoundError, DurationError, StorageConfigError
-from ..interval import advise, format_duration, parse_duration
+from ..manager.interval import advise, format_duration, parse_duration
 from ..storage import local_path
 from .common import print_json
 

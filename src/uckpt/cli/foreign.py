@@ -41,8 +41,8 @@ def is_foreign(path: str) -> bool:
 def describe(path: str, fmt: Optional[str] = None) -> Dict[str, Any]:
     """The document of ``uckpt inspect --json`` for a foreign input (no array is read)."""
     from ..conversion.api import open_checkpoint
-    from ..conversion.model import Leaf, Obj, walk
-    from ..tree import join
+    from ..conversion.interchange import Leaf, Obj, walk
+    from ..tree.flatten import join
 
     with open_checkpoint(path, fmt) as tree:
         leaves: List[Dict[str, Any]] = []
@@ -96,7 +96,7 @@ def verify(path: str, fmt: Optional[str] = None) -> str:
     """Parse ``path`` fully and read every array (each reader checks what its format can);
     returns the OK line saying what was checked, or raises."""
     from ..conversion.api import open_checkpoint
-    from ..conversion.model import unique_leaves
+    from ..conversion.interchange import unique_leaves
 
     start = time.perf_counter()
     with open_checkpoint(path, fmt) as tree:

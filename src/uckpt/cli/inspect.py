@@ -5,10 +5,10 @@ import argparse
 import json
 from typing import Any, Dict, List
 
-from .. import codecs
+from ..codecs import pipeline as codecs
 from ..format import FORMAT_NAME, Manifest
-from ..reader import read_manifest
-from ..tree import escape
+from ..loading.reader import read_manifest
+from ..tree.flatten import escape
 from ..storage import canonical
 from . import foreign
 from .storage_args import add_storage_arguments, options_for

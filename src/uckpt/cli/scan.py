@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from typing import List
 
-from .. import manifest_io
+from ..loading import manifest_io
 from ..errors import UckptError
 from ..format import MANIFEST_NAME, Manifest
 from ..format import parse_manifest

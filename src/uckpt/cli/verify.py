@@ -7,7 +7,7 @@ import time
 from typing import List, NamedTuple, Optional
 
 from ..errors import CheckpointNotFoundError, UckptError
-from ..reader import CheckpointReader
+from ..loading.reader import CheckpointReader
 from .common import bytes_text, human_bytes, print_error
 from . import foreign
 from .inspect import add_from_argument

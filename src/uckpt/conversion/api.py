@@ -16,7 +16,7 @@ from . import detect as _detect
 from . import layouts
 from .errors import ConvertWarning, UnknownFormatError
 from .limits import Limits, using
-from .model import Tree
+from .interchange import Tree
 from .progress import Progress
 
 #: format -> module reading it (``read(path) -> Tree``)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from .model import Obj
+from .interchange import Obj
 
 TRAINER = "chainer.trainer"
 #: the key a trainer snapshot's tree is nested under in a uckpt checkpoint

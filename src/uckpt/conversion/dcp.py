@@ -27,7 +27,7 @@ from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from .errors import UnsafeInputError
 from .dcp_optim import fix_state_keys
 from .fileio import RandomAccessFile, require_fits
-from .model import Leaf, Tree, check_shape, reading
+from .interchange import Leaf, Tree, check_shape, reading
 from .torch_pickle import TORCH_DTYPES, OTHER_TORCH_DTYPES, TorchDtype, _refused_dtype, \
     load_archive, normalize, torch_size
 from .unpickler import StandIn, restricted_load

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, List
 
-from ..tree import MAX_DEPTH, escape, join
+from ..tree.flatten import MAX_DEPTH, escape, join
 
 
 def _params(groups: Any) -> List[Any]:

@@ -23,11 +23,11 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 
 from .. import dtypes
-from ..tree import join
+from ..tree.flatten import join
 from . import layouts
 from .api import open_checkpoint
 from .limits import Limits
-from .model import Leaf, Obj, Tree, same_value, walk
+from .interchange import Leaf, Obj, Tree, same_value, walk
 
 _BLOCK = 1 << 20  # elements compared at a time
 #: bytes of each side compared at a time (a multiple of every itemsize)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import (CheckpointNotFoundError, ChecksumMismatchError, CorruptCheckpointError,
                       TruncatedDataError, UnsupportedObjectError)
-from ..fsutil import pread_into
+from ..storage.fsutil import pread_into
 from .errors import UnsafeInputError, UnsafeNameError
 from .limits import check_ratio, current
 

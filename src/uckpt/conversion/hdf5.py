@@ -28,13 +28,13 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UckptError, UnsupportedDtypeError, \
     UnsupportedObjectError
-from ..tree import MAX_DEPTH, escape, join
+from ..tree.flatten import MAX_DEPTH, escape, join
 from . import limits, names, rawbits, skeleton
 from .errors import LimitExceededError, UnsafeInputError, missing
 from .fileio import open_regular, require_fits
 from .hdf5_values import decode_attr, read_values
 from .limits import check_ratio
-from .model import Leaf, Tree, check_shape, reading
+from .interchange import Leaf, Tree, check_shape, reading
 from .npz import NATIVE, marks_for, rawbits_note, value_array
 from .options import WriteOptions
 from .progress import Progress

@@ -33,7 +33,7 @@ from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
 from .detect import detect
 from .hf_names import WEIGHTS
 from .fileio import RandomAccessFile, open_regular
-from .model import Leaf, Obj, Tree, reading
+from .interchange import Leaf, Obj, Tree, reading
 from .options import WriteOptions
 from .progress import Progress
 

@@ -22,10 +22,10 @@ from typing import Dict
 
 from .._version import __version__
 from ..errors import CorruptCheckpointError
-from ..fsutil import write_all
+from ..storage.fsutil import write_all
 from . import hdf5, skeleton
 from .fileio import RandomAccessFile, ZipArchive
-from .model import Tree, reading
+from .interchange import Tree, reading
 from .options import WriteOptions
 from .progress import Progress
 
@@ -37,7 +37,7 @@ MAX_TEXT = 64 << 20
 
 def _copy_member(archive: ZipArchive, info: zipfile.ZipInfo, fd: int) -> None:
     """Copy a member into ``fd`` a bounded piece at a time (one ``os.write`` copies at most
-    about 2 GiB on Linux; :func:`~uckpt.fsutil.write_all` loops until all is written)."""
+    about 2 GiB on Linux; :func:`~uckpt.storage.fsutil.write_all` loops until all is written)."""
     for piece in archive.pieces(info):
         write_all(fd, piece)
 

@@ -35,7 +35,7 @@ import re
 from typing import Any, Dict, List, Optional
 
 from ..errors import UnsupportedObjectError
-from .model import Leaf, Obj, walk
+from .interchange import Leaf, Obj, walk
 
 LAYER, OPTIMIZER = "keras.layer", "keras.optimizer"
 #: the key a Keras weights file's tree is nested under in a uckpt checkpoint

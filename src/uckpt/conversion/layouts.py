@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, Tuple
 
 from . import chainer_names, keras_names
-from .model import Obj
+from .interchange import Obj
 
 #: (module, the key its file layout is nested under in a uckpt checkpoint)
 _FRAMEWORKS = ((keras_names, keras_names.MODEL_KEY), (chainer_names, chainer_names.TRAINER_KEY))

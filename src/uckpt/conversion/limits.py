@@ -32,7 +32,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from ..tree import MAX_DEPTH
+from ..tree.flatten import MAX_DEPTH
 from .errors import InvalidLimitError, LimitExceededError
 
 NODES_FLOOR = 100_000

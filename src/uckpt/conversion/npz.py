@@ -28,7 +28,7 @@ from . import rawbits, skeleton
 from .errors import UnsafeInputError
 from . import names
 from .fileio import RandomAccessFile, ZipArchive
-from .model import Leaf, Tree, check_shape, reading
+from .interchange import Leaf, Tree, check_shape, reading
 from .options import WriteOptions
 from .progress import Progress
 from .zipout import ZipOut

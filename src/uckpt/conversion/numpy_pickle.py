@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import UnsupportedDtypeError
-from .model import Leaf, check_shape
+from .interchange import Leaf, check_shape
 from .unpickler import Sealed, StandIn
 
 _SPEC = re.compile(r"[<>|=]?(b1|\?|[iu][1248]|f[248]|c(8|16))")

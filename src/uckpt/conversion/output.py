@@ -16,8 +16,8 @@ import secrets
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
-from .. import fsutil
-from ..leases import OLD_MARK, TMP_MARK
+from ..storage import fsutil
+from ..storage.leases import OLD_MARK, TMP_MARK
 from ..errors import CheckpointExistsError
 from ..storage import CheckpointSink, locate
 

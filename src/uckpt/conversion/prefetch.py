@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 
-from .model import Leaf
+from .interchange import Leaf
 
 DEFAULT_BUDGET = 256 << 20
 

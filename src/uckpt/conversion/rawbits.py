@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError
-from .model import Leaf, contiguous
+from .interchange import Leaf, contiguous
 
 _BITS = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 

@@ -26,7 +26,7 @@ from ..format.strict_json import loads as strict_json_loads
 from . import rawbits, skeleton
 from .fileio import RandomAccessFile, require_fits
 from . import names
-from .model import Leaf, Tree, check_shape, reading
+from .interchange import Leaf, Tree, check_shape, reading
 from .npz import marks_for, rawbits_note
 from .errors import UnknownFormatError
 from .progress import Progress

@@ -26,9 +26,9 @@ import numpy as np
 
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from ..format.strict_json import loads as strict_json_loads
-from ..tree import MAX_DEPTH, escape, join
+from ..tree.flatten import MAX_DEPTH, escape, join
 from . import rawbits
-from .model import Leaf, Obj, check_plain, key_text, nest, where
+from .interchange import Leaf, Obj, check_plain, key_text, nest, where
 
 VERSION = 1
 ROOT_KEY = "root"  # a root that is not a dict is stored under this key

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional
 
 from ..errors import UckptError
-from ..tree import escape
-from .model import Obj, Tree, children, key_text
+from ..tree.flatten import escape
+from .interchange import Obj, Tree, children, key_text
 
 
 class SelectError(UckptError, KeyError):

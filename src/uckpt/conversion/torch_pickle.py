@@ -27,9 +27,9 @@ from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedO
 from . import numpy_pickle, skeleton
 from .errors import UnsafeInputError
 from .fileio import BoundedReader, RandomAccessFile, Window, ZipArchive, require_fits
-from ..tree import MAX_DEPTH, escape, join
+from ..tree.flatten import MAX_DEPTH, escape, join
 from .limits import check_ratio, current
-from .model import Leaf, Tree, check_plain, check_shape, key_text, reading, where
+from .interchange import Leaf, Tree, check_plain, check_shape, key_text, reading, where
 from .unpickler import GENERIC, OrderedDictStandIn, Sealed, StandIn, restricted_load, short
 
 #: ``torch.<Name>Storage`` -> neutral dtype

@@ -16,9 +16,9 @@ import io
 import struct
 from typing import Any, Dict, List, Optional
 
-from ..tree import escape, join
+from ..tree.flatten import escape, join
 from . import skeleton
-from .model import Leaf, Obj, Tree, where
+from .interchange import Leaf, Obj, Tree, where
 from .progress import Progress
 from .torch_pickle import SIDECAR, TYPED_STORAGES
 from .zipout import ZipOut

@@ -33,13 +33,13 @@ from .._version import __version__
 from ..format import ArrayEntry, Chunk, FileEntry, Manifest, data_file_name
 from ..format import encode_manifest
 from ..options import DEFAULT, SaveOptions
-from ..reader import CheckpointReader
-from ..readruns import flat_chunks
+from ..loading.reader import CheckpointReader
+from ..loading.readruns import flat_chunks
 from ..storage import CheckpointSink
-from ..writer import encode_chunks
+from ..saving.writer import encode_chunks
 from . import skeleton
 from .limits import Limits, check_ratio, current
-from .model import Leaf, Tree, reading
+from .interchange import Leaf, Tree, reading
 from .progress import Progress
 
 META_KEY = "uckpt_convert"
@@ -63,7 +63,7 @@ def check_held(m: Manifest, where: str, limits: Limits) -> None:
 
 def read(path, fmt: str = "uckpt", *, streaming: bool = False) -> Tree:
     """The checkpoint at ``path`` as a tree of lazy leaves. ``streaming``: leaves whose
-    chunks tile them in flat order (:func:`uckpt.readruns.flat_chunks`) can also stream
+    chunks tile them in flat order (:func:`uckpt.loading.readruns.flat_chunks`) can also stream
     (``Leaf.stream``), and the ``max_ratio`` check is made when an array is read whole,
     not when the checkpoint is opened (streaming holds a constant, whatever the ratio)."""
     reader = CheckpointReader(path)

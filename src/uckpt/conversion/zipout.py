@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .model import contiguous
+from .interchange import contiguous
 from .progress import Progress
 
 ALIGN = 64

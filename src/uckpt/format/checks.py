@@ -12,7 +12,8 @@ from typing import Any, Dict, NoReturn, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
-from .. import dtypes, hashing
+from .. import dtypes
+from ..codecs import hashing
 from ..errors import ManifestError, UnsafePathError
 from .model import Chunk, FileEntry
 from .tiling import find_defect

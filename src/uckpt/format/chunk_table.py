@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NamedTuple, Optional, Sequenc
 
 import numpy as np
 
-from .. import memory
+from ..runtime import memory
 from .columns import Inflater, b64_length, b64decode, b64encode, planes, unplanes
 from .model import Chunk, Pipeline
 from .rows import Table

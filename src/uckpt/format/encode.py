@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import hashing
-from ..checksum import of as _crc_text
+from ..codecs import hashing
+from ..codecs.checksum import of as _crc_text
 from ..errors import ManifestError
 from . import chunk_table, integrity
 from .model import Chunk, Manifest, Pipeline

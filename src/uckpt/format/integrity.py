@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from ..checksum import of as _crc_text
+from ..codecs.checksum import of as _crc_text
 from ..errors import ManifestChecksumError
 
 FIELD = "manifest_checksum"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from .. import memory
+from ..runtime import memory
 from ..errors import FormatVersionError, ManifestError, MemoryLimitError
 from . import chunk_table, integrity, legacy, v1
 from .encode import FORMAT_NAME, FORMAT_VERSION

@@ -14,7 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .. import dtypes, hashing
+from .. import dtypes
+from ..codecs import hashing
 
 #: a codec pipeline: the codec names applied in order when writing (``()``: raw)
 Pipeline = Tuple[str, ...]

@@ -13,9 +13,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .. import dtypes, memory
-from ..checksum import FORM as _CHECKSUM
-from ..checksum import of as _crc_text
+from .. import dtypes
+from ..runtime import memory
+from ..codecs.checksum import FORM as _CHECKSUM
+from ..codecs.checksum import of as _crc_text
 from ..errors import (CorruptCheckpointError, FormatVersionError, ManifestError,
                       MemoryLimitError, UnsupportedExtensionError)
 from . import chunk_table

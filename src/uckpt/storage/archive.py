@@ -1,6 +1,6 @@
 """Archives of a root: where a rollback puts the steps it takes off the live line.
 
-A rollback (:mod:`uckpt.rollback`) moves the checkpoints above the step rolled back to
+A rollback (:mod:`uckpt.manager.rollback`) moves the checkpoints above the step rolled back to
 out of the root's live line into an *archive*: a directory (an object store: a prefix)
 ``rollback_NNNN`` directly under the root, itself laid out as a root
 (``rollback_0001/step_00000008/...``). Their names are kept, so an archived incremental

@@ -12,10 +12,10 @@ import stat
 from pathlib import Path
 from typing import List, Optional
 
-from .. import fsutil
+from . import fsutil
 from ..errors import UckptError
 from ..format import MANIFEST_NAME
-from ..leases import TMP_MARK, replace_file
+from .leases import TMP_MARK, replace_file
 from .archive import ARCHIVE_NAME, MAX_RECORD_BYTES
 
 log = logging.getLogger("uckpt.storage.archive")

@@ -9,29 +9,29 @@ S3-compatible object stores (:mod:`.objects`):
   debris, and makes the root's writer lock.
 * :class:`CheckpointSource`: one checkpoint being read: its manifest's bytes (capped),
   then byte ranges of its data files into the caller's buffers. The reader
-  (:class:`uckpt.reader.CheckpointReader`) checks every byte against its CRC-32C.
+  (:class:`uckpt.loading.reader.CheckpointReader`) checks every byte against its CRC-32C.
 * :class:`CheckpointSink`: one checkpoint being written: data files, then the manifest
   last, which is the commit. Nothing is visible to readers before the commit.
 
 Who calls what, and in what order (DCP style):
 
-* a save (:mod:`uckpt.collective`, every rank; a single process is a world of one):
+* a save (:mod:`uckpt.saving.collective`, every rank; a single process is a world of one):
   the coordinator (rank 0) calls :meth:`Store.sink` (checks the target, prepares the
   temporary place) and broadcasts :attr:`CheckpointSink.token`; every other rank calls
-  :meth:`Store.join_sink` with it. Every rank then calls :meth:`CheckpointSink.view`,
+  :meth:`Store.join_sink` with it. Every rank then calls :meth:`CheckpointSink.replica`,
   writes its own data file (:meth:`~CheckpointSink.write_pieces`,
   :meth:`~CheckpointSink.write_image` or :meth:`~CheckpointSink.copy_file`), and the
   lowest rank of each view calls :meth:`~CheckpointSink.commit` with the manifest's
   bytes after every rank has written. Every rank finally calls
   :meth:`~CheckpointSink.release`, or :meth:`~CheckpointSink.abort` after a failure;
-* a copy to another tier (:mod:`uckpt.tiers`): a sink on the target store, each data
+* a copy to another tier (:mod:`uckpt.manager.tiers`): a sink on the target store, each data
   file copied from a source on the first store, every copied byte read back through
   :meth:`CheckpointSink.written` and checked, then ``commit`` with the source's
   manifest bytes;
 * the writer of a root (:class:`uckpt.CheckpointManager`, from its first save):
   :meth:`Store.writer_lock` then ``try_acquire`` once, :meth:`Store.remove_debris`,
   then saves and :meth:`Store.delete` (retention), each save after ``check`` of the
-  lock (a lock with a lease can be lost); a rollback (:mod:`uckpt.rollback`):
+  lock (a lock with a lease can be lost); a rollback (:mod:`uckpt.manager.rollback`):
   :meth:`Store.put_record`, :meth:`Store.archive` for each base then each step moved,
   :meth:`Store.drop_record`. Readers call only :meth:`Store.steps` (which reads
   :meth:`Store.record`), :meth:`Store.has`, :meth:`Store.source`,
@@ -54,7 +54,7 @@ from typing import (TYPE_CHECKING, Any, Dict, Hashable, Iterable, List, Optional
                     Sequence, Tuple, Union)
 
 from ..errors import CorruptCheckpointError, RootLockedError, TruncatedDataError
-from ..readback import SourceReader
+from .readback import SourceReader
 
 if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
     import numpy as np
@@ -69,7 +69,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 
 
 class MediumReader(Protocol):
-    """What :meth:`CheckpointSource.medium_reader` gives (:mod:`uckpt.readback`)."""
+    """What :meth:`CheckpointSource.medium_reader` gives (:mod:`uckpt.storage.readback`)."""
 
     #: which way it reads, for messages ("O_DIRECT", "store read", ...)
     how: str
@@ -136,7 +136,7 @@ class CheckpointSource:
 
     def medium_reader(self, name: str) -> MediumReader:
         """A reader of data file ``name`` from the storage medium, not a cache, where the
-        store allows (:mod:`uckpt.readback`): ``read(buf, offset) -> int``, ``close()``
+        store allows (:mod:`uckpt.storage.readback`): ``read(buf, offset) -> int``, ``close()``
         and ``how``. Here: :meth:`read_into` (an object store's ranged GET)."""
         return SourceReader(self, name)
 
@@ -170,7 +170,7 @@ class CheckpointSink:
     #: (it copies them), so the caller may reuse the buffer then
     copies_stream_pieces: bool = False
 
-    def view(self) -> str:
+    def replica(self) -> str:
         """Which copy of the storage this rank writes to: ranks that share a view share
         the files, and the lowest rank of each view commits (node-local directories are
         one view per node; an object store is one view)."""

@@ -16,8 +16,8 @@ from typing import Any, List, Optional, Tuple
 
 from ..errors import CheckpointNotFoundError, NotACheckpointError, UckptError
 from ..format import MANIFEST_NAME
-from ..fsutil import kind_of, link_kind, open_dir
-from ..leases import DEL_MARK, OLD_MARK, TMP_MARK
+from .fsutil import kind_of, link_kind, open_dir
+from .leases import DEL_MARK, OLD_MARK, TMP_MARK
 from .base import CHECKPOINT, LINK, STALE, STEP_NAME, TEMPORARY, Entry
 
 _HIDDEN = re.compile(r"^\.(?P<name>.+?)(?P<mark>%s|%s|%s)[0-9A-Za-z]+$"

@@ -3,10 +3,10 @@
 Today's fast paths, wrapped rather than rewritten: data files are written by
 :mod:`uckpt.storage.blob.posix_io` (vectored writes with writeback started per batch, or one
 O_DIRECT write of a staging arena), into a hidden temporary directory held by a
-save lease (:mod:`uckpt.leases`); the manifest is written last and the directory
+save lease (:mod:`uckpt.storage.leases`); the manifest is written last and the directory
 renamed into place (``renameat2(RENAME_EXCHANGE)`` to overwrite). Reads open the
 checkpoint directory once and each file relative to it (regular files only, no
-symlink followed, never blocking: :func:`uckpt.fsutil.open_regular`), and ``pread``
+symlink followed, never blocking: :func:`uckpt.storage.fsutil.open_regular`), and ``pread``
 straight into the caller's buffers. The commit rule is docs/format.md section 2.
 """
 from __future__ import annotations
@@ -19,13 +19,14 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from .. import fsutil, knobs
-from ..readback import FileReader
+from . import fsutil
+from .. import knobs
+from .readback import FileReader
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, ManifestError,
                       NotACheckpointError, SaveError)
 from ..format import MANIFEST_NAME
-from ..leases import DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir, \
-    remove_debris
+from .leases import (DEL_MARK, OLD_MARK, TmpLease, WriterLock, make_tmp_dir, new_leased_dir,
+                     remove_debris)
 from . import archive_local, base, listing_local
 from .blob import posix_io
 from .archive import hidden_steps
@@ -141,7 +142,7 @@ class LocalSource(CheckpointSource):
 
     def medium_reader(self, name: str) -> FileReader:
         """O_DIRECT reads, or reads after the cached pages are dropped (see
-        :mod:`uckpt.readback`)."""
+        :mod:`uckpt.storage.readback`)."""
         self.fd(name)  # a regular file, opened without following a symlink
         return FileReader(self.dir_fd, name)
 
@@ -252,7 +253,7 @@ class LocalSink(CheckpointSink):
         self.shared = shared
         self.files: List[Path] = []
 
-    def view(self) -> str:
+    def replica(self) -> str:
         if self.coordinator and not self.shared:
             return "coordinator"
         sees_coordinator = (self.tmp / COORDINATOR_MARK).exists()

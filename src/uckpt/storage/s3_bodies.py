@@ -9,7 +9,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Iterator, Union
 
-from ..checksum import crc32c
+from ..codecs.checksum import crc32c
 from ..errors import CheckpointNotFoundError, TruncatedDataError, UnsupportedObjectError
 
 if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on

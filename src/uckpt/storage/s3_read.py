@@ -9,7 +9,7 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Type
 
 from .. import knobs
-from ..checksum import crc32c
+from ..codecs.checksum import crc32c
 from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, ObjectStoreError,
                       TruncatedDataError, UckptError, UnsupportedObjectError)
 from .s3_core import ClientCore

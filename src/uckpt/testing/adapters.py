@@ -56,7 +56,7 @@ from .. import api
 from ..adapter import Adapter, DeviceArray
 from ..errors import KeyMismatchError, StateMismatchError, UckptError
 from ..registry import find_adapter, register_adapter, unregister_adapter
-from ..shard import Shard
+from ..tree.shard import Shard
 
 __all__ = ["AdapterCase", "AdapterConformance", "ConformanceError", "CHECKS", "check_adapter",
            "registered"]

@@ -3,7 +3,7 @@
 :func:`run_ranks` runs ``fn(comm)`` on ``size`` threads, each with its own
 :class:`ThreadCommunicator`; the collectives really exchange (JSON-encoded, as over
 MPI) between the threads, so planning, checking and the commit protocol of
-:mod:`uckpt.collective` run as they do across processes, in milliseconds::
+:mod:`uckpt.saving.collective` run as they do across processes, in milliseconds::
 
     from uckpt.testing import run_ranks
 

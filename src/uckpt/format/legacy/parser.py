@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from ... import dtypes
-from ...checksum import FORM as _CHECKSUM
-from ...checksum import parse_checksum
+from ...codecs.checksum import FORM as _CHECKSUM
+from ...codecs.checksum import parse_checksum
 from ...errors import FormatVersionError, UnsafePathError
 from .. import integrity
 from ..checks import HASH as _HASH, Checker, plain_name

@@ -1,7 +1,7 @@
 """A blob store in a local directory tree: one file per key.
 
 Reads walk the key's directories from the root's descriptor without following a
-symbolic link, open only regular files and never block (:mod:`uckpt.fsutil`), so no key
+symbolic link, open only regular files and never block (:mod:`uckpt.storage.fsutil`), so no key
 leads outside the root. Writes go to a hidden temporary file beside the key, with
 O_DIRECT where the file system takes it (else buffered, their writeback started as they
 go), are fsynced and renamed into place, and the directory is fsynced: an object appears
@@ -23,7 +23,8 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
-from ... import fsutil, knobs
+from .. import fsutil
+from ... import knobs
 from ...errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                        NotACheckpointError, RootLockedError)
 from . import posix_io

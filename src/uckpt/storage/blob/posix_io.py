@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ... import fsutil, knobs
+from .. import fsutil
+from ... import knobs
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

@@ -66,7 +66,7 @@ class BlobSink(base.CheckpointSink):
             self.lease = self.blob.lock(self.prefix[:-1] + LEASE_SUFFIX)
         self.made_prefix = True
 
-    def view(self) -> str:
+    def replica(self) -> str:
         if not self.renames:
             return "shared"  # every rank sees the same objects, under their final names
         if self.coordinator and not self.shared:

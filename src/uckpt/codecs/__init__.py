@@ -1,0 +1,1 @@
+"""Per-chunk bytes: checksums, content hashes, codec pipelines (docs/format.md)."""

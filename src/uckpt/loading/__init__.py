@@ -1,0 +1,1 @@
+"""Load: a checkpoint's manifest and chunks up into arrays and live objects."""

@@ -1,0 +1,57 @@
+"""Loading on every rank at once: each rank reads what it needs, and a failure on one
+rank is raised on all (``uckpt.load``, ``CheckpointManager.restore``)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from ..comm import get_communicator
+from ..errors import CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError
+from ..runtime.gcpause import pausing
+from .reader import CheckpointReader
+from .restore import load_tree, restore_into
+
+
+def load_from(open_, state, strict: bool, comm, what: str,
+              max_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
+    that a failure to open is told to the other ranks)."""
+    c = get_communicator(comm)
+    if c.size == 1:
+        return _load_local(open_, state, strict, (0, 1), max_bytes)
+    out: Dict[str, Any] = {}
+
+    def job() -> None:
+        out["tree"] = _load_local(open_, state, strict, (c.rank, c.size), max_bytes)
+
+    c.gather_outcomes(job, what)
+    return out["tree"]
+
+
+def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
+    """Verify the checkpoint ``open_()`` opens on every rank (collective; streaming, in
+    bounded memory): the UckptError of damage it finds (the first rank's), or None when
+    it is intact. A refusal to parse its manifest for memory counts as damage."""
+    def job() -> None:
+        with CheckpointReader(open_()) as reader:
+            reader.verify()
+
+    try:
+        get_communicator(comm).gather_outcomes(job, what)
+    except (MemoryLimitError, CorruptCheckpointError, ManifestError) as e:
+        return e
+    except DistributedError as e:
+        if not e.failed_with(MemoryLimitError, CorruptCheckpointError, ManifestError):
+            raise
+        return e
+    return None
+
+
+@pausing
+def _load_local(open_, state, strict: bool, rank: Tuple[int, int], max_bytes: Optional[int]
+                ) -> Dict[str, Any]:
+    """Load as ``rank`` = (rank, world size): the manifest's parts read on demand, only
+    those that cover what this rank loads."""
+    with CheckpointReader(open_(), max_bytes=max_bytes, rank=rank) as reader:
+        if state is None:
+            return load_tree(reader)
+        return restore_into(reader, state, strict=strict, rank=rank[0])

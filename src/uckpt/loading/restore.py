@@ -1,0 +1,280 @@
+"""Restore a checkpoint into live objects.
+
+Three phases, so that a mismatch changes nothing:
+
+1. *match*: walk the state mapping against the manifest's tree. Keys, shapes and
+   dtypes are checked, and each framework object's adapter ``prepare``s (and
+   validates) with array specs only. All problems are collected and raised as
+   one error before anything is read.
+2. *read*: read every needed array, into the objects' own memory where an
+   adapter or a NumPy destination allows it, verifying every chunk.
+3. *apply*: adapters ``restore`` their objects; NumPy destinations that could
+   not be read into directly are copied into; plain values (numbers, strings,
+   lists, tuples, None placeholders) are written back into their mapping.
+
+A corrupted chunk found in phase 2 can leave objects partly overwritten; restore
+them again from a valid checkpoint (``CheckpointManager.restore`` does this).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import dtypes
+from ..adapter import Adapter, ArraySpec
+from ..errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError, StateMismatchError,
+                      UckptError, UnsupportedObjectError)
+from ..format import Manifest
+from .reader import CheckpointReader
+from ..registry import find_adapter, no_adapter_error
+from ..tree.shard import PerRank, Shard
+from ..tree.flatten import array_leaf_value, decode, escape, join
+
+
+def spec_leaf(manifest: Manifest):
+    arrays, new = manifest.arrays, object.__new__
+
+    def leaf(node):
+        entry = arrays[node["path"]]
+        spec = new(ArraySpec)  # (its fields are checked: without the frozen __init__'s cost)
+        spec.__dict__.update(dtype=entry.dtype, shape=entry.shape)
+        return spec
+    return leaf
+
+
+# values that cannot be restored in place: they are written back into their mapping
+_PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
+
+
+class _Matcher:
+    def __init__(self, manifest: Manifest, rank: int = 0) -> None:
+        self.m = manifest
+        self.rank = rank
+        self.targets: Dict[str, Any] = {}  # path -> array, or (array, offsets) for a box
+        self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
+        self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
+        self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
+        self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
+
+    def match(self, obj: Any, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
+        where = join(parts) or "<root>"
+        if isinstance(obj, np.ndarray):
+            self.array(obj, node, where)
+            return
+        if isinstance(obj, Shard):
+            self.shard(obj, node, where)
+            return
+        if isinstance(obj, PerRank):
+            if node["type"] != "dict" or node.get("key_type") != "int":
+                raise StateMismatchError(f"{where!r}: the state has a PerRank, the checkpoint a "
+                                         f"{node['type']} that is not per-rank", leaf=where)
+            if str(self.rank) not in node["items"]:
+                raise KeyMismatchError(
+                    f"{where!r}: the checkpoint holds no value for rank {self.rank} (it has "
+                    f"ranks {', '.join(node['items']) or 'none'})", missing=[str(self.rank)],
+                    hint="per-rank state restores only into ranks that saved it; leave it out "
+                         "of the state (strict=False) on the other ranks")
+            self.match(obj.value, node["items"][str(self.rank)], parts + [str(self.rank)], strict)
+            return
+        if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
+            if node["type"] != "dict":
+                raise StateMismatchError(f"{where!r}: the state has a mapping, the checkpoint "
+                                         f"a {node['type']}", leaf=where)
+            self.mapping(obj, node, parts, strict)
+            return
+        if isinstance(obj, _PLAIN):
+            self.needed.append(node)  # plain values are returned, not restored in place
+            return
+        adapter = find_adapter(obj)
+        if adapter is None:
+            raise no_adapter_error(obj, join(parts), saving=False)
+        sub = node
+        if node["type"] == "object":
+            if node["adapter"] != adapter.name:
+                cls = type(obj)
+                raise StateMismatchError(
+                    f"{where!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
+                    f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=where)
+            sub = node["state"]
+        spec = decode(sub, spec_leaf(self.m))
+        try:
+            targets = adapter.prepare(obj, spec)
+        except UckptError as e:
+            e.at_path(join(parts))  # names the path in e itself
+            raise
+        self.collect_targets(sub, targets)
+        self.needed.append(sub)
+        self.actions.append((adapter, obj, sub, join(parts)))
+
+    def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
+        items = node["items"]
+        int_keys = node.get("key_type") == "int"
+        wrong = [k for k in obj if (isinstance(k, int) and not isinstance(k, bool)) != int_keys]
+        if wrong:  # 0 and "0" are different keys: never match them by their text
+            raise KeyMismatchError(
+                f"state {join(parts) or '<root>'!r}", mismatched=[
+                    f"key {k!r} is {type(k).__name__}, the checkpoint's keys here are "
+                    f"{'int' if int_keys else 'str'}" for k in wrong[:5]],
+                hint="use keys of the type that was saved")
+        keys = {str(k): k for k in obj}
+        missing = [k for k in keys if k not in items]
+        unexpected = [k for k in items if k not in keys]
+        if missing or (strict and unexpected):
+            raise KeyMismatchError(f"state {join(parts) or '<root>'!r}", missing=missing,
+                                   unexpected=unexpected if strict else (),
+                                   hint="pass strict=False to restore only the keys you give"
+                                   if unexpected and not missing else None)
+        for name, key in keys.items():
+            value = obj[key]
+            if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
+                self.assign.append((obj, key, items[name]))
+            self.match(value, items[name], parts + [escape(name)], strict)
+
+    def array(self, obj: np.ndarray, node: Dict[str, Any], where: str) -> None:
+        if node["type"] == "object":
+            node = node["state"]
+        if node["type"] != "array":
+            raise StateMismatchError(f"{where!r}: the state has an array, the checkpoint a "
+                                     f"{node['type']}", leaf=where)
+        entry = self.m.arrays[node["path"]]
+        check_spec(obj, ArraySpec(entry.dtype, entry.shape), where)
+        if _writable(obj) and node["path"] not in self.targets:
+            self.targets[node["path"]] = obj
+        else:
+            self.copies.append((obj, node["path"]))
+        self.needed.append(node)
+
+    def shard(self, obj: Shard, node: Dict[str, Any], where: str) -> None:
+        if node["type"] != "array":
+            raise StateMismatchError(f"{where!r}: the state has a Shard, the checkpoint a "
+                                     f"{node['type']}", leaf=where)
+        entry = self.m.arrays[node["path"]]
+        if tuple(obj.global_shape) != tuple(entry.shape):
+            raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(entry.shape)}, "
+                                     f"the Shard's global shape is {list(obj.global_shape)}",
+                                     leaf=where)
+        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), where)
+        if _writable(obj.array):
+            self.targets[node["path"]] = (obj.array, obj.offsets)
+        else:
+            raise StateMismatchError(f"{where!r}: a Shard's array must be writable and "
+                                     "C-contiguous to be loaded into", leaf=where)
+        self.needed.append(node)
+
+    def take(self, path: str, target: np.ndarray) -> None:
+        """Read array ``path`` into ``target`` if it fits (else it is read and copied)."""
+        entry = self.m.arrays[path]
+        if path not in self.targets and target.shape == entry.shape and \
+                target.dtype == dtypes.to_numpy(entry.dtype) and _writable(target):
+            self.targets[path] = target
+
+    def collect_targets(self, node: Dict[str, Any], targets: Any) -> None:
+        if targets is None:
+            return
+        kind = node["type"]
+        if kind == "array" and isinstance(targets, Shard):
+            entry = self.m.arrays[node["path"]]
+            if node["path"] not in self.targets and _writable(targets.array) and \
+                    tuple(targets.global_shape) == entry.shape and \
+                    targets.array.dtype == dtypes.to_numpy(entry.dtype):
+                self.targets[node["path"]] = (targets.array, targets.offsets)
+            return
+        if kind == "array" and isinstance(targets, np.ndarray):
+            self.take(node["path"], targets)
+        elif kind == "dict" and isinstance(targets, Mapping):
+            get, int_keys = targets.get, node.get("key_type") == "int"
+            for k, v in node["items"].items():
+                t = get(int(k) if int_keys else k)
+                if t is None:
+                    continue
+                if type(t) is np.ndarray and v["type"] == "array":  # (most leaves: one call)
+                    self.take(v["path"], t)
+                else:
+                    self.collect_targets(v, t)
+        elif kind in ("list", "tuple") and isinstance(targets, (list, tuple)):
+            for v, t in zip(node["items"], targets):
+                self.collect_targets(v, t)
+        elif kind == "object":
+            self.collect_targets(node["state"], targets)
+
+
+def check_spec(arr: np.ndarray, spec: ArraySpec, where: str) -> None:
+    if tuple(arr.shape) != tuple(spec.shape):
+        raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(spec.shape)}, "
+                                 f"the destination has {list(arr.shape)}", leaf=where)
+    try:
+        have = dtypes.name_of(arr.dtype)
+    except Exception:
+        have = str(arr.dtype)
+    if have != spec.dtype:
+        raise DtypeMismatchError(f"{where!r}: the checkpoint holds {spec.dtype}, the destination "
+                                 f"is {have}", leaf=where)
+
+
+def _writable(arr: np.ndarray) -> bool:
+    flags = arr.flags
+    return flags.writeable and flags.c_contiguous and arr.dtype.byteorder in "=<|"
+
+
+def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
+    """The array paths under ``node`` (added to ``out``)."""
+    out = set() if out is None else out
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        kind = node["type"]
+        if kind in ("array", "bytes"):
+            out.add(node["path"])
+        elif kind == "dict":
+            stack.extend(node["items"].values())
+        elif kind in ("list", "tuple"):
+            stack.extend(node["items"])
+        elif kind == "object":
+            stack.append(node["state"])
+    return out
+
+
+def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
+                 rank: int = 0) -> Dict[str, Any]:
+    """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys.
+
+    ``rank`` picks the values of :class:`~uckpt.tree.shard.PerRank` subtrees."""
+    if not isinstance(state, Mapping):
+        raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
+    m = reader.manifest
+    matcher = _Matcher(m, rank)
+    matcher.mapping(state, m.tree, [], strict)  # phase 1: raises before anything is read
+    wanted: set = set()
+    for node in matcher.needed:
+        paths_in(node, wanted)
+    arrays = reader.read_arrays({p: matcher.targets.get(p) for p in m.arrays if p in wanted})
+
+    def leaf(node):  # None: not read (another rank's PerRank value)
+        arr = arrays.get(node["path"])
+        if arr is None or (node["type"] == "array" and len(node) == 2):  # (a plain array)
+            return arr
+        return array_leaf_value(node, arr)
+
+    for dest, path in matcher.copies:  # phase 3
+        np.copyto(dest, arrays[path])
+    # adapters with restore_last (global random state) after the others, whose restore
+    # may draw random numbers (e.g. lazy initialisation) from a generator restored before
+    for adapter, obj, sub, path in sorted(matcher.actions, key=lambda a: a[0].restore_last):
+        try:
+            adapter.restore(obj, decode(sub, leaf))
+        except UckptError as e:
+            e.at_path(path)  # names the path in e itself
+            raise
+    for mapping, key, node in matcher.assign:
+        mapping[key] = decode(node, leaf)
+    items = m.tree["items"]
+    return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
+
+
+def load_tree(reader: CheckpointReader) -> Dict[str, Any]:
+    """The whole checkpoint as NumPy arrays and plain values."""
+    m = reader.manifest
+    arrays = reader.read_arrays({p: None for p in m.arrays})
+    return decode(m.tree, lambda node: array_leaf_value(node, arrays[node["path"]]))

@@ -1,0 +1,1 @@
+"""The CheckpointManager: when to save, what to keep, on which tiers."""

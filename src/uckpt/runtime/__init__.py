@@ -1,0 +1,1 @@
+"""Process-level helpers under every layer: threads, the garbage collector, memory limits."""

@@ -1,0 +1,1 @@
+"""Save: plan, snapshot, write and commit, for any number of ranks."""

@@ -1,0 +1,255 @@
+"""The plan of a save by many ranks, from one all-gather of each rank's metadata.
+
+Each rank describes its flattened state (:func:`local_metadata`): a digest of
+its tree, and per array leaf the dtype, the global shape and the box it holds
+(the whole array, unless it is a :class:`~uckpt.tree.shard.Shard`). Every rank then
+runs :func:`global_plan` on the same gathered list and gets the same result:
+the state is checked to be consistent across ranks (same tree, same leaves,
+boxes that tile each array exactly, equal small replicated leaves) and every
+box is split into pieces given to the ranks holding it, balanced by bytes
+(:func:`uckpt.saving.plan.plan_holdings`).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import dtypes
+from ..adapter import DeviceArray
+from ..codecs.checksum import crc32c
+from ..errors import StateMismatchError
+from ..format.tiling import find_defect
+from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
+from .plan import ArrayMeta, SavePlan, plan_holdings
+from ..tree.flatten import FlatState, unescape
+
+#: replicated arrays up to this size are compared across ranks whole (by checksum),
+#: larger ones by a sample of their elements
+COMPARE_BYTES = 1 << 16
+
+
+def _node_at(tree: Dict[str, Any], parts: Sequence[str]) -> Dict[str, Any]:
+    node = tree
+    for part in parts:
+        while node["type"] == "object":
+            node = node["state"]
+        node = node["items"][unescape(part)] if node["type"] == "dict" else node["items"][int(part)]
+    return node
+
+
+def shared_tree(flat: FlatState) -> Dict[str, Any]:
+    """The skeleton with every PerRank subtree emptied: what all ranks must agree on."""
+    if not flat.per_rank:
+        return flat.skeleton
+    tree = copy.deepcopy(flat.skeleton)
+    for parts in flat.per_rank:
+        _node_at(tree, parts)["items"] = {}
+    return tree
+
+
+def digest(tree: Dict[str, Any]) -> str:
+    text = json.dumps(tree, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def local_metadata(flat: FlatState, compare: bool = True) -> Dict[str, Any]:
+    """What this rank tells the others before a save (JSON-able).
+
+    ``replicated`` lists the plain array leaves (equal on every rank, small ones
+    and samples of large ones checksummed), ``own`` this rank's :class:`Shard`
+    boxes and :class:`PerRank` leaves. See :func:`compact` for what is sent.
+    Without ``compare`` (a world of one: no other rank to compare with) the digests
+    and checksums that only tell ranks apart are left out; every other check runs."""
+    mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
+    replicated: List[List[Any]] = []
+    own: List[List[Any]] = []
+    for path, arr in flat.arrays.items():
+        offsets, gshape = flat.placements.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
+        small = None
+        if (compare and path not in flat.placements and not isinstance(arr, DeviceArray)
+                and arr.size):
+            small = crc32c(_sample(arr))
+        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape),
+                 small]
+        (own if path in flat.placements or path.startswith(mine) else replicated).append(entry)
+    per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
+    if not compare:
+        return {"tree": "", "keys": {}, "replicated": replicated, "own": own,
+                "per_rank": per_rank}
+    tree = shared_tree(flat)
+    keys = {k: digest(v) for k, v in tree["items"].items()}  # names what differs, if anything
+    return {"tree": digest(tree), "keys": keys, "replicated": replicated, "own": own,
+            "per_rank": per_rank}
+
+
+def compact(meta: Dict[str, Any], rank: int) -> Dict[str, Any]:
+    """What ``rank`` sends: rank 0 all of its metadata, the others a digest of their
+    replicated leaves instead of the list (equal to rank 0's when all is well), so
+    that the all-gather grows as N, not N^2, with the number of ranks."""
+    if rank == 0:
+        return meta
+    out = dict(meta)
+    out["replicated"] = digest(out["replicated"])  # type: ignore[arg-type]
+    return out
+
+
+def expand(gathered: List[Dict[str, Any]]) -> Optional[List[int]]:
+    """Put rank 0's replicated leaves back in place of the ranks' matching digests;
+    returns the ranks whose digest differs (they must send their lists), or None."""
+    reference = digest(gathered[0]["replicated"])
+    differ = [r for r, g in enumerate(gathered) if r and g["replicated"] != reference]
+    for r, g in enumerate(gathered):
+        if r and r not in differ:
+            g["replicated"] = gathered[0]["replicated"]
+    return differ or None
+
+
+def _sample(arr: np.ndarray) -> np.ndarray:
+    """The bytes compared across ranks: all of a small array; of a larger one, 4096
+    elements spread evenly over it (diverged replicas differ almost everywhere)."""
+    arr = dtypes.as_little_endian(arr)
+    if arr.nbytes > COMPARE_BYTES:
+        if arr.flags.c_contiguous:  # a strided view: no index array to build
+            arr = arr.reshape(-1)[::arr.size // 4096][:4096]
+        else:
+            arr = np.asarray(arr.flat[np.linspace(0, arr.size - 1, 4096).astype(np.int64)])
+    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+
+
+@dataclass
+class GlobalPlan:
+    plan: SavePlan
+    metas: Dict[str, ArrayMeta]  # every array of every rank, in save order
+    #: path -> offsets of this rank's local array in the global one (sharded leaves)
+    starts: Dict[str, Tuple[int, ...]]
+
+
+def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0, *,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                alignment: int = DEFAULT_ALIGNMENT) -> GlobalPlan:
+    """Check the ranks' metadata against each other and plan the save (same on every rank).
+
+    Arrays are cut into pieces of ``piece_bytes`` when given (incremental saves), else of
+    at most ``chunk_bytes``: with several ranks, of about an eighth of a rank's share where
+    that is smaller, but not below 1 MiB (unless ``chunk_bytes`` is); each array starts at
+    a multiple of ``alignment`` in its data file."""
+    world = len(gathered)
+    bad = [r for r, g in enumerate(gathered) if g["tree"] != gathered[0]["tree"]]
+    if bad:
+        first = gathered[bad[0]]["keys"]
+        ref = gathered[0]["keys"]
+        keys = sorted(k for k in set(first) | set(ref) if first.get(k) != ref.get(k))
+        raise StateMismatchError(
+            f"the state's structure or plain values differ between ranks: rank(s) "
+            f"{', '.join(map(str, bad))} differ from rank 0 (rank {bad[0]} in key(s) "
+            f"{', '.join(map(repr, keys))})",
+            hint="every rank must pass the same keys and the same plain values (step, "
+                 "epoch, hyper-parameters); wrap state that differs by rank, such as "
+                 "uckpt.RandomState(), in uckpt.PerRank(...)")
+    metas: Dict[str, ArrayMeta] = {}
+    boxes: Dict[str, Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], List[int]]] = {}
+    sums: Dict[str, Dict[int, List[int]]] = {}
+    shared: List[List[int]] = []  # the lists rank 0's replicated leaves add each rank to
+    for r, g in enumerate(gathered):
+        if r and g["replicated"] is gathered[0]["replicated"]:  # as rank 0's (expand)
+            for ranks in shared:
+                ranks.append(r)
+            entries = g["own"]
+        else:
+            entries = g["replicated"] + g["own"]
+        for i, (path, dtype, gshape, start, shape, small) in enumerate(entries):
+            meta = metas.get(path)
+            if meta is None:
+                meta = metas[path] = ArrayMeta(dtype, tuple(gshape))
+            elif meta.dtype != dtype or list(meta.shape) != list(gshape):
+                raise StateMismatchError(
+                    f"leaf {path!r} is {meta.dtype} {list(meta.shape)} on one rank and "
+                    f"{dtype} {list(gshape)} on rank {r}", leaf=path)
+            box_ranks = boxes.setdefault(path, {}).setdefault((tuple(start), tuple(shape)), [])
+            box_ranks.append(r)
+            group = None if small is None else sums.setdefault(path, {}).setdefault(small, [])
+            if group is not None:
+                group.append(r)
+            if not r and i < len(g["replicated"]):
+                shared.extend([box_ranks] if group is None else [box_ranks, group])
+    for path, by_sum in sums.items():
+        if len(by_sum) > 1:
+            groups = "; ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_sum.values())
+            raise StateMismatchError(
+                f"replicated leaf {path!r} holds different values on different ranks ({groups})",
+                leaf=path, hint="a plain array must be equal on every rank; wrap per-rank state "
+                "(e.g. uckpt.RandomState()) in uckpt.PerRank(...), or declare slices with "
+                "uckpt.Shard(...)")
+    for path, held in boxes.items():
+        _check_tiling(path, metas[path].shape, list(held))
+    holders = {p: [(box, tuple(ranks)) for box, ranks in sorted(held.items())]
+               for p, held in boxes.items()}
+    total = sum(m.nbytes for m in metas.values())
+    if not piece_bytes:
+        piece_bytes = chunk_bytes if world == 1 else \
+            min(chunk_bytes, max(1 << 20, total // (8 * world)))
+    plan = plan_holdings(metas, holders, world, piece_bytes, alignment)
+    starts = {path: tuple(start) for path, dtype, gshape, start, shape, small
+              in gathered[rank]["own"] if tuple(shape) != tuple(gshape)}
+    return GlobalPlan(plan, metas, starts)
+
+
+def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tuple]]) -> None:
+    """Distinct boxes must lie inside the array, not overlap, and cover it (O(n log n) for
+    the layouts ranks declare: format/tiling.py, as for a manifest's chunks)."""
+    if len(held) == 1 and tuple(held[0][1]) == tuple(shape) and not any(held[0][0]):
+        return  # the whole array in one box (every leaf of a one-rank save): tiled
+    covered = sum(math.prod(s) for _, s in held)
+    total = math.prod(shape)
+    full = np.asarray(shape, dtype=np.int64).reshape(1, -1)
+    starts = np.array([b[0] for b in held], dtype=np.int64).reshape(len(held), -1)
+    ends = starts + np.array([b[1] for b in held], dtype=np.int64).reshape(len(held), -1)
+    outside = np.flatnonzero(np.any((starts < 0) | (ends > full) | (ends < starts), axis=1))
+    if outside.size:
+        start, extent = held[int(outside[0])]
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the box at {list(start)} (shape {list(extent)}) is not "
+            f"inside its global shape {list(shape)}", leaf=path,
+            hint="a rank's box must lie inside the global array it is a slice of")
+    nonempty = np.flatnonzero(np.all(ends > starts, axis=1))
+    defect = find_defect(starts[nonempty], ends[nonempty], shape) if nonempty.size > 1 else None
+    if defect is not None and defect.boxes:
+        (si, ei), (sj, ej) = (held[int(nonempty[b])] for b in defect.boxes)
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the boxes at {list(si)} (shape {list(ei)}) and at "
+            f"{list(sj)} (shape {list(ej)}) overlap (both hold element "
+            f"{list(defect.index)})", leaf=path, hint=_OVERLAP_HINT)
+    if covered != total:
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the ranks' boxes cover {covered} of its {total} elements "
+            f"(global shape {list(shape)})", leaf=path,
+            hint="every element of a sharded array must be held by some rank")
+    if defect is not None:  # sizes add up, yet an element is missing: another is held twice
+        raise StateMismatchError(
+            f"sharded leaf {path!r}: the ranks' boxes overlap (element {list(defect.index)} "
+            "is held by none of them although their sizes add up to the array's)", leaf=path,
+            hint=_OVERLAP_HINT)
+
+
+_OVERLAP_HINT = ("ranks holding the same data must declare the same box; different boxes "
+                 "must be disjoint")
+
+
+def merged_tree(flat_skeleton: Dict[str, Any], gathered: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The manifest's tree: the shared skeleton with every rank's PerRank subtrees."""
+    if len(gathered) == 1:
+        return flat_skeleton  # one rank: its skeleton already holds its PerRank subtrees
+    tree = copy.deepcopy(flat_skeleton)
+    for g in gathered:
+        for parts, items in g["per_rank"]:
+            _node_at(tree, parts)["items"].update(items)
+    for parts, _ in gathered[0]["per_rank"]:
+        node = _node_at(tree, parts)
+        node["items"] = dict(sorted(node["items"].items(), key=lambda kv: int(kv[0])))
+    return tree

@@ -1,0 +1,168 @@
+"""Who writes which piece of which array, as plain data.
+
+``plan_save`` is a pure function: the same array layouts give the same plan on
+every rank. Arrays larger than twice ``chunk_bytes`` are split along
+their first axis; pieces are given to ranks largest first, each to the rank with
+the fewest bytes so far (ties to the lowest rank), so replicated state is
+written once in total and evenly across ranks. Within a rank's data file,
+pieces follow the arrays' order; each array starts at a multiple of
+``alignment`` (both from :class:`uckpt.SaveOptions`) and its pieces follow each other
+without gaps, so a
+single-rank file is exactly the arrays' bytes laid out like a staging arena
+(see :mod:`uckpt.saving.staging`).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from .. import dtypes
+from ..format import data_file_name
+from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
+
+Box = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, shape)
+
+
+@dataclass(frozen=True)
+class ArrayMeta:
+    dtype: str
+    shape: Tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return dtypes.nbytes(self.dtype, self.shape)
+
+
+@dataclass(frozen=True)
+class WriteItem:
+    """One chunk: the box ``start``/``shape`` of array ``path``, at ``offset`` in ``file``."""
+
+    path: str
+    start: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    rank: int
+    file: str
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    world_size: int
+    items: Tuple[WriteItem, ...]
+    file_sizes: Tuple[Tuple[str, int], ...]  # (file, size) per writing rank
+
+    def for_rank(self, rank: int) -> List[WriteItem]:
+        return [it for it in self.items if it.rank == rank]
+
+    def bytes_per_rank(self) -> Dict[int, int]:
+        out = {r: 0 for r in range(self.world_size)}
+        for it in self.items:
+            out[it.rank] += it.length
+        return out
+
+
+def split_box(dtype: str, start: Sequence[int], shape: Sequence[int],
+              chunk_bytes: int) -> List[Box]:
+    """Boxes covering the box ``start``/``shape``: itself, or when it holds at least twice
+    ``chunk_bytes``, slabs of about ``chunk_bytes`` along its first axis longer than 1."""
+    start, shape = tuple(start), tuple(shape)
+    nbytes = dtypes.nbytes(dtype, shape)
+    if nbytes == 0:
+        return []
+    axis = next((d for d, n in enumerate(shape) if n >= 2), None)
+    if axis is None or nbytes < 2 * chunk_bytes:
+        return [(start, shape)]
+    slab_bytes = nbytes // shape[axis]
+    rows = max(1, chunk_bytes // max(1, slab_bytes))
+    n = -(-shape[axis] // rows)
+    rows = -(-shape[axis] // n)  # even out the slabs
+    out = []
+    for r in range(0, shape[axis], rows):
+        s = start[:axis] + (start[axis] + r,) + start[axis + 1:]
+        sh = shape[:axis] + (min(rows, shape[axis] - r),) + shape[axis + 1:]
+        out.append((s, sh))
+    return out
+
+
+#: who holds which box of an array: ``[((start, shape), (rank, ...)), ...]``
+BoxHolders = Sequence[Tuple[Box, Tuple[int, ...]]]
+
+
+def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
+    """The plan for replicated arrays: every rank holds all of each array."""
+    everyone = tuple(range(world_size))
+    holders = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
+    return plan_holdings(arrays, holders, world_size, chunk_bytes, alignment)
+
+
+def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolders],
+                  world_size: int, chunk_bytes: int,
+                  alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
+    """Split each held box into pieces of about ``chunk_bytes`` and give each piece to one
+    of the ranks holding it: largest pieces first, each to the holder with the fewest
+    bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
+    everyone = tuple(range(world_size))
+    pieces: List[Tuple[str, Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], int]] = []
+    for p, m in arrays.items():
+        size = dtypes.itemsize(m.dtype)
+        for (bstart, bshape), ranks in holders[p]:
+            nbytes = size * math.prod(bshape)
+            if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one piece (split_box)
+                pieces.append((p, tuple(bstart), tuple(bshape), tuple(ranks), nbytes))
+            elif nbytes:
+                pieces.extend((p, start, shape, tuple(ranks), size * math.prod(shape))
+                              for start, shape in split_box(m.dtype, bstart, bshape,
+                                                            chunk_bytes))
+    order = {p: i for i, p in enumerate(arrays)}
+    keys = [(-x[4], order[x[0]], x[1]) for x in pieces]  # largest first, then array, start
+    ranked = sorted(range(len(pieces)), key=keys.__getitem__)
+    load = [0] * world_size
+    lightest = [(0, r) for r in everyone]  # (load, rank), some stale: loads only grow
+    owner = [0] * len(pieces)
+    for i in ranked:
+        ranks, length = pieces[i][3], pieces[i][4]
+        if len(ranks) == 1:
+            rank = ranks[0]
+        elif ranks == everyone:  # replicated: the least loaded rank of all, from a heap
+            while lightest[0][0] != load[lightest[0][1]]:
+                heapq.heapreplace(lightest, (load[lightest[0][1]], lightest[0][1]))
+            rank = lightest[0][1]
+        else:
+            rank = min(ranks, key=lambda r: (load[r], r))
+        owner[i] = rank
+        load[rank] += length
+        if ranks == everyone:
+            heapq.heapreplace(lightest, (load[rank], rank))
+    return layout([(p, start, shape, owner[i], length)
+                   for i, (p, start, shape, _, length) in enumerate(pieces)],
+                  world_size, alignment)
+
+
+def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
+           world_size: int, alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
+    """Place pieces ``(path, start, shape, rank, length)`` in their ranks' data files, in
+    the given order: an array's pieces follow each other, each array starts at a multiple
+    of ``alignment``; each file ends with its last piece."""
+    items: List[WriteItem] = []
+    ends = [0] * world_size
+    last_path: List[object] = [None] * world_size
+    names = [data_file_name(r) for r in range(world_size)]
+    for p, start, shape, rank, length in pieces:
+        offset = ends[rank]
+        if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned
+            offset = -(-offset // alignment) * alignment
+            last_path[rank] = p
+        items.append(WriteItem(p, start, shape, rank, names[rank], offset, length))
+        ends[rank] = offset + length
+    sizes = tuple((names[r], ends[r]) for r in range(world_size))
+    return SavePlan(world_size, tuple(items), sizes)
+
+
+def metas(arrays: Mapping[str, Any]) -> Dict[str, ArrayMeta]:
+    """Layouts of arrays (ndarrays or DeviceArrays), for :func:`plan_save`."""
+    return {p: ArrayMeta(dtypes.name_of(a.dtype), tuple(a.shape)) for p, a in arrays.items()}

@@ -1,0 +1,1 @@
+"""State trees: flattening a state into a skeleton and array leaves, and back."""
