@@ -89,7 +89,7 @@ class RandomAccessFile:
             raise CorruptCheckpointError(f"{self.path}: a read at offset {offset} lies outside "
                                          f"the file ({self.size} bytes)", path=self.path,
                                          offset=offset)
-        n = pread_into(self.fd, view, offset)
+        n = pread_into(self.fd, view.data, offset)
         if n != view.nbytes:
             raise TruncatedDataError(f"{self.path}: {view.nbytes} bytes expected at offset "
                                      f"{offset}, the file ends at {offset + n}",

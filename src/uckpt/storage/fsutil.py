@@ -10,13 +10,21 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError,
                       UckptError)
 
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
 
-def fsync_dir(path) -> None:
+#: a path as callers give it
+StrPath = Union[str, "os.PathLike[str]"]
+#: an error class, or a callable ``(message, path=...)`` returning the error to raise
+MakeError = Callable[..., BaseException]
+
+
+def fsync_dir(path: StrPath) -> None:
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
@@ -24,7 +32,7 @@ def fsync_dir(path) -> None:
         os.close(fd)
 
 
-def write_file_durably(path, data: bytes) -> None:
+def write_file_durably(path: StrPath, data: bytes) -> None:
     """Write ``data`` to ``path`` (new file) and fsync it."""
     fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -42,7 +50,7 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
-def pread_into(fd: int, buf, offset: int) -> int:
+def pread_into(fd: int, buf: Buffer, offset: int) -> int:
     """Fill ``buf`` from ``fd`` at ``offset``; returns bytes read (short only at EOF)."""
     return preadv_into(fd, [buf], offset)
 
@@ -51,7 +59,7 @@ def pread_into(fd: int, buf, offset: int) -> int:
 IOV_MAX: int = min(1024, os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 16)
 
 
-def preadv_into(fd: int, bufs, offset: int) -> int:
+def preadv_into(fd: int, bufs: Sequence[Buffer], offset: int) -> int:
     """Fill the flat byte buffers ``bufs``, in order, from ``fd`` starting at ``offset``,
     with as few ``preadv`` calls as the kernel allows; returns bytes read (short only at
     EOF)."""
@@ -67,7 +75,7 @@ def preadv_into(fd: int, bufs, offset: int) -> int:
     return total
 
 
-def pwritev_all(fd: int, bufs, offset: int) -> None:
+def pwritev_all(fd: int, bufs: Sequence[Buffer], offset: int) -> None:
     """Write the flat byte buffers ``bufs``, in order, to ``fd`` at ``offset``, with as
     few ``pwritev`` calls as the kernel allows (it may write less than asked)."""
     views = [memoryview(b).cast("B") for b in bufs]
@@ -107,10 +115,10 @@ def preallocate(fd: int, size: int) -> None:
 
 
 _SYNC_FILE_RANGE_WRITE = 2
-_libc = None
+_libc: Optional[ctypes.CDLL] = None
 
 
-def _c():
+def _c() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -135,7 +143,7 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 
 
-def exchange(a, b) -> bool:
+def exchange(a: StrPath, b: StrPath) -> bool:
     """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE). False if unsupported."""
     try:
         fn = _c().renameat2
@@ -177,7 +185,7 @@ def copy_range(fd_in: int, fd_out: int, size: int, block: int = 8 << 20) -> int:
     return done
 
 
-def remove_tree(path) -> None:
+def remove_tree(path: StrPath) -> None:
     shutil.rmtree(os.fspath(path), ignore_errors=True)
 
 
@@ -217,7 +225,7 @@ def kind_of(mode: int) -> str:
     return f"an entry of unknown type (mode {mode:#o})"
 
 
-def unreadable(e: OSError, path: str, what: str, detail: str = "", **where) -> UckptError:
+def unreadable(e: OSError, path: str, what: str, detail: str = "", **where: Any) -> UckptError:
     """The uckpt error for an OSError met while opening or reading a checkpoint's ``what``
     at ``path`` (``detail`` is added to the message, ``where`` (leaf, offset) to the error):
     missing -> CheckpointNotFoundError; anything else (permission denied, an I/O error, ...)
@@ -238,14 +246,15 @@ def unreadable(e: OSError, path: str, what: str, detail: str = "", **where) -> U
                                   **where)
 
 
-def not_regular(path: str, what: str, kind: str, error=CorruptCheckpointError) -> UckptError:
+def not_regular(path: str, what: str, kind: str,
+                error: MakeError = CorruptCheckpointError) -> BaseException:
     return error(f"{what} {path!r} is {kind}, not a regular file", path=path,
                  hint="uckpt reads only regular files inside a checkpoint directory, never "
                       "through a symbolic link; put the real file there, or restore an "
                       "earlier checkpoint")
 
 
-def open_dir(path, *, what: str = "checkpoint", dir_fd: Optional[int] = None,
+def open_dir(path: StrPath, *, what: str = "checkpoint", dir_fd: Optional[int] = None,
              follow_symlinks: bool = True) -> int:
     """Open directory ``path`` (relative to ``dir_fd`` if given) and return its descriptor
     (close it with ``os.close``). A symlink at ``path`` is followed only with
@@ -272,8 +281,9 @@ def open_dir(path, *, what: str = "checkpoint", dir_fd: Optional[int] = None,
     raise NotACheckpointError(f"{text!r} is {kind}, not a {what} directory", path=text)
 
 
-def open_regular(where, name: str, *, what: str = "file", path: Optional[str] = None,
-                 missing=CheckpointNotFoundError, wrong_type=CorruptCheckpointError) -> int:
+def open_regular(where: Union[int, StrPath], name: str, *, what: str = "file",
+                 path: Optional[str] = None, missing: MakeError = CheckpointNotFoundError,
+                 wrong_type: MakeError = CorruptCheckpointError) -> int:
     """Open ``name``, a plain file name inside the directory ``where`` (an open directory
     descriptor, or a path that is opened for the call), for reading; return the descriptor.
 
@@ -296,7 +306,8 @@ def open_regular(where, name: str, *, what: str = "file", path: Optional[str] = 
         os.close(dir_fd)
 
 
-def _open_in(dir_fd: int, name: str, what: str, path: str, missing, wrong_type) -> int:
+def _open_in(dir_fd: int, name: str, what: str, path: str, missing: MakeError,
+             wrong_type: MakeError) -> int:
     try:
         fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
     except OSError as e:
@@ -319,7 +330,7 @@ def _open_in(dir_fd: int, name: str, what: str, path: str, missing, wrong_type) 
     return fd
 
 
-def link_kind(path, dir_fd: Optional[int] = None) -> str:
+def link_kind(path: StrPath, dir_fd: Optional[int] = None) -> str:
     """``"a symbolic link (to 'target')"``, for messages about the symlink at ``path``."""
     try:
         return f"a symbolic link (to {os.fsdecode(os.readlink(path, dir_fd=dir_fd))!r})"
@@ -328,8 +339,8 @@ def link_kind(path, dir_fd: Optional[int] = None) -> str:
 
 
 def stat_regular(dir_fd: int, name: str, *, what: str = "file", path: Optional[str] = None,
-                 missing=CheckpointNotFoundError, wrong_type=CorruptCheckpointError
-                 ) -> os.stat_result:
+                 missing: MakeError = CheckpointNotFoundError,
+                 wrong_type: MakeError = CorruptCheckpointError) -> os.stat_result:
     """``lstat`` of ``name`` inside directory ``dir_fd`` without opening it; raises like
     :func:`open_regular` unless it is a regular file."""
     path = path or name
@@ -346,7 +357,7 @@ def stat_regular(dir_fd: int, name: str, *, what: str = "file", path: Optional[s
 
 
 def read_capped(fd: int, cap: int, path: str, *, what: str = "file",
-                too_large=CorruptCheckpointError) -> bytes:
+                too_large: MakeError = CorruptCheckpointError) -> bytes:
     """The whole content of the file open at ``fd`` (read from offset 0), at most ``cap``
     bytes: a file whose ``fstat`` size is over ``cap`` raises ``too_large`` before a byte is
     read; at most ``cap + 1`` bytes are ever read, whatever ``st_size`` says (a file that

@@ -78,7 +78,7 @@ class TmpLease:
     def __enter__(self) -> "TmpLease":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
@@ -334,7 +334,8 @@ class WriterLock(LockBase):
         """The record written by the latest holder (read without locking)."""
         try:
             with open(self.path, "rb") as f:
-                return json.loads(f.read(_RECORD_BYTES).decode().strip() or "{}")
+                record = json.loads(f.read(_RECORD_BYTES).decode().strip() or "{}")
+                return record if isinstance(record, dict) else {}
         except (OSError, ValueError):
             return {}
 

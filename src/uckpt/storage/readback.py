@@ -20,10 +20,13 @@ import os
 import platform
 import sys
 import threading
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .. import knobs
 from ..codecs.checksum import crc32c, format_checksum
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12 on
+    from typing_extensions import Buffer
 
 log = logging.getLogger("uckpt.storage.readback")
 
@@ -38,12 +41,12 @@ class SourceReader:
 
     how = "store read"
 
-    def __init__(self, source, name: str) -> None:
+    def __init__(self, source: Any, name: str) -> None:
         self.source, self.name = source, name
         source.open_file(name)
 
-    def read(self, buf, offset: int) -> int:
-        return self.source.read_into(self.name, buf, offset)
+    def read(self, buf: Buffer, offset: int) -> int:
+        return int(self.source.read_into(self.name, buf, offset))
 
     def close(self) -> None:
         pass
@@ -77,7 +80,7 @@ class FileReader:
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
             self.how = "fadvise(DONTNEED) read"
 
-    def read(self, buf, offset: int) -> int:
+    def read(self, buf: Buffer, offset: int) -> int:
         try:
             return os.preadv(self.fd, [buf], offset)
         except OSError as e:  # O_DIRECT opened, but this file system's blocks are larger
@@ -97,7 +100,7 @@ def block_buffer() -> mmap.mmap:
     return mmap.mmap(-1, max(ALIGN, knobs.read_block_bytes // ALIGN * ALIGN))
 
 
-def stored_checksum(reader, offset: int, length: int, buf: mmap.mmap) -> Optional[str]:
+def stored_checksum(reader: Any, offset: int, length: int, buf: mmap.mmap) -> Optional[str]:
     """The checksum of bytes ``[offset, offset + length)`` as ``reader`` reads them, in
     aligned blocks of ``buf``'s size; None if the file ends before them."""
     view = memoryview(buf)

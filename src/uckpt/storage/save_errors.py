@@ -14,7 +14,8 @@ from . import fsutil
 from ..errors import SaveError, StorageAccessError, StorageFullError, UckptError
 
 
-def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> BaseException:
+def save_failure(e: BaseException, doing: str, directory: object,
+                 detail: str = "") -> BaseException:
     """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one).
     A full disk names ``directory`` and, for a local one, the bytes still free there."""
     if fsutil.is_enospc(e):
@@ -30,10 +31,10 @@ def save_failure(e: BaseException, doing: str, directory, detail: str = "") -> B
                                      "checkpoints are intact")
     if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and \
             not isinstance(e, UckptError):
-        where = e.filename or directory
+        where = str(e.filename or directory)
         return StorageAccessError(
-            f"{doing} failed: {str(where)!r} cannot be written ({os.strerror(e.errno)})",
-            path=str(where), errno=e.errno,
+            f"{doing} failed: {where!r} cannot be written ({os.strerror(e.errno)})",
+            path=where, errno=e.errno,
             hint="check that the file system is mounted read-write and that this user may "
                  "write there; earlier checkpoints are intact")
     if isinstance(e, OSError) and not isinstance(e, UckptError):
@@ -56,7 +57,7 @@ def _free_bytes(where: str) -> "int | None":
     return st.f_bavail * st.f_frsize
 
 
-def raise_save_failure(e: BaseException, doing: str, where, detail: str = "") -> None:
+def raise_save_failure(e: BaseException, doing: str, where: object, detail: str = "") -> None:
     """Raise the uckpt error for ``e`` (see :func:`save_failure`), chained to it."""
     err = save_failure(e, doing, where, detail)
     if err is e:

@@ -368,7 +368,7 @@ def _hidden(what: str) -> str:
 
 
 def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
-    fn = fsutil._c().renameat2  # type: ignore[no-untyped-call]  # libc, loaded once
+    fn = fsutil._c().renameat2  # libc, loaded once
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
     if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
         return
