@@ -523,11 +523,26 @@ def table(summary: List[Dict[str, Any]], extra: List[int]) -> str:
 # Main
 # ------------------------------------------------------------------------------------
 
+def tree_commit(where: Path) -> Optional[str]:
+    """The git commit of the tree under test (``+`` if it has changes), or None."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--", "."],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+" if dirty else "")) or None
+
+
 def measure(args) -> int:
     probes = install_probes()
     install_read_counter()
     env = C.environment()
     env["uckpt"] = f"{getattr(uckpt, '__version__', '?')} from {Path(uckpt.__file__).parent}"
+    env["uckpt_commit"] = tree_commit(Path(uckpt.__file__).parent)
     load0 = os.getloadavg()
     print(f"uckpt from {Path(uckpt.__file__).parent}; probes: {', '.join(probes)}", flush=True)
     summary, raw, skipped = [], [], []
@@ -607,7 +622,7 @@ def report(summary, skipped, args, env, probes, load0) -> str:
         f"Probed: {', '.join(probes)}.",
         f"Machine: {env.get('cpu_count')} CPUs, {C.fmt_bytes(env.get('mem_total_bytes'))} RAM, "
         f"{env.get('platform')}; Python {env.get('python')}, numpy {env.get('numpy')}; "
-        f"uckpt {env.get('uckpt')}.",
+        f"uckpt {env.get('uckpt')} (commit {env.get('uckpt_commit')}).",
         f"Run at {env.get('time')}; 1-min load average {load0[0]:.2f} at start, "
         f"{os.getloadavg()[0]:.2f} at end.",
         "",
