@@ -55,7 +55,7 @@ def _python(code: str, **env) -> str:
 
 
 def test_the_reference_can_be_chosen():
-    assert _python("from uckpt import checksum; print(checksum.BACKEND)",
+    assert _python("from uckpt.codecs import checksum; print(checksum.BACKEND)",
                    UCKPT_CRC32C="crc32c") == "crc32c"
 
 
@@ -64,7 +64,7 @@ def test_a_checkpoint_written_with_one_backend_verifies_with_the_other(tmp_path)
              for i in range(20)}
     uckpt.save(tmp_path / "fast", state)
     np.savez(tmp_path / "state.npz", **state)
-    code = ("import sys, numpy as np, uckpt; from uckpt import checksum; "
+    code = ("import sys, numpy as np, uckpt; from uckpt.codecs import checksum; "
             "assert checksum.BACKEND == 'crc32c', checksum.BACKEND; "
             "got = uckpt.load(sys.argv[1]); want = np.load(sys.argv[2]); "
             "assert all((got[k] == want[k]).all() for k in want.files); uckpt.verify(sys.argv[1]); "
