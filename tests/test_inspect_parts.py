@@ -19,7 +19,10 @@ import pytest
 import uckpt
 from uckpt.cli import inspect as inspect_cli
 from uckpt.cli.main import main
+from uckpt.loading import manifest_io
 from uckpt.loading.reader import read_manifest
+from uckpt.loading.stored_sizes import stored_sizes
+from uckpt.storage import open_source
 from uckpt.testing import run_ranks
 
 from test_cli import assert_error, run_cli
@@ -76,6 +79,17 @@ def test_inspect_of_a_split_manifest_is_that_of_the_whole_manifest(ckpt, capsys,
     assert leaves["model/w"]["stored"] == sum(c.length for c in w.chunks) < w.nbytes
     assert leaves["model/w"]["codec"] == "bytegroup+zstd"
     assert (leaves["own/2/w"]["chunks"], leaves["bias"]["chunks"]) == (1, 1)
+
+
+def test_parts_are_counted_one_at_a_time_and_none_is_kept(ckpt):
+    with open_source(ckpt) as source:
+        root = manifest_io.read_root(source)
+        sizes = stored_sizes(source, root)
+    assert sizes.parts_read == [PART.format(r) for r in range(WORLD)] and not sizes.errors
+    assert root.parts_pending == list(range(WORLD))  # nothing attached to the manifest
+    assert len(root.rows_read()) == 1  # the root's rows alone: each part's were dropped
+    whole = read_manifest(ckpt)
+    assert sizes.by_path["model/v"].stored == sum(c.length for c in whole.arrays["model/v"].chunks)
 
 
 @pytest.mark.parametrize("select, parts, leaves", [
