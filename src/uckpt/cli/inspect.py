@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping, Optional
 
-from ..codecs import pipeline as codecs
+from ..conversion.subtree import SelectError
 from ..format import FORMAT_NAME, Manifest
-from ..loading.reader import read_manifest
+from ..loading import manifest_io
+from ..loading.stored_sizes import Stored, of_entry, stored_sizes
 from ..tree.flatten import escape
-from ..storage import canonical
+from ..storage import canonical, open_source
 from . import foreign
 from .storage_args import add_storage_arguments, options_for
-from .common import bytes_text, human_bytes, human_time, print_json, shape_str, table
+from .common import bytes_text, human_bytes, human_time, print_error, print_json, shape_str, table
 
 HELP = "show a checkpoint's header, metadata, values and leaves"
 DESCRIPTION = """\
@@ -20,8 +21,11 @@ Show what the checkpoint CKPT holds: its header (format version, world size,
 step, creation time, writer, size, files), user metadata, the framework
 objects and plain values of its state tree, and a table of its array leaves
 with their codecs and compression ratios (stored size / raw size).
-Only the manifest is read, so this is fast on checkpoints of any size; run
-"uckpt verify" to check the data. CKPT may also be a file or directory in
+Only the manifest is read, so this is fast on checkpoints of any size: the
+root first, then its parts (a save by several ranks) one at a time, only those
+that hold a shown array. A part that cannot be read is named (exit 1) after
+what the root gives is shown; run "uckpt verify" to check the data and the
+manifest whole. CKPT may also be a file or directory in
 another format uckpt convert reads (NPZ, torch.save, HDF5, safetensors, .keras,
 Hugging Face, DCP): its arrays and values are listed from its headers."""
 
@@ -32,6 +36,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CKPT",
                    help="a checkpoint directory, or an s3://bucket/prefix URL")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
+    p.add_argument("--select", metavar="PATH",
+                   help="show only the node at PATH of the state tree (e.g. model or "
+                        "model/fc.weight): its objects, values and leaves, with totals over "
+                        "those leaves; only the manifest parts holding its arrays are read")
     add_from_argument(p)
     add_storage_arguments(p)
     p.set_defaults(run=run)
@@ -64,12 +72,25 @@ def walk(node: Dict[str, Any], parts: List[str], out: Dict[str, list]) -> None:
         out["refs"].append(ref)
 
 
-def describe(directory, manifest: Manifest) -> Dict[str, Any]:
-    """The JSON document of ``uckpt inspect --json``."""
+def describe(directory, manifest: Manifest,
+             stored: Optional[Mapping[str, Optional[Stored]]] = None,
+             select: Optional[str] = None) -> Dict[str, Any]:
+    """The JSON document of ``uckpt inspect --json``: ``stored`` gives each array's chunks
+    as stored (None: an array of a manifest part that could not be read; the mapping
+    None: counted from ``manifest``'s chunks); ``select``: only the node at that path."""
     found: Dict[str, list] = {"objects": [], "values": [], "refs": []}
     walk(manifest.tree, [], found)
+    if select is not None:
+        found = {k: [v for v in found[k] if _under(v["path"], select)] for k in found}
     kinds = {r["array"]: r["type"] for r in found["refs"] if r["path"] == r["array"]}
-    return {
+    entries = [a for a in manifest.arrays.values() if select is None or _under(a.path, select)]
+    if stored is None:
+        stored = {a.path: of_entry(a) for a in entries}
+    sizes = [stored[a.path] for a in entries]
+    nbytes = sum(a.nbytes for a in entries)
+    known = all(s is not None for s in sizes)
+    total = sum(s.stored for s in sizes if s is not None) if known else None
+    doc = {
         "path": str(canonical(directory)),
         "format": FORMAT_NAME,
         "format_version": manifest.format_version,
@@ -77,41 +98,53 @@ def describe(directory, manifest: Manifest) -> Dict[str, Any]:
         "created": manifest.created,
         "step": manifest.step,
         "world_size": manifest.world_size,
-        "nbytes": manifest.nbytes,
-        "stored": sum(_stored(a) for a in manifest.arrays.values()),
-        "ratio": _ratio(sum(_stored(a) for a in manifest.arrays.values()), manifest.nbytes),
+        "nbytes": nbytes,
+        "stored": total,
+        "ratio": None if total is None else _ratio(total, nbytes),
         "files": [{"name": f.name, "rank": f.rank, "size": f.size}
                   for f in manifest.files.values()],
         "merkle_root": manifest.merkle_root or None,
         "bases": manifest.bases,
-        "referring_chunks": sum(1 for a in manifest.arrays.values() for c in a.chunks if c.base),
+        "referring_chunks": sum(s.referring for s in sizes if s is not None) if known else None,
         "metadata": manifest.metadata,
         "objects": found["objects"],
         "values": found["values"],
-        "leaves": [{"path": a.path, "dtype": a.dtype, "shape": list(a.shape), "nbytes": a.nbytes,
-                    "chunks": len(a.chunks), "kind": kinds.get(a.path, "array"),
-                    "codec": _codec(a), "stored": _stored(a), "ratio": _ratio(_stored(a), a.nbytes)}
-                   for a in manifest.arrays.values()],
+        "leaves": [_leaf(a, kinds.get(a.path, "array"), s) for a, s in zip(entries, sizes)],
         # array references stored once under another path (tied / shared arrays)
         "shared": [{"path": r["path"], "array": r["array"]}
                    for r in found["refs"] if r["path"] != r["array"]],
     }
+    if select is not None:
+        doc["select"] = select
+    return doc
 
 
-def _stored(entry) -> int:
-    return sum(c.length for c in entry.chunks)
+def _leaf(a, kind: str, s: Optional[Stored]) -> Dict[str, Any]:
+    return {"path": a.path, "dtype": a.dtype, "shape": list(a.shape), "nbytes": a.nbytes,
+            "chunks": s and s.chunks, "kind": kind, "codec": s and s.codec,
+            "stored": s and s.stored, "ratio": s and _ratio(s.stored, a.nbytes)}
+
+
+def _under(path: str, select: str) -> bool:
+    """Is ``path`` the node at ``select`` or below it?"""
+    return not select or path == select or path.startswith(select + "/")
+
+
+def selected_arrays(manifest: Manifest, select: str) -> List[str]:
+    """The arrays at or under ``select``; raises SelectError if no node of the state tree
+    is there."""
+    found: Dict[str, list] = {"objects": [], "values": [], "refs": []}
+    walk(manifest.tree, [], found)
+    if not any(_under(v["path"], select) for k in found for v in found[k]):
+        raise SelectError(f"--select {select!r}: the checkpoint's state tree has no node "
+                          "there", hint="run `uckpt inspect CKPT` (without --select) for "
+                                        "its paths")
+    return [p for p in manifest.arrays if _under(p, select)]
 
 
 def _ratio(stored: int, nbytes: int) -> float:
     """Stored bytes per raw byte (1.0 for raw or empty arrays)."""
     return round(stored / nbytes, 4) if nbytes else 1.0
-
-
-def _codec(entry) -> str:
-    """The codec pipeline of an array's chunks (``raw``, ``zstd``, ``bytegroup+zstd``), or
-    those joined by ``,`` when its chunks differ (``-`` for an array without chunks)."""
-    names = sorted({codecs.label(c.codec) for c in entry.chunks})
-    return ",".join(names) or "-"
 
 
 def _value_text(v: Dict[str, Any]) -> str:
@@ -132,7 +165,9 @@ def render(doc: Dict[str, Any]) -> str:
         f"total        {bytes_text(doc['nbytes'])} in "
         f"{len(doc['leaves'])} leaves" + (
             f"; stored {human_bytes(doc['stored'])} (ratio {doc['ratio']:.3f})"
-            if doc["stored"] != doc["nbytes"] else ""),
+            if doc["stored"] is not None and doc["stored"] != doc["nbytes"] else
+            "; stored sizes unknown (a manifest part could not be read)"
+            if doc["stored"] is None else ""),
         f"files        {len(files)}: " + (", ".join(
             f"{f['name']} (rank {f['rank']}, {human_bytes(f['size'])})" for f in files[:4])
             + (f", ... ({len(files) - 4} more)" if len(files) > 4 else "")),
@@ -143,8 +178,9 @@ def render(doc: Dict[str, Any]) -> str:
         names = list(doc["bases"])
         lines.append(f"bases        {len(names)}: " + ", ".join(names[:4]) +
                      (f", ... ({len(names) - 4} more)" if len(names) > 4 else "") +
-                     f"; {doc['referring_chunks']} of "
-                     f"{sum(a['chunks'] for a in doc['leaves'])} chunks refer to them")
+                     ("" if doc["referring_chunks"] is None else
+                      f"; {doc['referring_chunks']} of "
+                      f"{sum(a['chunks'] for a in doc['leaves'])} chunks refer to them"))
     if doc["metadata"]:
         lines += ["", "metadata:"]
         lines += [f"  {k} = {json.dumps(v, ensure_ascii=False)}"
@@ -160,8 +196,9 @@ def render(doc: Dict[str, Any]) -> str:
     if doc["leaves"]:
         lines += ["", "leaves:"]
         rows = [[a["path"] + (" (bytes)" if a["kind"] == "bytes" else ""), a["dtype"],
-                 shape_str(a["shape"]), human_bytes(a["nbytes"]), a["chunks"], a["codec"],
-                 f"{a['ratio']:.3f}"]
+                 shape_str(a["shape"]), human_bytes(a["nbytes"]),
+                 "-" if a["chunks"] is None else a["chunks"], a["codec"] or "-",
+                 "-" if a["ratio"] is None else f"{a['ratio']:.3f}"]
                 for a in doc["leaves"]]
         body = table(["PATH", "DTYPE", "SHAPE", "SIZE", "CHUNKS", "CODEC", "RATIO"], rows,
                      right=[3, 4, 6])
@@ -179,16 +216,27 @@ def add_from_argument(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     if foreign.is_foreign(args.checkpoint):
+        if args.select is not None:
+            raise SelectError(f"--select {args.select!r}: only a uckpt checkpoint's "
+                              f"inspection takes --select, and {args.checkpoint!r} is not one",
+                              hint="inspect it without --select, or convert it with "
+                                   "`uckpt convert --select PATH`")
         doc = foreign.describe(args.checkpoint, args.src_format)
         if args.json:
             print_json(doc)
         else:
             print(foreign.render(doc))
         return 0
-    manifest = read_manifest(args.checkpoint, options_for(args.checkpoint, args))
-    doc = describe(args.checkpoint, manifest)
+    with open_source(args.checkpoint, options_for(args.checkpoint, args)) as source:
+        manifest = manifest_io.read_root(source)  # (parts: read one at a time, if needed)
+        select = None if args.select is None else args.select.strip("/")
+        paths = None if select is None else selected_arrays(manifest, select)
+        sizes = stored_sizes(source, manifest, paths)
+    doc = describe(args.checkpoint, manifest, sizes.by_path, select)
     if args.json:
         print_json(doc)
     else:
         print(render(doc))
-    return 0
+    for error in sizes.errors:  # (what the root gives is shown; each bad part is named)
+        print_error(error)
+    return 1 if sizes.errors else 0

@@ -136,6 +136,20 @@ class Manifest:
             raise ValueError(f"part {index} is not pending")
         self._pending.attach(self, index, data)
 
+    def check_part(self, index: int, data: bytes) -> Tuple[Any, Any]:
+        """Check pending part ``index``'s bytes as :meth:`attach_part` does and return its
+        rows, ``(array index of each row, rows.Table)``, without attaching them (a reader
+        that goes through the parts one at a time holds one part's rows at a time)."""
+        if index not in self.parts_pending:
+            raise ValueError(f"part {index} is not pending")
+        rows: Tuple[Any, Any] = self._pending.check_part(self, index, data)
+        return rows
+
+    def rows_read(self) -> List[Tuple[Any, Any]]:
+        """While parts are pending, the rows of the root and of the parts attached so far,
+        each ``(array index of each row, rows.Table)``; ``[]`` once none is pending."""
+        return [] if self._pending is None else list(self._pending.tables)
+
 
 
 def _slot_setters(cls: type) -> Tuple[Any, ...]:

@@ -262,6 +262,14 @@ class _State:
         self.tables.append((ai, table))
 
     def attach(self, m: Manifest, k: int, data: bytes) -> None:
+        self.add(*self.check_part(m, k, data))
+        m.parts_pending.remove(k)
+        if not m.parts_pending:
+            self.finish(m)
+
+    def check_part(self, m: Manifest, k: int, data: bytes) -> Tuple[np.ndarray, Table]:
+        """Check part ``k``'s bytes (size, checksum, members, chunk table, runs) and return
+        its rows (the array index of each row, the rows), keeping nothing."""
         entry = m.parts[k]
         where = f"{self.p.where}: parts[{k}] ({entry.file})"
         if len(data) != entry.size or _crc_text(data) != entry.checksum:
@@ -305,10 +313,7 @@ class _State:
             i = int(missing[0])
             p.fail("chunks", f"array {i} ({self.meta.paths[i]!r:.80}) is in the part's runs "
                              "in the root, but the part has no row of it")
-        self.add(ai, table)
-        m.parts_pending.remove(k)
-        if not m.parts_pending:
-            self.finish(m)
+        return ai, table
 
     def finish(self, m: Manifest) -> None:
         """Check every array's tiling and the bases' use; set the arrays' chunks (each a
