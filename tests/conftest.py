@@ -102,6 +102,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.s3)
 
 
+@pytest.fixture(scope="session")
+def saver_forks():
+    """A fork server (tests/fork_server.py) that starts the crash tests' savers without a
+    fresh interpreter each: ``saver_forks.popen([script, *args], stdout=PIPE)``. Stopped
+    (its children not reaped yet SIGKILLed) at the end of the session."""
+    from fork_server import ForkServer
+
+    server = ForkServer.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def small_chunks():
     """Save options that split arrays into many chunks, so chunking paths run on tiny

@@ -5,7 +5,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import incremental_common
 import uckpt
 from conftest import entries
+from fork_server import Forked
 
 KILLS = int(os.environ.get("UCKPT_CRASH_KILLS", "50"))
 SAVER = Path(__file__).with_name("crash_saver.py")
@@ -28,15 +28,14 @@ def check_step(path: Path, step: int) -> None:
     uckpt.verify(path)
 
 
-def run_kills(roots, extra_args, rnd, kills, lines=None, window=0.25):
-    """Start the saver, kill it at a random moment (up to ``window`` seconds after it is
-    ready), ``kills`` times; yield the newest step it reported as committed after each kill
-    (``lines``: gets every line it printed, with its newline: the last line of a round
-    has none where the kill tore it)."""
+def run_kills(forks, roots, extra_args, rnd, kills, lines=None, window=0.25):
+    """Start the saver (forked by ``forks``, the fork server of conftest.py), kill it at a
+    random moment (up to ``window`` seconds after it is ready), ``kills`` times; yield the
+    newest step it reported as committed after each kill (``lines``: gets every line it
+    printed, with its newline: the last line of a round has none where the kill tore it)."""
     last, interrupted = 0, 0
     for i in range(kills):
-        p = subprocess.Popen([sys.executable, str(SAVER), *map(str, roots), *extra_args],
-                             stdout=subprocess.PIPE, text=True)
+        p = forks.popen([SAVER, *roots, *extra_args], stdout=subprocess.PIPE)
         assert p.stdout.readline().strip() == "ready"
         printed = []
         if i == 0:  # make sure a first checkpoint exists
@@ -46,23 +45,24 @@ def run_kills(roots, extra_args, rnd, kills, lines=None, window=0.25):
         time.sleep(rnd.uniform(0.0, window))
         p.send_signal(signal.SIGKILL)
         printed += p.stdout.read().splitlines(keepends=True)
+        p.stdout.close()
         if lines is not None:
             lines.extend(printed)
         for line in printed:
             words = line.split()  # the last line may be torn by the kill: "committed"
             if len(words) == 2 and words[0] == "committed" and words[1].isdigit():
                 last = max(last, int(words[1]))
-        p.wait()
+        assert p.wait() == -signal.SIGKILL  # it was saving until the kill, not dead of an error
         interrupted += any(q.startswith(".") for r in roots if r.exists() for q in entries(r))
         yield last
     assert interrupted >= kills // 4, f"only {interrupted} kills landed inside a save"
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_at_random_moments(tmp_path):
+def test_sigkill_at_random_moments(tmp_path, saver_forks):
     root = tmp_path / "ck"
     previous = 0
-    for last in run_kills([root], [], random.Random(1234), KILLS):
+    for last in run_kills(saver_forks, [root], [], random.Random(1234), KILLS):
         mgr = uckpt.CheckpointManager(root, role="writer")  # removes debris of the killed save
         latest = mgr.latest_step()
         # everything reported as committed is visible; at most one more (committed, not
@@ -75,10 +75,11 @@ def test_sigkill_at_random_moments(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_async_saves_with_two_tiers(tmp_path):
+def test_sigkill_async_saves_with_two_tiers(tmp_path, saver_forks):
     fast, durable = tmp_path / "fast", tmp_path / "durable"
     previous = 0
-    for last in run_kills([fast, durable], ["--async"], random.Random(99), KILLS // 2):
+    for last in run_kills(saver_forks, [fast, durable], ["--async"], random.Random(99),
+                          KILLS // 2):
         mgr = uckpt.CheckpointManager(tiers=[fast, durable])
         # up to max_inflight saves committed but not yet reported
         assert last <= mgr.latest_step() <= max(last, previous) + 2
@@ -93,13 +94,14 @@ def test_sigkill_async_saves_with_two_tiers(tmp_path):
 
 
 @pytest.mark.timeout(600)
-def test_sigkill_during_incremental_saves_and_retention(tmp_path):
+def test_sigkill_during_incremental_saves_and_retention(tmp_path, saver_forks):
     """Kills land in incremental saves and in retention (keep_last=2 deletes after every
     save, newest first): every checkpoint left visible loads bitwise and verifies, its
     bases included, and restore gives the newest."""
     root = tmp_path / "ck"
     previous = 0
-    for last in run_kills([root], ["--incremental"], random.Random(77), KILLS // 2):
+    for last in run_kills(saver_forks, [root], ["--incremental"], random.Random(77),
+                          KILLS // 2):
         mgr = uckpt.CheckpointManager(root, role="writer")
         latest = mgr.latest_step()
         assert last <= latest <= max(last, previous) + 1
@@ -114,7 +116,7 @@ def test_sigkill_during_incremental_saves_and_retention(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_during_incremental_saves_with_bit_rot_in_bases(tmp_path):
+def test_sigkill_during_incremental_saves_with_bit_rot_in_bases(tmp_path, saver_forks):
     """The saver flips a bit in a base after every 4th save (re-read every 2 saves that
     refer to it) and is killed at random moments: every kept checkpoint loads bitwise,
     except those holding or referring to a flipped chunk that were committed before the
@@ -127,7 +129,8 @@ def test_sigkill_during_incremental_saves_with_bit_rot_in_bases(tmp_path):
     refused, acknowledged, after_detection, loaded, excused = set(), set(), set(), set(), set()
     nothing = 0  # rounds after which no kept checkpoint loads
     # long enough runs for flips, re-reads and detections to happen between the kills
-    for last in run_kills([root], ["--bitrot"], random.Random(2525), KILLS, lines, window=1.0):
+    for last in run_kills(saver_forks, [root], ["--bitrot"], random.Random(2525), KILLS, lines,
+                          window=1.0):
         detected_yet = False  # in this saver's run
         for line in lines[seen:]:
             words = line.split()
@@ -190,7 +193,7 @@ def test_sigkill_during_incremental_saves_with_bit_rot_in_bases(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_sigkill_while_rolling_back(tmp_path):
+def test_sigkill_while_rolling_back(tmp_path, saver_forks):
     """The rollback pattern: the saver goes back to an earlier step now and then (by
     rollback() or on_rollback="archive") and continues on a new line, and is SIGKILLed at
     random moments. After each kill a reader and then a new writer (which finishes a
@@ -202,8 +205,8 @@ def test_sigkill_while_rolling_back(tmp_path):
     root, lines, read = tmp_path / "ck", [], 0
     acked = {}  # step -> line: the acknowledged saves of the live line (and accepted ones)
     counts = dict(kills=0, saves=0, rollbacks=0, mid_rollback=0)
-    for _ in run_kills([root], ["--rollback"], random.Random(4321), max(60, KILLS * 6 // 5),
-                       lines):
+    for _ in run_kills(saver_forks, [root], ["--rollback"], random.Random(4321),
+                       max(60, KILLS * 6 // 5), lines):
         counts["kills"] += 1
         events = [line.split() for line in lines[read:] if line.endswith("\n")]  # not torn
         read = len(lines)
@@ -245,3 +248,28 @@ def test_sigkill_while_rolling_back(tmp_path):
         writer.close()
     print("rollback crash run:", counts)
     assert counts["rollbacks"] >= counts["kills"] // 2 and counts["mid_rollback"] >= 1
+
+
+def test_forked_saver_runs_as_a_fresh_interpreter_would(tmp_path, saver_forks, monkeypatch):
+    """The fork server's child gets the test's argv, working directory and environment,
+    runs as ``__main__``, and its exit code (or the signal that killed it) is reported."""
+    script = tmp_path / "child.py"
+    script.write_text("import os, signal, sys\n"
+                      "print(__name__, sys.argv[1:], os.getcwd(), os.environ['CHILD_WORD'],\n"
+                      "      sys.path[0], flush=True)\n"
+                      "if sys.argv[1] == 'hang':\n    signal.pause()\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CHILD_WORD", "forked")
+    p = saver_forks.popen([script, 3], stdout=subprocess.PIPE)
+    assert isinstance(p, Forked)
+    assert p.communicate(timeout=60) == \
+        (f"__main__ ['3'] {tmp_path} forked {tmp_path}\n", None) and p.returncode == 3
+    p = saver_forks.popen([script, "hang"], stdout=subprocess.PIPE)
+    assert p.stdout.readline().startswith("__main__ ['hang']")
+    p.send_signal(signal.SIGKILL)
+    assert p.wait() == -signal.SIGKILL and p.stdout.read() == ""
+    p.stdout.close()
+    monkeypatch.setenv("UCKPT_COMM_TIMEOUT", "7")  # read by uckpt at import: not forked
+    p = saver_forks.popen([script, 0], stdout=subprocess.PIPE)
+    assert not isinstance(p, Forked) and p.communicate(timeout=60)[0].startswith("__main__")

@@ -91,15 +91,15 @@ def test_one_saver_three_readers(tmp_path, mode):
 
 
 @pytest.mark.timeout(900)
-def test_saver_killed_at_random_with_readers(tmp_path):
+def test_saver_killed_at_random_with_readers(tmp_path, saver_forks):
     roots = [tmp_path / "fast", tmp_path / "durable"]
     stop, readers = start_readers(tmp_path, roots)
     rnd = random.Random(4321)
     step, done, interrupted = 0, [], 0
     for kill in range(KILLS + 1):
         end = step + (10_000 if kill < KILLS else 50)  # the last run ends by itself
-        p = subprocess.Popen([PYTHON, str(WORKER), "save", "tiers", str(end), str(step),
-                              *map(str, roots)], stdout=subprocess.PIPE, text=True)
+        p = saver_forks.popen([WORKER, "save", "tiers", end, step, *roots],
+                              stdout=subprocess.PIPE)
         if kill < KILLS:
             first = p.stdout.readline()  # saving has started
             assert first.startswith("acked"), first
