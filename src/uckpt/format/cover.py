@@ -62,15 +62,17 @@ def _box(box: Box, shape: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
     return start, start + np.asarray(box[1], np.int64).reshape(len(shape))
 
 
+def part_mask(entry: PartEntry, narrays: int) -> np.ndarray:
+    """Which of the ``narrays`` arrays the runs of part ``entry`` hold (a bool mask)."""
+    mask = np.zeros(narrays, bool)
+    for first, count in entry.arrays:
+        mask[first:first + count] = True
+    return mask
+
+
 def _holds(m: Manifest, narrays: int) -> Dict[int, np.ndarray]:
     """For each pending part, which arrays its runs hold."""
-    out: Dict[int, np.ndarray] = {}
-    for k in m.parts_pending:
-        mask = np.zeros(narrays, bool)
-        for first, count in m.parts[k].arrays:
-            mask[first:first + count] = True
-        out[k] = mask
-    return out
+    return {k: part_mask(m.parts[k], narrays) for k in m.parts_pending}
 
 
 def _order(m: Manifest, rank: int, world: int) -> Sequence[int]:

@@ -18,6 +18,7 @@ import numpy as np
 from ..codecs import pipeline as codecs
 from ..errors import UckptError
 from ..format import ArrayEntry, Manifest
+from ..format.cover import part_mask
 from . import manifest_io
 
 log = logging.getLogger("uckpt.loading.stored_sizes")
@@ -70,9 +71,7 @@ def stored_sizes(source: Any, m: Manifest, paths: Optional[Collection[str]] = No
     errors: List[BaseException] = []
     for k in list(m.parts_pending):
         entry = m.parts[k]
-        holds = np.zeros(len(index), bool)
-        for first, n in entry.arrays:
-            holds[first:first + n] = True
+        holds = part_mask(entry, len(index))
         if not (holds & selected).any():
             continue
         try:
