@@ -121,3 +121,29 @@ def test_parse_hashes_checks_every_one():
                 texts[:5] + [None] + texts[6:]):
         with pytest.raises(ValueError, match="is not of the form"):
             hashing.parse_hashes(bad)
+
+
+def test_rows_root_is_the_documented_bytes_in_any_order():
+    """Extension part-roots (section 13.2): row leaves tagged 0x05 with the array index,
+    ordered by (array index, start), under a 0x06 head with the number of rows."""
+    rows = [(1, (0,), (4,), H(b"a")), (0, (2, 0), (1, 3), H(b"b")), (0, (0, 0), (2, 3), H(b"c")),
+            (1, (4,), (4,), H(b"d"))] + [(2, (k,), (1,), H(bytes([k]))) for k in range(20)]
+    ordered = sorted(rows, key=lambda r: (r[0], r[1]))
+    leaves = [H(b"\x05" + struct.pack("<I", i) + hashing.chunk_leaf(s, sh, d))
+              for i, s, sh, d in ordered]
+    while len(leaves) > 1:
+        leaves = [H(b"\x01" + leaves[i] + leaves[i + 1]) for i in range(0, len(leaves) - 1, 2)] + \
+            ([leaves[-1]] if len(leaves) % 2 else [])
+    root = hashing.rows_root(rows)
+    assert root == H(b"\x06" + struct.pack("<Q", len(rows)) + leaves[0])
+    assert hashing.rows_root(rows[::-1]) == root
+    moved = [(2,) + rows[0][1:]] + rows[1:]
+    assert hashing.rows_root(moved) != root  # the array index is bound
+    assert hashing.rows_root([]) == H(b"\x06" + struct.pack("<Q", 0))
+
+
+def test_split_root_binds_the_table_root_and_each_part_root_in_order():
+    t, a, b = H(b"t"), H(b"a"), H(b"b")
+    assert hashing.split_root(t, [a, b]) == H(b"\x07" + struct.pack("<Q", 2) + t + a + b)
+    assert hashing.split_root(t, [b, a]) != hashing.split_root(t, [a, b])
+    assert hashing.split_root(t, []) == H(b"\x07" + struct.pack("<Q", 0) + t)

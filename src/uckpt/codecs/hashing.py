@@ -23,6 +23,15 @@ big-endian order; ``u32``/``u64`` little-endian unsigned integers):
   ``H(0x04 | u64 number of arrays | root of the tree of those leaves)`` (the last part
   absent for a checkpoint without arrays).
 
+Under extension ``part-roots`` (docs/format.md section 13.2) a split checkpoint's root is
+finished from one root per chunk table instead:
+
+* row leaf: ``H(0x05 | u32 array index | chunk leaf)``; a table's root
+  (:func:`rows_root`): ``H(0x06 | u64 number of rows | root of the tree of its row
+  leaves)``, the leaves ordered by (array index, start), the last part absent without rows;
+* ``merkle_root`` (:func:`split_root`): ``H(0x07 | u64 number of parts | root of the
+  root's table | root of each part's table, in the order of ``parts``)``.
+
 Hashing releases the GIL (measured: a Python thread runs at full speed beside it), so
 chunks are hashed on ``knobs.io_threads`` threads.
 """
@@ -30,7 +39,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import xxhash
@@ -170,3 +179,27 @@ def checkpoint_root(arrays: Mapping[str, bytes]) -> bytes:
     return _digest(b"\x04" + struct.pack("<Q", len(leaves)) +
                    (_combine(leaves) if leaves else b""))
 
+
+
+Row = Tuple[int, Sequence[int], Sequence[int], bytes]
+
+
+def rows_root(rows: Sequence[Row]) -> bytes:
+    """The root of a chunk table (extension ``part-roots``) from its rows ``(array index,
+    start, shape, content digest)``, in any order; 16 bytes, defined for no rows too."""
+    ordered = sorted(rows, key=lambda r: (r[0], tuple(r[1]), tuple(r[2]), r[3]))
+    by_ndim: Dict[int, List[int]] = {}
+    for k, (_, start, _, _) in enumerate(ordered):
+        by_ndim.setdefault(len(start), []).append(k)
+    leaves: List[bytes] = [b""] * len(ordered)
+    for ndim, ks in by_ndim.items():
+        for k, leaf in zip(ks, _chunk_leaves(ndim, [ordered[k][1:] for k in ks])):
+            leaves[k] = leaf
+    tagged = [_digest(b"\x05" + struct.pack("<I", r[0]) + leaf) for r, leaf in zip(ordered, leaves)]
+    return _digest(b"\x06" + struct.pack("<Q", len(tagged)) + (_combine(tagged) if tagged else b""))
+
+
+def split_root(table_root: bytes, part_roots: Sequence[bytes]) -> bytes:
+    """A split checkpoint's ``merkle_root`` (extension ``part-roots``) from the root of the
+    root's chunk table and the roots of its parts (:func:`rows_root`, in the order of ``parts``)."""
+    return _digest(b"\x07" + struct.pack("<Q", len(part_roots)) + table_root + b"".join(part_roots))
