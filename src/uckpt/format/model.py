@@ -117,6 +117,8 @@ class Manifest:
     parts_pending: List[int] = field(default_factory=list)
     #: the rank whose rows each part lists (extension ``part-ranks``), None if not declared
     part_ranks: Optional[Tuple[int, ...]] = None
+    #: each part's root (extension ``part-roots``, 16 bytes each), None if not declared
+    part_roots: Optional[Tuple[bytes, ...]] = None
     #: the state :meth:`attach_part` needs (the 1.0 parser's), None once all are attached
     _pending: Any = field(default=None, repr=False, compare=False)
 

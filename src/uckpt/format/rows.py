@@ -26,10 +26,10 @@ class Table:
     """One decoded chunk table: per row its source, offset, length, codec and box (start
     then shape, from ``box_at``, ``nd`` values each), whether that box is its whole array
     (``whole``), and the digests' bytes (CRC-32C u32 LE of every row, then the 16-byte
-    XXH3-128 digests)."""
+    XXH3-128 digests); ``part``: the index of the part it is, -1 for the root's."""
 
     __slots__ = ("source", "offset", "length", "codec", "box", "box_at", "nd", "whole",
-                 "digests", "names", "base_of", "codecs")
+                 "digests", "names", "base_of", "codecs", "part")
 
     def __init__(self, source: np.ndarray, offset: np.ndarray, length: np.ndarray,
                  codec: np.ndarray, box: np.ndarray, box_at: np.ndarray, nd: np.ndarray,
@@ -39,6 +39,7 @@ class Table:
         self.box, self.box_at, self.nd, self.whole = box, box_at, nd, whole
         self.digests = digests
         self.names, self.base_of, self.codecs = names, base_of, codecs
+        self.part = -1
 
     def chunks(self, ks: np.ndarray) -> Iterator[Chunk]:
         """The chunks of rows ``ks``, in order, made a block at a time (no list of a field
@@ -105,6 +106,10 @@ class Rows(Sequence[Chunk]):
             if r._table is not None and r._order is not None and r._hi > r._lo:
                 yield r._table, r._order[r._lo:r._hi]
             r = r._rest
+
+    def segments(self) -> List[Tuple[Table, np.ndarray]]:
+        """(table, row indices) of each table holding rows of the array, in order."""
+        return list(self._segments())
 
     def __len__(self) -> int:
         return self._hi - self._lo + (len(self._rest) if self._rest is not None else 0)

@@ -19,7 +19,7 @@ from ..codecs.checksum import FORM as _CHECKSUM
 from ..codecs.checksum import of as _crc_text
 from ..errors import (CorruptCheckpointError, FormatVersionError, ManifestError,
                       MemoryLimitError, UnsupportedExtensionError)
-from . import chunk_table
+from . import chunk_table, part_roots
 from .checks import Checker
 from .encode import FORMAT_VERSION, PART_FORMAT
 from .model import FileEntry, Manifest, PartEntry, Pipeline, make_entry
@@ -35,7 +35,7 @@ PART_FIELDS = ("format", "format_version", "chunks")
 #: the codec pipelines of format 1.0
 PIPELINES: Tuple[Pipeline, ...] = ((), ("zstd",), ("bytegroup", "zstd"))
 #: extensions this uckpt implements (docs/format.md section 13)
-EXTENSIONS: frozenset[str] = frozenset({"part-ranks"})
+EXTENSIONS: frozenset[str] = frozenset({"part-ranks", part_roots.NAME})
 #: the member of extension ``part-ranks`` (section 13.1)
 PART_RANKS = "part-ranks:ranks"
 MAX_PART_BYTES = 1 << 30  # like the root manifest
@@ -80,11 +80,14 @@ class _Root(Checker):
         del doc["chunks"]  # (decoded: freed before the tree's check)
         parts = self.parts(doc["parts"], len(paths), files)
         ranks = self.part_ranks(doc, extensions, len(parts), world)
+        roots = part_roots.parse(self, doc, extensions, len(parts))
+        if roots is not None:
+            part_roots.check_merkle(self, merkle, state.tables[0], roots)
         m = Manifest(world_size=world, tree=doc["tree"], arrays={}, files=files, step=step,
                      metadata=doc["metadata"], generator=doc["generator"],
                      created=doc["created"], format_version=FORMAT_VERSION, checksum=checksum,
                      bases=bases, merkle_root=merkle, parts=parts,
-                     parts_pending=list(range(len(parts))), part_ranks=ranks,
+                     parts_pending=list(range(len(parts))), part_ranks=ranks, part_roots=roots,
                      _pending=state)
         if parts:  # (the arrays without chunks until every part is attached)
             m.arrays = {p: make_entry(p, d, s, ()) for p, d, s in zip(paths, names, shapes)}
@@ -298,6 +301,7 @@ class _State:
                                      f"{_show(doc['format_version'])}")
         ai, table = chunk_table.decode(p, doc["chunks"], "chunks", self.meta, self.codecs,
                                        self.files, self.bases)
+        table.part = k
         inside = np.zeros(len(self.meta.paths), bool)
         for first, count in entry.arrays:
             inside[first:first + count] = True
@@ -313,6 +317,8 @@ class _State:
             i = int(missing[0])
             p.fail("chunks", f"array {i} ({self.meta.paths[i]!r:.80}) is in the part's runs "
                              "in the root, but the part has no row of it")
+        if m.part_roots is not None:
+            part_roots.check_part(where, entry.file, m.part_roots[k], ai, table)
         return ai, table
 
     def finish(self, m: Manifest) -> None:

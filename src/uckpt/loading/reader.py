@@ -36,6 +36,7 @@ from ..errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestErr
 from ..format import ArrayEntry, Chunk, Manifest
 from ..format.cover import attach_covering
 from ..format.manifest import MAX_RATIO
+from ..format import part_roots
 from ..runtime.parallel import parallel_map
 from .readruns import Piece, flat_chunks, plan_runs, split_whole
 from ..storage import open_source
@@ -524,7 +525,12 @@ class CheckpointReader:
                     path=self.source.where, leaf=entry.path,
                     hint="the manifest is inconsistent; restore an earlier checkpoint")
             roots[entry.path] = root
-        top = hashing.format_hash(hashing.checkpoint_root(roots))
+        if self.manifest.part_roots is None:
+            top = hashing.format_hash(hashing.checkpoint_root(roots))
+        else:  # extension part-roots (docs/format.md section 13.2)
+            top = hashing.format_hash(part_roots.recompute(
+                [(e.path, e.chunks) for e in self.manifest.arrays.values()],
+                len(self.manifest.parts), lambda path, start: digests[(path, start)]))
         if top != self.manifest.merkle_root:
             raise CorruptCheckpointError(
                 f"{self.source.where}: the checkpoint's Merkle root is {top}, the manifest "
