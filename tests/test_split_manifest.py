@@ -16,6 +16,7 @@ import pytest
 
 import uckpt
 from uckpt import errors
+from uckpt.codecs import hashing
 from uckpt.format import encode_manifest_files
 from uckpt.loading.reader import CheckpointReader
 from uckpt.testing import run_ranks
@@ -91,8 +92,10 @@ def test_each_rank_writes_its_own_part_and_the_root_holds_the_replicated_rows(tm
                                                                              validator10):  # noqa: F811
     path = save(tmp_path / "c", 3)
     doc = root_doc(path)
-    assert doc["extensions"] == {"part-ranks": {"required": False}}
+    assert doc["extensions"] == {"part-ranks": {"required": False},
+                                 "part-roots": {"required": True}}
     assert doc["part-ranks:ranks"] == [0, 1, 2]
+    assert len(doc["part-roots:roots"]) == 3  # each rank sent its part's root (section 13.2)
     assert [p["file"] for p in doc["parts"]] == [f"manifest.part-0000{r}.json" for r in range(3)]
     assert doc["chunks"]["count"] == 1  # the bias, written whole by one rank
     for rank, entry in enumerate(doc["parts"]):
@@ -100,8 +103,10 @@ def test_each_rank_writes_its_own_part_and_the_root_holds_the_replicated_rows(tm
         assert part["chunks"]["sources"] == [[None, f"data-0000{rank}.bin"]]  # its own rows
         assert part["chunks"]["count"] == 2 and entry["arrays"] == [[1, 2]]  # w and v
     m = uckpt.verify(path)  # every part read, sizes, CRC-32Cs, tiling and Merkle root checked
-    again, parts = encode_manifest_files(m)  # the whole-manifest writer: same root hash
-    assert json.loads(again)["merkle_root"] == doc["merkle_root"] == m.merkle_root
+    assert m.merkle_root == doc["merkle_root"]
+    again, parts = encode_manifest_files(m)  # the whole-manifest writer: 11.3's root
+    whole_root = hashing.checkpoint_root({p: a.merkle_root() for p, a in m.arrays.items()})
+    assert json.loads(again)["merkle_root"] == hashing.format_hash(whole_root)
     assert len(parts) == 3
     whole = uckpt.load(path)
     _, ref = reference_reader()["read_checkpoint"](str(path))  # docs/format.md section 17

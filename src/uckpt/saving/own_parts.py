@@ -7,21 +7,21 @@ of the next one needs them). In the write step each rank, after its data file:
 * encodes the rows of the chunks it wrote of sharded and per-rank arrays as its part
   (``manifest.part-NNNNN.json``, NNNNN its rank) and writes it into the sink like its
   data file (:func:`write_own_part`);
-* tells the others only a small record (:func:`own_record`): its part's entry, the
-  rows of the chunks it wrote of replicated arrays (every rank loads those: they go
-  into the root's chunk table, so that no load needs every part), and the content
-  hashes of its chunks (the root's Merkle root covers every row, section 11.3).
+* tells the others only a small record (:func:`own_record`): its part's entry with the
+  part's root (extension ``part-roots``, section 13.2: 16 bytes, not one hash per
+  chunk) and the rows of the chunks it wrote of replicated arrays (every rank loads
+  those: they go into the root's chunk table, so that no load needs every part).
 
 The committer of each replica builds the root from those records, the array table and
-the tree (:func:`encode_root_of`), declaring extension ``part-ranks`` (section 13.1) so
-that a rank that loads finds its own part. Node-local storage (several replicas): each
-replica's directory needs every part its root lists, so the ranks exchange their parts'
-bytes (one more all-gather, only then) and each committer writes the parts of the ranks
-of other replicas (:func:`write_foreign_parts`).
+the tree (:func:`encode_root_of`), without walking the plan: ``merkle_root`` from the
+root's rows and the part roots. It declares extensions ``part-ranks`` (section 13.1),
+so that a rank that loads finds its own part, and ``part-roots``. Node-local storage
+(several replicas): each replica's directory needs every part its root lists, so the
+ranks exchange their parts' bytes (one more all-gather, only then) and each committer
+writes the parts of the ranks of other replicas (:func:`write_foreign_parts`).
 """
 from __future__ import annotations
 
-import base64
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -30,6 +30,7 @@ import numpy as np
 from ..codecs import hashing
 from .commit import GENERATOR, created_now
 from ..format.encode import encode_part, encode_root
+from ..format.part_roots import NAME as PART_ROOTS, ROOTS
 from ..format.model import ArrayEntry, Chunk, FileEntry, Manifest, Pipeline
 from .plan import ArrayMeta, SavePlan, WriteItem
 
@@ -62,8 +63,9 @@ def write_own_part(sink: Any, rank: int, items: Sequence[WriteItem], chunks: Seq
                    metas: Dict[str, ArrayMeta], replicated: Set[str],
                    used: Dict[Pipeline, int]) -> Tuple[Optional[Dict[str, Any]], bytes]:
     """Write the part of ``rank`` (the rows of ``chunks``, one per item of ``items``,
-    of arrays not in ``replicated``) through ``sink``; return its root entry and its
-    bytes, ``(None, b"")`` when it has no rows (no part then)."""
+    of arrays not in ``replicated``) through ``sink``; return its root entry, with
+    ``"root"``: the part's root (section 13.2, text; :func:`encode_root_of` moves it to
+    ``"part-roots:roots"``), and its bytes; ``(None, b"")`` when it has no rows (no part)."""
     index = _index(metas)
     rows = [(index[it.path], c) for it, c in zip(items, chunks) if it.path not in replicated]
     if not rows:
@@ -71,50 +73,54 @@ def write_own_part(sink: Any, rank: int, items: Sequence[WriteItem], chunks: Seq
     data, entry = encode_part(rows, used)
     name = part_file(rank)
     sink.write_pieces(name, len(data), [(0, np.frombuffer(data, np.uint8))])
-    return {"file": name, **entry}, data
+    root = hashing.rows_root([(i, c.start, c.shape, hashing.parse_hash(c.hash)) for i, c in rows])
+    return {"file": name, **entry, "root": hashing.format_hash(root)}, data
 
 
 def own_record(items: Sequence[WriteItem], chunks: Sequence[Chunk], replicated: Set[str],
                part: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    """What a rank tells the others of what it wrote (JSON-able): its part's entry, the
-    rows of its chunks of replicated arrays, and every chunk's content hash (Base64 of
-    16 bytes each, in the order of its items)."""
-    root_rows = [(c.offset, c.length, c.codec, c.checksum, c.hash)
+    """What a rank tells the others of what it wrote (JSON-able): its part's entry and
+    root (:func:`write_own_part`), and the rows of its chunks of replicated arrays
+    ``(path, start, shape, offset, length, codec, checksum, hash)``: its own share of the
+    plan, and not a byte per chunk of its part."""
+    root_rows = [(it.path, c.start, c.shape, c.offset, c.length, c.codec, c.checksum, c.hash)
                  for it, c in zip(items, chunks) if it.path in replicated]
-    digests = b"".join(hashing.parse_hashes([c.hash for c in chunks]))
-    return {"part": part, "rows": root_rows,
-            "digests": base64.b64encode(digests).decode("ascii")}
+    return {"part": part, "rows": root_rows}
 
 
 def encode_root_of(head: Manifest, plan: SavePlan, records: Sequence[Dict[str, Any]],
                    replicated: Set[str], used: Dict[Pipeline, int]) -> bytes:
     """The root manifest of ``head`` (tree, array table, files, step, metadata) from the
-    ranks' records (:func:`own_record`, in rank order) and the plan they wrote."""
+    ranks' records (:func:`own_record`, in rank order): O(ranks) records and the rows of
+    the replicated arrays, not the plan's items (``plan`` and ``replicated`` are no
+    longer needed; kept for the callers)."""
     index = _index(head.arrays)
-    by_rank: Dict[int, List[WriteItem]] = {}
-    for it in plan.items:
-        by_rank.setdefault(it.rank, []).append(it)
-    leaves: Dict[str, List[Tuple[Tuple[int, ...], Tuple[int, ...], bytes]]] = {
-        p: [] for p in head.arrays}
+    file_of = {f.rank: f.name for f in head.files.values()}
     root_rows: List[Tuple[int, Chunk]] = []
     for rank, record in enumerate(records):
-        items = by_rank.get(rank, [])
-        digests = base64.b64decode(record["digests"])
-        rows = iter(record["rows"])
-        for k, it in enumerate(items):
-            digest = digests[16 * k:16 * k + 16]
-            leaves[it.path].append((it.start, it.shape, digest))
-            if it.path in replicated:
-                offset, length, codec, checksum, content = next(rows)
-                root_rows.append((index[it.path], Chunk(
-                    it.file, offset, length, it.start, it.shape, tuple(codec), checksum,
-                    content)))
-    roots = {p: hashing.array_root(a.dtype, a.shape, leaves[p]) for p, a in head.arrays.items()}
-    entries = [r["part"] for r in records if r["part"] is not None]
+        for path, start, shape, offset, length, codec, checksum, content in record["rows"]:
+            root_rows.append((index[path], Chunk(file_of[rank], offset, length, tuple(start),
+                                                 tuple(shape), tuple(codec), checksum,
+                                                 content)))
+    table = [(i, c.start, c.shape, hashing.parse_hash(c.hash)) for i, c in root_rows]
+    parts = [r["part"] for r in records if r["part"] is not None]
+    entries = [{k: v for k, v in p.items() if k != "root"} for p in parts]
+    if not entries:  # every row in the root: the Merkle root of section 11.3
+        leaves: Dict[str, List[Tuple[Tuple[int, ...], Tuple[int, ...], bytes]]] = {
+            p: [] for p in head.arrays}
+        paths = list(head.arrays)
+        for i, start, shape, digest in table:
+            leaves[paths[i]].append((start, shape, digest))
+        roots = {p: hashing.array_root(a.dtype, a.shape, leaves[p])
+                 for p, a in head.arrays.items()}
+        return encode_root(head, used, root_rows, [],
+                           hashing.format_hash(hashing.checkpoint_root(roots)))
     ranks = [rank for rank, r in enumerate(records) if r["part"] is not None]
-    extensions = {"part-ranks": (False, {"part-ranks:ranks": ranks})} if entries else {}
-    return encode_root(head, used, root_rows, entries,
-                       hashing.format_hash(hashing.checkpoint_root(roots)), extensions)
+    part_roots = [p["root"] for p in parts]
+    top = hashing.split_root(hashing.rows_root(table), hashing.parse_hashes(part_roots))
+    extensions = {"part-ranks": (False, {"part-ranks:ranks": ranks}),
+                  PART_ROOTS: (True, {ROOTS: part_roots})}
+    return encode_root(head, used, root_rows, entries, hashing.format_hash(top), extensions)
 
 
 def write_foreign_parts(sink: Any, parts: Sequence[Optional[str]], replicas: Sequence[Any],
