@@ -30,7 +30,8 @@ BITS = {"bool": "|b1", "int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "
         "float32": "<f4", "float64": "<f8", "complex64": "<c8", "complex128": "<c16",
         "bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1"}
 PIPELINES = ((), ("zstd",), ("bytegroup", "zstd"))
-KINDS = ("example", "all_types", "codecs", "sharded", "chain", "ext_optional", "ext_required")
+KINDS = ("example", "all_types", "codecs", "sharded", "chain", "ext_optional", "ext_required",
+         "part_roots")
 
 
 def crc32c(data: bytes) -> int:
@@ -82,20 +83,39 @@ def seal(doc: dict) -> bytes:
     return covered + b'"crc32c:%08x"}\n' % crc32c(covered)
 
 
+def h(data):
+    return xxhash.xxh3_128_digest(data)
+
+
+def tree(nodes):
+    """The root of the tree over ``nodes`` (section 11.3), b"" for none."""
+    while len(nodes) > 1:
+        pairs = [h(b"\x01" + nodes[i] + nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
+        nodes = pairs + ([nodes[-1]] if len(nodes) % 2 else [])
+    return nodes[0] if nodes else b""
+
+
+def u64(values):
+    return b"".join(struct.pack("<Q", v) for v in values)
+
+
+def table_root(rows):
+    """The root of a chunk table of ``rows`` (extension part-roots, section 13.2)."""
+    own = sorted(rows, key=lambda r: (r["array"], r["start"]))
+    leaves = [h(b"\x05" + struct.pack("<I", r["array"]) +
+                h(b"\x00" + struct.pack("<I", len(r["start"])) + u64(r["start"]) +
+                  u64(r["shape"]) + r["hash"])) for r in own]
+    return h(b"\x06" + u64([len(own)]) + tree(leaves))
+
+
+def split_merkle(root_rows, part_roots):
+    """``merkle_root`` under extension part-roots (section 13.2)."""
+    return "xxh3-128:" + h(b"\x07" + u64([len(part_roots)]) + table_root(root_rows) +
+                           b"".join(part_roots)).hex()
+
+
 def merkle(arrays, rows):
     """``merkle_root`` of ``arrays`` [(path, dtype, shape)] and their ``rows`` (section 11.3)."""
-    def h(data):
-        return xxhash.xxh3_128_digest(data)
-
-    def tree(nodes):
-        while len(nodes) > 1:
-            pairs = [h(b"\x01" + nodes[i] + nodes[i + 1]) for i in range(0, len(nodes) - 1, 2)]
-            nodes = pairs + ([nodes[-1]] if len(nodes) % 2 else [])
-        return nodes[0] if nodes else b""
-
-    def u64(values):
-        return b"".join(struct.pack("<Q", v) for v in values)
-
     leaves = []
     for i, (path, dtype, shape) in enumerate(arrays):
         own = sorted((r for r in rows if r["array"] == i), key=lambda r: r["start"])
@@ -123,8 +143,9 @@ class Checkpoint:
     """A 1.0 checkpoint being built: declare arrays, add chunks, then :meth:`write`."""
 
     def __init__(self, world_size=1, step=None, metadata=None, extensions=None, extra=None,
-                 alignment=64):
+                 alignment=64, part_roots=False):
         self.world_size, self.step, self.alignment = world_size, step, alignment
+        self.part_roots = part_roots  # declare extension part-roots (section 13.2)
         self.metadata = metadata or {}
         self.extensions = extensions or {}
         self.extra = extra or {}  # extension members of the root ("<extension>:<field>")
@@ -176,7 +197,7 @@ class Checkpoint:
         for r in self.rows:
             r["codec"] = codecs.index(r["pipeline"])
         ndims = [len(shape) for _, _, shape in self.arrays]
-        parts = []
+        parts, roots = [], []
         for p in sorted({r["part"] for r in self.rows if r["part"] is not None}):
             rows = [r for r in self.rows if r["part"] == p]
             name = f"manifest.part-{p:05d}.json"
@@ -186,17 +207,25 @@ class Checkpoint:
             (directory / name).write_bytes(data)
             parts.append({"file": name, "size": len(data), "checksum": f"crc32c:{crc32c(data):08x}",
                           "arrays": runs(r["array"] for r in rows)})
+            roots.append(table_root(rows))
+        root_rows = [r for r in self.rows if r["part"] is None]
+        extensions, extra = dict(self.extensions), dict(self.extra)
+        merkle_root = merkle(self.arrays, self.rows)
+        if self.part_roots:
+            extensions["part-roots"] = {"required": True}
+            extra["part-roots:roots"] = ["xxh3-128:" + r.hex() for r in roots]
+            merkle_root = split_merkle(root_rows, roots)
         doc = {
-            "format": "uckpt", "format_version": "1.0", "extensions": self.extensions,
+            "format": "uckpt", "format_version": "1.0", "extensions": extensions,
             "generator": "format10_writer (tests)", "created": "2026-11-27T00:00:00.000000Z",
             "world_size": self.world_size, "step": self.step, "metadata": self.metadata,
             "files": files, "bases": self.bases, "tree": tree,
             "arrays": {"paths": [a[0] for a in self.arrays], "dtypes": [a[1] for a in self.arrays],
                        "shapes": [a[2] for a in self.arrays]},
             "codecs": [list(c) for c in codecs],
-            "chunks": chunk_table([r for r in self.rows if r["part"] is None], ndims),
-            "parts": parts, **self.extra,
-            "merkle_root": merkle(self.arrays, self.rows),
+            "chunks": chunk_table(root_rows, ndims),
+            "parts": parts, **extra,
+            "merkle_root": merkle_root,
         }
         (directory / "manifest.json").write_bytes(seal(doc))
         return doc
@@ -296,10 +325,11 @@ def _codecs(directory: Path) -> dict:
     return {"weights": weights, "ids": ids, "noise": noise}
 
 
-def _sharded(directory: Path) -> dict:
+def _sharded(directory: Path, part_roots: bool = False) -> dict:
     """Two ranks: a 2-D array cut into four boxes over two files, rows in two parts (one per
-    rank) and one row in the root's table; chunks packed at multiples of 8."""
-    ck = Checkpoint(world_size=2, step=1000, alignment=8,
+    rank) and one row in the root's table; chunks packed at multiples of 8. ``part_roots``:
+    declaring extension part-roots (section 13.2)."""
+    ck = Checkpoint(world_size=2, step=1000, alignment=8, part_roots=part_roots,
                     metadata={"parallelism": "2-way tensor parallel"})
     weight = np.arange(24, dtype="<f4").reshape(4, 6) - 11.5
     bias = np.array([1, -1, 2, -2, 3, -3], dtype="<i2")
@@ -360,5 +390,6 @@ def build(kind: str, directory) -> dict:
     builders = {"example": _example, "all_types": _all_types, "codecs": _codecs,
                 "sharded": _sharded, "chain": _chain,
                 "ext_optional": lambda d: _extension(d, False),
-                "ext_required": lambda d: _extension(d, True)}
+                "ext_required": lambda d: _extension(d, True),
+                "part_roots": lambda d: _sharded(d, part_roots=True)}
     return builders[kind](directory)

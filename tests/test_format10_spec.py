@@ -268,7 +268,7 @@ def test_doc_example_rows_are_the_decoded_table(reader, example):
     assert lines[0].split() == ["row", "array", "offset", "length", "source", "codec", "start",
                                 "shape", "crc32c"]
     for k, (line, row) in enumerate(zip(lines[1:], rows, strict=True)):
-        array, offset, length, source, codec, start, shape, crc = row
+        array, offset, length, source, codec, start, shape, crc, _ = row
         assert line == f"{k:<4} {array:<6} {offset:<7} {length:<7} {source:<7} {codec:<6} " \
                        f"{str(start):<7} {str(shape):<7} {crc:08x}"
 
