@@ -2,6 +2,7 @@
 
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
+    .venv/bin/python tests/data/make_golden.py --add part_roots   # one added later, if absent
 
 Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
 the same state and requires byte-identical data files. Never regenerate them to
@@ -13,7 +14,10 @@ tests/data/golden_1.0/ holds the five checkpoints below in format 1.0. ``all_typ
 pre-release versions' (so their data files are identical to golden_v6's); ``sharded``
 and ``codecs`` are golden_v6's (hand-written) data files with their manifests written
 as 1.0 by :func:`write_as_1_0`: ``sharded`` (world size 2) as a root and two parts.
-The pre-release folders below are never made again (their writers are kept where the
+``part_roots`` (added with extension ``part-roots``, docs/format.md 13.2, after the
+others, by ``--add part_roots``) is written by ``uckpt.save`` on two thread ranks
+(:func:`write_part_roots`): a sharded array in one part per rank, a replicated one in
+the root's rows. The pre-release folders below are never made again (their writers are kept where the
 tests reproduce them by hand: ``write_sharded``, ``write_codecs``).
 
 tests/data/golden_v6/ holds the same five checkpoints in format version 6, made by this
@@ -491,6 +495,44 @@ def save_with_knobs(directory, state, knob_values, **kw):
     return path
 
 
+PART_ROOTS_ROWS = 6
+
+
+def part_roots_state(rank: int, world: int):
+    """Rank ``rank``'s state of golden_1.0/part_roots: its rows of a sharded array, and a
+    replicated one (and a step)."""
+    import uckpt
+
+    w = np.arange(PART_ROOTS_ROWS * 4, dtype=np.float32).reshape(PART_ROOTS_ROWS, 4) - 7.5
+    lo, hi = rank * PART_ROOTS_ROWS // world, (rank + 1) * PART_ROOTS_ROWS // world
+    return {"w": uckpt.Shard(w[lo:hi].copy(), w.shape, (lo, 0)),
+            "b": np.array([0.5, -1.0, 2.0], dtype=np.float64), "epoch": 9}
+
+
+def part_roots_expected():
+    """What golden_1.0/part_roots loads to (in one process)."""
+    whole = part_roots_state(0, 1)
+    return {"w": whole["w"].array, "b": whole["b"], "epoch": 9}
+
+
+def write_part_roots(directory: Path) -> None:
+    """golden_1.0/part_roots: saved by two thread ranks (a root with the replicated array's
+    row, one part per rank, extension part-roots), the root re-written indented."""
+    import uckpt
+    from uckpt.testing import run_ranks
+
+    outcomes = run_ranks(2, lambda c: uckpt.save(directory, part_roots_state(c.rank, 2),
+                                                 comm=c, step=11))
+    assert not any(isinstance(o, BaseException) for o in outcomes), outcomes
+    manifest = json.loads((directory / "manifest.json").read_text("utf-8"))
+    assert manifest.pop("manifest_checksum") and "part-roots" in manifest["extensions"]
+    write_manifest(directory / "manifest.json", manifest)
+
+
+#: checkpoints added to golden_1.0 after it was made (``--add NAME``), each made once
+ADDED = {"part_roots": write_part_roots}
+
+
 def write_as_1_0(legacy: Path, directory: Path) -> None:
     """Checkpoint ``legacy`` (pre-release) with its manifest written as format 1.0 by
     uckpt's writer: the same data files; parts (compact) as written, the root indented."""
@@ -511,6 +553,14 @@ def write_as_1_0(legacy: Path, directory: Path) -> None:
 
 def main(argv) -> int:
     force = "--force" in argv
+    if "--add" in argv:
+        name = argv[argv.index("--add") + 1]
+        if (GOLDEN / name).exists():
+            print(f"{GOLDEN / name} exists; golden files are never regenerated",
+                  file=sys.stderr)
+            return 1
+        ADDED[name](GOLDEN / name)
+        return 0
     if GOLDEN.exists():
         if not force:
             print(f"{GOLDEN} exists; golden files are never regenerated for a released "
@@ -527,6 +577,8 @@ def main(argv) -> int:
                     base=GOLDEN / "chain" / "step_00000001")
     write_as_1_0(GOLDEN_V6 / "sharded", GOLDEN / "sharded")
     write_as_1_0(GOLDEN_V6 / "codecs", GOLDEN / "codecs")
+    for name, write in ADDED.items():
+        write(GOLDEN / name)
     for p in sorted(GOLDEN.rglob("*")):
         if p.is_file():
             print(f"{p.stat().st_size:6d}  {p.relative_to(HERE)}")
