@@ -77,7 +77,8 @@ PIPELINE_OF = {"raw": [], "zstd": ["zstd"], "zstd+bytegroup": ["bytegroup", "zst
 def as_1_0(doc6: Dict[str, Any], raw: Dict[str, Any]) -> Dict[str, Any]:
     """Version-6 document ``doc6`` (chunk lists, as tests/grid_listing.py renders a 1.0
     checkpoint) written as a format-1.0 root like ``raw`` (its root as written): every
-    chunk in the root's table, no parts (any part files left are debris)."""
+    chunk in the root's table, no parts (any part files left are debris), so no extension
+    about parts and 11.3's ``merkle_root``."""
     paths = list(doc6["arrays"])
     entries = [doc6["arrays"][p] for p in paths]
     codecs: List[List[str]] = []
@@ -100,6 +101,10 @@ def as_1_0(doc6: Dict[str, Any], raw: Dict[str, Any]) -> Dict[str, Any]:
                      "shapes": [a["shape"] for a in entries]}
     out.update(codecs=codecs or [[]], chunks=encode(rows, [list(s) for s in sources]),
                parts=[], merkle_root=doc6["merkle_root"])
+    for name in ("part-ranks", "part-roots"):  # (extensions of parts: none left)
+        out["extensions"].pop(name, None)
+        for key in [k for k in out if k.startswith(name + ":")]:
+            del out[key]
     return out
 
 
