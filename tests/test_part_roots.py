@@ -26,17 +26,9 @@ from uckpt.saving import own_parts
 from uckpt.testing import run_ranks
 from grid_listing import golden
 from spec_doc import reference_reader
+from test_format10_spec import manifest as doc_of, reseal
 
 GOLDEN = Path(__file__).resolve().parent / "data" / "golden_1.0" / "part_roots"
-
-
-def doc_of(directory):
-    return json.loads((Path(directory) / "manifest.json").read_bytes())
-
-
-def reseal(directory, doc):
-    doc = {k: v for k, v in doc.items() if k != "manifest_checksum"}
-    (Path(directory) / "manifest.json").write_bytes(fw.seal(doc))
 
 
 def copy(tmp_path):
