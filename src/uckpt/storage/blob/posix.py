@@ -341,20 +341,42 @@ class PosixStore(BlobStore):
                 os.close(src_fd)
 
     def lock(self, key: str, *, shared: bool = False) -> BlobLock:
+        """``flock`` on the file ``key`` (made if missing), taken only while that file is
+        still linked at ``key``: a holder may unlink it (a writer removing a dead save's
+        lease does so while holding it), and a lock on an unlinked file guards nothing,
+        so a file removed between this open and this lock is opened anew."""
         dir_fd, name = self._parent(key, create=True)
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                         | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
+            while True:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                             | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
+                try:
+                    fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                                | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    held = _linked(fd, dir_fd, name)
+                    os.close(fd)
+                    if not held:
+                        continue  # its holder removed it: a new file takes its name
+                    raise RootLockedError(f"the lock {self.where(key)!r} is held by another "
+                                          "process or another lock of this one",
+                                          path=self.where(key),
+                                          hint="wait for its holder to release it") from None
+                if _linked(fd, dir_fd, name):
+                    return _Lock(fd)
+                os.close(fd)  # removed between the open and the lock: open it anew
         finally:
             os.close(dir_fd)
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RootLockedError(f"the lock {self.where(key)!r} is held by another process "
-                                  "or another lock of this one", path=self.where(key),
-                                  hint="wait for its holder to release it") from None
-        return _Lock(fd)
+
+
+def _linked(fd: int, dir_fd: int, name: str) -> bool:
+    """Whether ``name`` in ``dir_fd`` is still the file open at ``fd``."""
+    try:
+        there = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
 def _entries(fd: int) -> list[os.DirEntry[str]]:

@@ -34,23 +34,32 @@ def remove_debris(store: BlobCheckpointStore) -> List[str]:
 
 
 def _dead(store: BlobCheckpointStore, prefix: str) -> bool:
-    """Whether no save holds the temporary prefix ``prefix`` (``a/.x.uckpt-tmp-t/``)."""
+    """Whether no save holds the temporary prefix ``prefix`` (``a/.x.uckpt-tmp-t/``). A
+    free save lease is removed while this writer holds it: a save that made it but has
+    not locked it yet then finds it gone and makes a new one (the store's
+    :meth:`~uckpt.storage.blob.base.BlobStore.lock` locks only a file still linked), so
+    a live save never holds a lease that a later sweep cannot see."""
     blob = store.blob
     if is_live(store.location(prefix[len(store.prefix):-1])):
         return False
     if not blob.advisory_locks:
         return True
+    key = prefix[:-1] + LEASE_SUFFIX
     try:
-        lease = blob.lock(prefix[:-1] + LEASE_SUFFIX)
+        lease = blob.lock(key)
     except RootLockedError:
         return False
-    lease.release()
+    try:
+        blob.delete(key)
+    finally:
+        lease.release()
     return True
 
 
 def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
     blob, removed = store.blob, []
     listing = blob.list_dir(store.prefix)
+    judged = set()  # temporary prefixes whose lease was judged (and, if dead, removed)
     for prefix in listing.prefixes:
         entry = prefix[len(store.prefix):-1]
         m = HIDDEN.match(entry)
@@ -58,6 +67,7 @@ def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
             continue
         name, mark = m.group(1), m.group(2)
         if mark == TMP_MARK:
+            judged.add(prefix)
             if not _dead(store, prefix):
                 log.debug("kept %s: a live save holds it", prefix)
                 continue
@@ -74,11 +84,11 @@ def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
             log.info("removed %s: an interrupted %s", store.location(entry),
                      "overwrite" if mark == OLD_MARK else "deletion")
         removed.append(entry)
-    for key in listing.keys:  # leases of dead saves
+    for key in listing.keys:  # leases of dead saves (_dead removes them)
         entry = key[len(store.prefix):]
         if entry.endswith(LEASE_SUFFIX) and HIDDEN.match(entry[:-len(LEASE_SUFFIX)]) and \
-                _dead(store, key[:-len(LEASE_SUFFIX)] + "/"):
-            blob.delete(key)
+                key[:-len(LEASE_SUFFIX)] + "/" not in judged:
+            _dead(store, key[:-len(LEASE_SUFFIX)] + "/")
     return removed
 
 

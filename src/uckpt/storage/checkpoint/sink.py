@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
 from ...errors import CheckpointExistsError, CheckpointNotFoundError, RootLockedError, SaveError
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .store import BlobCheckpointStore
 
 log = logging.getLogger("uckpt.storage.checkpoint")
+#: tries at taking a new save lease (see _take_lease)
+_LEASE_TRIES = 100
 
 def committed_meanwhile(where: str) -> CheckpointExistsError:
     return CheckpointExistsError(f"{where!r} was committed by another save during this one",
@@ -63,7 +66,16 @@ class BlobSink(base.CheckpointSink):
     def _take_lease(self) -> None:
         """Hold the temporary prefix (so that no writer takes it for debris), and own it."""
         if self.blob.advisory_locks:
-            self.lease = self.blob.lock(self.prefix[:-1] + LEASE_SUFFIX)
+            for attempt in range(_LEASE_TRIES):
+                try:
+                    self.lease = self.blob.lock(self.prefix[:-1] + LEASE_SUFFIX)
+                    break
+                except RootLockedError:
+                    # a new lease is held elsewhere only by the writer's debris removal,
+                    # for as long as it takes to remove it (see debris._dead)
+                    if attempt + 1 == _LEASE_TRIES:
+                        raise
+                    time.sleep(0.01)
         self.made_prefix = True
 
     def replica(self) -> str:
@@ -157,9 +169,11 @@ class BlobSink(base.CheckpointSink):
     def release(self) -> None:
         forget(self.live)
         if self.lease is not None:
-            self.lease.release()
-            self.lease = None
-            self.blob.delete(self.prefix[:-1] + LEASE_SUFFIX)
+            try:  # removed while held, as the writer's debris removal does
+                self.blob.delete(self.prefix[:-1] + LEASE_SUFFIX)
+            finally:
+                self.lease.release()
+                self.lease = None
 
     def abort(self) -> None:
         """Remove what this rank wrote (the temporary prefix it made, else its own objects,

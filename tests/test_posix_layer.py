@@ -1,0 +1,90 @@
+"""The checkpoint layer (uckpt.storage.checkpoint) on a local directory through
+PosixStore: the guarantees the local store gave, kept on the blob seam. Real files, real
+processes."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+
+from uckpt.storage.blob.posix import PosixStore
+from uckpt.storage.checkpoint import BlobCheckpointStore
+
+
+def layer(root):
+    return BlobCheckpointStore(PosixStore(root), "", str(root))
+
+
+def wait_for(path: Path, proc: subprocess.Popen) -> None:
+    """Until ``path`` exists (the other process's signal); fails if that process ended."""
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"the saving process ended early:\n{proc.stderr.read()}")
+        time.sleep(0.01)
+
+
+# A save whose lease file is made but not yet locked when the writer's debris removal
+# runs: it stops inside PosixStore's flock of the lease until told to go on.
+SAVER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    from pathlib import Path
+    import numpy as np
+    from uckpt.storage.blob import posix
+    from uckpt.storage.blob.posix import PosixStore
+    from uckpt.storage.checkpoint import BlobCheckpointStore
+
+    root, sig = Path(sys.argv[1]), Path(sys.argv[2])
+    real, first = fcntl.flock, [True]
+
+    class Fcntl:
+        def __getattr__(self, name):
+            return getattr(fcntl, name)
+
+        def flock(self, fd, op):
+            if first[0] and os.readlink(f"/proc/self/fd/{fd}").endswith(".lease"):
+                first[0] = False
+                (sig / "opened").touch()
+                while not (sig / "go").exists():
+                    time.sleep(0.01)
+            return real(fd, op)
+
+    posix.fcntl = Fcntl()
+    sink = BlobCheckpointStore(PosixStore(root), "", str(root)).sink("step_1")
+    sink.write_pieces("data-00000.bin", 8, [(0, np.arange(8, dtype=np.uint8))])
+    (sig / "written").touch()
+    while not (sig / "commit").exists():
+        time.sleep(0.01)
+    sink.commit(b"{}")
+    """)
+
+
+def test_a_save_between_making_and_locking_its_lease_is_never_debris(tmp_path):
+    """The writer's debris removal runs while a save of another process has made its
+    lease but not locked it yet: the save still holds a lease that later sweeps see, so
+    its temporary directory survives them and it commits (before, the sweep unlinked the
+    unlocked lease, the save locked the unlinked file, and the next sweep removed the
+    live save's directory)."""
+    root, sig = tmp_path / "root", tmp_path / "sig"
+    root.mkdir()
+    sig.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    saver = subprocess.Popen([sys.executable, "-c", SAVER, str(root), str(sig)], env=env,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(sig / "opened", saver)
+        layer(root).remove_debris()  # the lease is there, unlocked
+        (sig / "go").touch()
+        wait_for(sig / "written", saver)
+        assert layer(root).remove_debris() == []
+        tmp = [p for p in root.iterdir() if p.is_dir() and ".uckpt-tmp-" in p.name]
+        assert len(tmp) == 1 and (tmp[0] / "data-00000.bin").read_bytes() == bytes(range(8))
+        (sig / "commit").touch()
+        assert saver.wait(60) == 0, saver.stderr.read()
+    finally:
+        saver.kill()
+        saver.wait()
+    assert (root / "step_1" / "data-00000.bin").read_bytes() == bytes(range(8))
+    assert layer(root).steps() == [1]
+    assert sorted(p.name for p in root.iterdir()) == ["step_1"]  # no lease left behind
