@@ -88,3 +88,17 @@ def test_a_save_between_making_and_locking_its_lease_is_never_debris(tmp_path):
     assert (root / "step_1" / "data-00000.bin").read_bytes() == bytes(range(8))
     assert layer(root).steps() == [1]
     assert sorted(p.name for p in root.iterdir()) == ["step_1"]  # no lease left behind
+
+
+def test_locations_of_a_local_root_are_paths_and_listings_strings(tmp_path):
+    """As a local root always gave them: ``location`` (what CheckpointManager.path and
+    uckpt.convert return) a Path, an Entry's ``where`` a str."""
+    store = layer(tmp_path)
+    sink = store.sink("step_1")
+    sink.write_pieces("data-00000.bin", 4, [(0, b"abcd")])
+    sink.commit(b"{}")
+    assert store.location("step_1") == tmp_path / "step_1"
+    assert isinstance(store.location("step_1"), Path)
+    [entry] = store.entries()
+    assert entry.where == str(tmp_path / "step_1") and isinstance(entry.where, str)
+    assert store.within("old").location("step_1") == tmp_path / "old" / "step_1"

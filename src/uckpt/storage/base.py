@@ -332,7 +332,10 @@ class Store:
         raise NotImplementedError
 
     def location(self, name: str) -> Union[Path, str]:
-        """What to show for checkpoint ``name`` of this root (a Path, or a URL)."""
+        """Where checkpoint ``name`` of this root is: a :class:`~pathlib.Path` for a root
+        in the local file system, else a URL (a ``str``). The public API hands it on as
+        is (``CheckpointManager.path``, ``uckpt.convert``); messages and
+        :attr:`Entry.where` use its ``str``."""
         raise NotImplementedError
 
     def steps(self) -> List[int]:

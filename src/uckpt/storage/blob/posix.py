@@ -55,6 +55,7 @@ class PosixStore(BlobStore):
     advisory_locks: ClassVar[bool] = True
     direct_io: ClassVar[bool] = True
     vectored_reads: ClassVar[bool] = True
+    local_files: ClassVar[bool] = True
 
     def __init__(self, root: str | os.PathLike[str], *,
                  buffer_bytes: int | None = None) -> None:

@@ -26,7 +26,7 @@ def read_record(store: BlobCheckpointStore, name: str) -> Optional[bytes]:
     except CheckpointNotFoundError:
         return None
     except UckptError as e:
-        log.warning("ignored %s: %s", store.location(name), e)
+        log.warning("ignored %s: %s", store.at(name), e)
         return b""
 
 

@@ -40,7 +40,7 @@ def _dead(store: BlobCheckpointStore, prefix: str) -> bool:
     :meth:`~uckpt.storage.blob.base.BlobStore.lock` locks only a file still linked), so
     a live save never holds a lease that a later sweep cannot see."""
     blob = store.blob
-    if is_live(store.location(prefix[len(store.prefix):-1])):
+    if is_live(store.at(prefix[len(store.prefix):-1])):
         return False
     if not blob.advisory_locks:
         return True
@@ -72,7 +72,7 @@ def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
                 log.debug("kept %s: a live save holds it", prefix)
                 continue
             blob.delete_prefix(prefix)
-            log.info("removed %s: an interrupted save", store.location(entry))
+            log.info("removed %s: an interrupted save", store.at(entry))
         elif mark == OLD_MARK and not blob.exists(store.key(name, MANIFEST_NAME)) and \
                 blob.exists(prefix + MANIFEST_NAME):
             blob.delete_prefix(store.key(name))  # anything half moved in is not committed
@@ -81,7 +81,7 @@ def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
             continue
         else:
             blob.delete_prefix(prefix)
-            log.info("removed %s: an interrupted %s", store.location(entry),
+            log.info("removed %s: an interrupted %s", store.at(entry),
                      "overwrite" if mark == OLD_MARK else "deletion")
         removed.append(entry)
     for key in listing.keys:  # leases of dead saves (_dead removes them)
@@ -103,7 +103,7 @@ def _unmanifested_debris(store: BlobCheckpointStore) -> List[str]:
         prefix = store.key(name) + "/"
         if prefix + MANIFEST_NAME in keys:
             continue
-        if is_live(store.location(name)):
+        if is_live(store.at(name)):
             log.debug("kept %s: a save of this process is writing it", prefix)
             continue
         ages = [blob.age(k) for k in keys]
@@ -114,7 +114,7 @@ def _unmanifested_debris(store: BlobCheckpointStore) -> List[str]:
         blob.delete_prefix(prefix)
         removed.append(name)
         log.info("removed %s: %d objects of an interrupted save or deletion (no manifest; "
-                 "newest object %.0f s old)", store.location(name), len(keys),
+                 "newest object %.0f s old)", store.at(name), len(keys),
                  min(a for a in ages if a is not None))
     live = [store.key(w.rpartition("/")[2]) + "/" for w in live_below(store.where)]
     blob.abort_incomplete(store.prefix, knobs.debris_expiry_s, keep=live)

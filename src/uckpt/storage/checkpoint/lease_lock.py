@@ -144,7 +144,7 @@ class LeaseWriterLock(WriterLock):
         self._thread: Optional[threading.Thread] = None
 
     def url(self, key: str) -> str:
-        return self.store.location(key[len(self.store.prefix):])
+        return self.store.at(key[len(self.store.prefix):])
 
     # -- reading and writing lock objects ----------------------------------------------------
     def _record(self) -> bytes:

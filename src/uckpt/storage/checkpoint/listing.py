@@ -15,7 +15,7 @@ def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry
     """The entry of child ``name`` whose keys below it are ``keys`` (relative: size)."""
     files = {k: n for k, n in keys.items() if "/" not in k}
     below = {k.partition("/")[0] for k in keys if "/" in k}
-    entry = Entry(name, CHECKPOINT, store.location(name), step=step_of(name),
+    entry = Entry(name, CHECKPOINT, store.at(name), step=step_of(name),
                   size=sum(keys.values()), files=files,
                   not_plain={b: "a prefix holding further objects" for b in sorted(below)})
     m = HIDDEN.match(name)

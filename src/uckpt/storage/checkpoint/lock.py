@@ -89,7 +89,7 @@ class AdvisoryWriterLock(WriterLock):
     def refusal(self) -> RootLockedError:
         h = self.holder()
         return RootLockedError(f"checkpoint root {self.store.where!r} is held by {describe(h)}",
-                               path=self.store.location(LOCK_NAME), holder=h,
+                               path=self.store.at(LOCK_NAME), holder=h,
                                hint=_hint(self.shared, h, " (its lock goes with its process)"))
 
     def release(self) -> None:

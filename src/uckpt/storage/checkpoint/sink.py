@@ -48,7 +48,7 @@ class BlobSink(base.CheckpointSink):
     def __init__(self, store: BlobCheckpointStore, name: str, token: str,
                  coordinator: bool, shared: bool) -> None:
         self.store, self.blob, self.name = store, store.blob, name
-        self.where = str(store.location(name))
+        self.where = store.at(name)
         self.renames = store.blob.atomic_rename
         self.token = token
         self.prefix = store.key(token) + "/"
@@ -56,7 +56,7 @@ class BlobSink(base.CheckpointSink):
         self.keys: List[str] = []
         self.lease: Optional[BlobLock] = None
         self.made_prefix = False
-        self.live = store.location(token)
+        self.live = store.at(token)
         live(self.live)
         if self.renames and coordinator:
             self._take_lease()

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Sequence, Union
 
 from ...errors import CheckpointExistsError, CheckpointNotFoundError
 from .. import base
@@ -59,8 +60,15 @@ class BlobCheckpointStore(base.Store):
     def key(self, *names: str) -> str:
         return self.prefix + "/".join(names)
 
-    def location(self, name: str) -> str:
+    def at(self, name: str) -> str:
+        """The path or URL of ``name`` below the root, as a string (for messages and keys
+        of this process's registries)."""
         return f"{self.where}/{name}"
+
+    def location(self, name: str) -> Union[Path, str]:
+        """A Path where the blob store keeps its objects as local files
+        (:attr:`~uckpt.storage.blob.base.BlobStore.local_files`), else a URL."""
+        return Path(self.at(name)) if self.blob.local_files else self.at(name)
 
     def check_writer(self) -> None:
         """WriterLeaseLostError if this process held the root's lease lock and lost it."""
@@ -88,11 +96,11 @@ class BlobCheckpointStore(base.Store):
                                                   for f in files)
 
     def source(self, name: str, manifest: Any = None) -> BlobSource:
-        return BlobSource(self.blob, self.key(name) + "/", self.location(name))
+        return BlobSource(self.blob, self.key(name) + "/", self.at(name))
 
     # -- writing -------------------------------------------------------------------------
     def check_target(self, name: str, overwrite: bool) -> None:
-        where = self.location(name)
+        where = self.at(name)
         if self.blob.exists(self.key(name)):
             raise CheckpointExistsError(f"{where!r} exists and is an object (a file); "
                                         "refusing to replace it with a checkpoint", path=where,
@@ -123,7 +131,7 @@ class BlobCheckpointStore(base.Store):
             self.check_writer()
             self.blob.delete(self.key(name, MANIFEST_NAME))
             log.info("overwrite of %s: the old checkpoint is no longer committed",
-                     self.location(name))
+                     self.at(name))
         return BlobSink(self, name, name, True, shared)
 
     def join_sink(self, name: str, token: str) -> BlobSink:
@@ -169,4 +177,4 @@ class BlobCheckpointStore(base.Store):
         return archives_.archives(self)
 
     def within(self, into: str) -> "BlobCheckpointStore":
-        return BlobCheckpointStore(self.blob, self.key(into) + "/", self.location(into))
+        return BlobCheckpointStore(self.blob, self.key(into) + "/", self.at(into))
