@@ -1,7 +1,9 @@
 """The checkpoint layer (uckpt.storage.checkpoint) on a local directory through
 PosixStore: the guarantees the local store gave, kept on the blob seam. Real files, real
 processes."""
+import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -9,6 +11,7 @@ import time
 from pathlib import Path
 
 
+from uckpt import errors
 from uckpt.storage.blob.posix import PosixStore
 from uckpt.storage.checkpoint import BlobCheckpointStore
 
@@ -102,3 +105,27 @@ def test_locations_of_a_local_root_are_paths_and_listings_strings(tmp_path):
     [entry] = store.entries()
     assert entry.where == str(tmp_path / "step_1") and isinstance(entry.where, str)
     assert store.within("old").location("step_1") == tmp_path / "old" / "step_1"
+
+
+def test_the_writer_lock_keeps_its_holder_in_the_lock_file(tmp_path):
+    """As local roots always had it: one file, ``.uckpt-writer.lock``, locked and naming
+    its holder (tools and tests look for no other file at the root), and a refusal that
+    names the holder with local's hint."""
+    first = layer(tmp_path).writer_lock("job1", False)
+    assert first.try_acquire() is None
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".uckpt-writer.lock"]
+        record = json.loads((tmp_path / ".uckpt-writer.lock").read_bytes())
+        assert record["pid"] == os.getpid() and record["job"] == "job1"
+        second = layer(tmp_path).writer_lock("job2", False)
+        assert second.try_acquire()["job"] == "job1"
+        err = second.refusal()
+        assert isinstance(err, errors.RootLockedError) and isinstance(err, BlockingIOError)
+        assert f"is held by process {os.getpid()} on host {socket.gethostname()}" in str(err)
+        assert err.hint == ("only one job may write to a root while an exclusive writer "
+                            "holds it: stop that writer (its lock goes with its process), use "
+                            "another root, or open this one read-only (role='reader') to "
+                            "restore from it")
+    finally:
+        first.release()
+    assert layer(tmp_path).writer_lock("job2", False).try_acquire() is None

@@ -464,3 +464,16 @@ class StoreTests:
             store.lock("locks/writer")
         store.lock("locks/writer").release()
         store.lock("locks/other").release()
+
+    def test_a_lock_keeps_its_record_in_place(self, store: BlobStore) -> None:
+        """:meth:`BlobLock.note`: the record is the lock key's object, and the lock stays
+        held (on a file: the locked file itself, not one renamed over it)."""
+        if not store.advisory_locks:
+            pytest.skip(f"{type(store).__name__} has no advisory locks")
+        with store.lock("locks/rec") as held:
+            held.note(b"first record")
+            held.note(b"second")
+            assert store.read("locks/rec", 100) == b"second"
+            with pytest.raises(RootLockedError):
+                store.lock("locks/rec")
+        store.lock("locks/rec").release()

@@ -268,6 +268,14 @@ class BlobLock(abc.ABC):
     def release(self) -> None:
         """Drop the lock; a second call does nothing."""
 
+    def note(self, data: bytes) -> None:
+        """While held: make ``data`` the object of the lock's own key (its holder's
+        record, read by anyone with :meth:`BlobStore.read`), in place, so that the lock
+        stays held. Give every record of a key the same length (a reader may otherwise
+        see the end of a longer old one)."""
+        raise StoreCapabilityError(f"{type(self).__name__} keeps no record in its lock",
+                                   hint="keep the record in an object of its own")
+
     def __enter__(self) -> Self:
         return self
 

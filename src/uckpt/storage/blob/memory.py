@@ -145,3 +145,7 @@ class _Lock(BlobLock):
         if self._store is not None:
             self._store._unlock(self._key)
             self._store = None
+
+    def note(self, data: bytes) -> None:
+        if self._store is not None:
+            self._store._put(self._key, bytes(data))

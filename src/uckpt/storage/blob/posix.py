@@ -521,3 +521,10 @@ class _Lock(BlobLock):
         if self._fd >= 0:
             os.close(self._fd)  # drops the flock
             self._fd = -1
+
+    def note(self, data: bytes) -> None:
+        """One ``pwrite`` into the locked file itself (a new file renamed over it would
+        not be the locked one), then cut to its length."""
+        if self._fd >= 0:
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))

@@ -3,8 +3,9 @@ many processes"), chosen by the store's capabilities:
 
 * ``advisory_locks`` (:class:`AdvisoryWriterLock`): the lock ``.uckpt-writer.lock``,
   exclusive (or shared with ``concurrent_writers=True``), held until released or the
-  process ends; the holder's record is the object ``.uckpt-writer.json``. It cannot be
-  lost, so ``check`` does nothing;
+  process ends; the holder keeps its record (host, pid, job, mode, since) in the lock's
+  own object (:meth:`~uckpt.storage.blob.base.BlobLock.note`). It cannot be lost, so
+  ``check`` does nothing;
 * else (:class:`~.lease_lock.LeaseWriterLock`): the object ``.uckpt-writer.lock`` (or
   ``.uckpt-writers/<job>`` for each concurrent writer), made with ``create_versioned``
   and held under a lease that its holder renews (see :mod:`.lease_lock`).
@@ -28,8 +29,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("uckpt.storage.checkpoint.lock")
 
-RECORD_NAME = ".uckpt-writer.json"
 RECORD_CAP = 4096
+#: a holder's record is padded to this length: every record of the lock the same length
+RECORD_BYTES = 512
 
 __all__ = ["AdvisoryWriterLock", "CONCURRENT_DIR", "LOCK_NAME", "LeaseWriterLock", "writer_lock"]
 
@@ -50,14 +52,13 @@ def record(job: str, shared: bool, **more: Any) -> Dict[str, Any]:
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **more}
 
 
-def _hint(shared: bool, holder: Dict[str, Any], tail: str) -> str:
+def _hint(shared: bool, holder: Dict[str, Any]) -> str:
     if holder.get("mode") == "shared" and not shared:
-        fix = ("concurrent writers hold this root: stop them, or pass concurrent_writers=True "
-               "to this writer too (every writer of a root must opt in)")
-    else:
-        fix = ("only one job may write to a root: stop that job, use another root, or open "
-               "this one read-only (role='reader') to restore from it")
-    return f"{fix}{tail}"
+        return ("concurrent writers hold this root: stop them, or pass concurrent_writers=True "
+                "to this writer too (every writer of a root must opt in)")
+    return ("only one job may write to a root while an exclusive writer holds it: stop that "
+            "writer (its lock goes with its process), use another root, or open this one "
+            "read-only (role='reader') to restore from it")
 
 
 class AdvisoryWriterLock(WriterLock):
@@ -75,13 +76,14 @@ class AdvisoryWriterLock(WriterLock):
         except RootLockedError:
             return self.holder() or {"pending": True}
         mine = record(self.job, self.shared)
-        self.blob.write(self.store.key(RECORD_NAME), json.dumps(mine).encode())
+        self._lock.note(json.dumps(mine).encode().ljust(RECORD_BYTES))
         log.info("writer of %s: %s", self.store.where, mine)
         return None
 
     def holder(self) -> Dict[str, Any]:
         try:
-            h = json.loads(self.blob.read(self.store.key(RECORD_NAME), RECORD_CAP))
+            h = json.loads(self.blob.read(self.store.key(LOCK_NAME), RECORD_CAP).strip()
+                           or b"{}")
         except (UckptError, ValueError):
             return {}
         return h if isinstance(h, dict) else {}
@@ -90,7 +92,7 @@ class AdvisoryWriterLock(WriterLock):
         h = self.holder()
         return RootLockedError(f"checkpoint root {self.store.where!r} is held by {describe(h)}",
                                path=self.store.at(LOCK_NAME), holder=h,
-                               hint=_hint(self.shared, h, " (its lock goes with its process)"))
+                               hint=_hint(self.shared, h))
 
     def release(self) -> None:
         if self._lock is not None:
