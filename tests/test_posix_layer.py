@@ -3,6 +3,7 @@ PosixStore: the guarantees the local store gave, kept on the blob seam. Real fil
 processes."""
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -10,7 +11,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
+import pytest
 
+import uckpt
 from uckpt import errors
 from uckpt.storage.blob.posix import PosixStore
 from uckpt.storage.checkpoint import BlobCheckpointStore
@@ -129,3 +133,64 @@ def test_the_writer_lock_keeps_its_holder_in_the_lock_file(tmp_path):
     finally:
         first.release()
     assert layer(tmp_path).writer_lock("job2", False).try_acquire() is None
+
+
+def _first_data(d):
+    return next(d.glob("data-*.bin"))
+
+
+def _manifest_symlink(d):
+    (d.parent / "real.json").write_bytes((d / "manifest.json").read_bytes())
+    (d / "manifest.json").unlink()
+    (d / "manifest.json").symlink_to(d.parent / "real.json")
+
+
+def _data_symlink(d):
+    f = _first_data(d)
+    f.rename(d.parent / "outside.bin")
+    f.symlink_to(d.parent / "outside.bin")
+
+
+def _data_fifo(d):
+    f = _first_data(d)
+    f.unlink()
+    os.mkfifo(f)
+
+
+def _data_directory(d):
+    f = _first_data(d)
+    f.unlink()
+    f.mkdir()
+
+
+def _manifest_directory(d):
+    (d / "manifest.json").unlink()
+    (d / "manifest.json").mkdir()
+
+
+@pytest.mark.parametrize("damage, error, message", [
+    (_manifest_symlink, errors.NotACheckpointError,
+     r"manifest '.*/step_1/manifest\.json' is a symbolic link \(to '.*real\.json'\), not a "
+     "regular file"),
+    (_manifest_directory, errors.NotACheckpointError,
+     r"manifest '.*/step_1/manifest\.json' is a directory, not a regular file"),
+    (_data_symlink, errors.CorruptCheckpointError,
+     r"data file '.*/step_1/data-00000\.bin' is a symbolic link \(to '.*outside\.bin'\), not a "
+     "regular file"),
+    (_data_fifo, errors.CorruptCheckpointError,
+     r"data file '.*/step_1/data-00000\.bin' is a FIFO \(named pipe\), not a regular file"),
+    (_data_directory, errors.CorruptCheckpointError,
+     r"data file '.*/step_1/data-00000\.bin' is a directory, not a regular file"),
+    (lambda d: shutil.rmtree(d), errors.CheckpointNotFoundError,
+     r"checkpoint '.*/step_1' does not exist"),
+])
+def test_reads_refuse_what_is_not_a_regular_file_naming_it_as_local_did(tmp_path, damage,
+                                                                        error, message):
+    """Local's messages, kept: what the file is to the checkpoint (manifest, data file),
+    what stands there instead, and the remedy; never read through."""
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(8, dtype=np.float32)})
+    damage(tmp_path / "step_1")
+    with pytest.raises(error, match=message) as info:
+        uckpt.load(layer(tmp_path).source("step_1"))
+    if error is not errors.CheckpointNotFoundError:
+        assert "never through a symbolic link" in info.value.hint

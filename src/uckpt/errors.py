@@ -107,6 +107,14 @@ class CorruptCheckpointError(UckptError, ValueError):
     """Stored bytes do not match what the manifest promises."""
 
 
+class NotRegularFileError(CorruptCheckpointError):
+    """What must be a regular file of a checkpoint (or an object of a local blob store) is
+    something else, never read through: a symbolic link, a FIFO, a device, a directory.
+    ``kind`` says what it is ("a symbolic link (to '/x')")."""
+
+    kind: str
+
+
 class ChecksumMismatchError(CorruptCheckpointError):
     """A chunk's checksum does not match its bytes."""
 

@@ -248,7 +248,7 @@ def unreadable(e: OSError, path: str, what: str, detail: str = "", **where: Any)
 
 def not_regular(path: str, what: str, kind: str,
                 error: MakeError = CorruptCheckpointError) -> BaseException:
-    return error(f"{what} {path!r} is {kind}, not a regular file", path=path,
+    return error(f"{what} {path!r} is {kind}, not a regular file", path=path, kind=kind,
                  hint="uckpt reads only regular files inside a checkpoint directory, never "
                       "through a symbolic link; put the real file there, or restore an "
                       "earlier checkpoint")

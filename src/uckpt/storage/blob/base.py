@@ -312,9 +312,10 @@ class BlobStore(abc.ABC):
     #: a reader's :meth:`BlobReader.read_vectored` is one request, so adjacent ranges are
     #: worth reading together
     vectored_reads: ClassVar[bool] = False
-    #: each key is the regular file ``<root>/<key>`` of the local file system (the
-    #: checkpoint layer then shows locations as :class:`~pathlib.Path`, as callers of a
-    #: local root expect)
+    #: each key is the regular file ``<root>/<key>`` of the local file system, and its
+    #: prefixes directories that exist by themselves, even empty (the checkpoint layer
+    #: then shows locations as :class:`~pathlib.Path`, as callers of a local root expect,
+    #: and tells a missing checkpoint directory from one without a manifest)
     local_files: ClassVar[bool] = False
 
     # --- reading ------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 from .. import fsutil
 from ... import knobs
 from ...errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
-                       NotACheckpointError, RootLockedError)
+                       NotACheckpointError, NotRegularFileError, RootLockedError)
 from . import posix_io
 from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listing,
                    check_below_root, check_key, check_offset, check_prefix, check_rename, closed,
@@ -149,8 +149,9 @@ class PosixStore(BlobStore):
             return CheckpointNotFoundError(f"no blob {key!r} in {self.root}", path=path)
 
         try:
-            return how(dir_fd, name, what="blob", path=self.where(key), missing=missing)
-        except CorruptCheckpointError:
+            return how(dir_fd, name, what="blob", path=self.where(key), missing=missing,
+                       wrong_type=NotRegularFileError)
+        except NotRegularFileError:
             try:
                 is_dir = stat.S_ISDIR(os.stat(name, dir_fd=dir_fd,
                                               follow_symlinks=False).st_mode)

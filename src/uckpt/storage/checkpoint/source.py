@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Any, Dict, Sequence
 
 from ... import knobs
 from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
-                       StoreNotFoundError)
-from .. import base
+                       NotRegularFileError, StoreNotFoundError)
+from .. import base, fsutil
 from .names import MANIFEST_NAME
 
 if TYPE_CHECKING:
@@ -42,7 +42,17 @@ class BlobSource(base.CheckpointSource):
         except StoreNotFoundError:
             raise
         except CheckpointNotFoundError:
+            kind = self._prefix_kind(MANIFEST_NAME)
+            if kind:
+                raise self._not_regular(MANIFEST_NAME, "manifest", kind,
+                                        NotACheckpointError) from None
+            if self.blob.local_files and self.prefix and not self._is_prefix(self.prefix):
+                raise CheckpointNotFoundError(f"checkpoint {self.where!r} does not exist",
+                                              path=self.where) from None
             raise self._missing() from None
+        except NotRegularFileError as e:
+            raise self._not_regular(MANIFEST_NAME, "manifest", e.kind,
+                                    NotACheckpointError) from None
         if n > cap:
             raise ManifestError(f"the manifest of {self.where!r} holds more than {cap} bytes, "
                                 "the most read for one", path=self.file_where(MANIFEST_NAME))
@@ -65,10 +75,33 @@ class BlobSource(base.CheckpointSource):
                 try:
                     self._readers[name] = self.blob.open_reader(self.prefix + name)
                 except CheckpointNotFoundError:
+                    kind = self._prefix_kind(name)
+                    if kind:
+                        raise self._not_regular(name, what, kind) from None
                     where = self.file_where(name)
                     raise CheckpointNotFoundError(f"{what} {where!r} listed in the manifest "
                                                   "is missing", path=where) from None
+                except NotRegularFileError as e:
+                    raise self._not_regular(name, what, e.kind) from None
             return self._readers[name]
+
+    def _not_regular(self, name: str, what: str, kind: str,
+                     error: type = NotRegularFileError) -> BaseException:
+        """The error of file ``name`` (``what``: "manifest", "data file") being ``kind``."""
+        return fsutil.not_regular(self.file_where(name), what, kind, error)
+
+    def _prefix_kind(self, name: str) -> str:
+        """What stands at ``name``, where no object does: a directory (a prefix), or
+        nothing ("")."""
+        if not self._is_prefix(self.prefix + name + "/"):
+            return ""
+        return "a directory" if self.blob.local_files else "a prefix of further objects"
+
+    def _is_prefix(self, prefix: str) -> bool:
+        """Whether ``prefix`` (``"a/b/"``) is listed beside its siblings (a directory of a
+        store with :attr:`~uckpt.storage.blob.base.BlobStore.local_files`, even empty)."""
+        parent = prefix[:-1].rpartition("/")[0]
+        return prefix in self.blob.list_dir(parent + "/" if parent else "").prefixes
 
     def read_into(self, name: str, buf: Any, offset: int) -> int:
         return self.reader(name).read_into(offset, buf)
