@@ -194,3 +194,19 @@ def test_reads_refuse_what_is_not_a_regular_file_naming_it_as_local_did(tmp_path
         uckpt.load(layer(tmp_path).source("step_1"))
     if error is not errors.CheckpointNotFoundError:
         assert "never through a symbolic link" in info.value.hint
+
+
+def test_a_reader_never_creates_a_missing_root_and_a_writer_does(tmp_path):
+    missing = tmp_path / "no" / "root"
+    store = layer(missing)
+    assert not store.exists() and store.steps() == [] and store.entries() == []
+    assert store.itself() is None and not store.has("step_1")
+    with pytest.raises(errors.CheckpointNotFoundError, match="checkpoint '.*/step_1' does not "
+                                                              "exist"):
+        uckpt.load(store.source("step_1"))
+    assert store.remove_debris() == []  # nothing to sweep, nothing made
+    assert not (tmp_path / "no").exists()
+    sink = store.sink("step_1")
+    sink.write_pieces("data-00000.bin", 2, [(0, b"ok")])
+    sink.commit(b"{}")
+    assert store.exists() and store.steps() == [1]

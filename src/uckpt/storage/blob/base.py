@@ -329,6 +329,12 @@ class BlobStore(abc.ABC):
     def size(self, key: str) -> int:
         """The object's size in bytes."""
 
+    def root_exists(self) -> bool:
+        """Whether the store's root is there. This default: always (a prefix of an object
+        store holds whatever is put under it); a store whose root is a directory says
+        whether it exists, for it is made by the first write, never by a read."""
+        return True
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)

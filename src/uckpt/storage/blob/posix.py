@@ -46,8 +46,9 @@ _NOT_SUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
 
 
 class PosixStore(BlobStore):
-    """Keys are files below the directory ``root`` (made if missing; reached through a
-    symlink if ``root`` is one: the caller's choice). ``buffer_bytes``: a writer's
+    """Keys are files below the directory ``root`` (reached through a symlink if ``root``
+    is one: the caller's choice). A missing ``root`` is made by the first write or lock,
+    never by a read: to a reader it is a store with no keys. ``buffer_bytes``: a writer's
     page-aligned staging buffer, written out whenever it fills."""
 
     atomic_rename: ClassVar[bool] = True
@@ -60,19 +61,27 @@ class PosixStore(BlobStore):
     def __init__(self, root: str | os.PathLike[str], *,
                  buffer_bytes: int | None = None) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         page = mmap.PAGESIZE
         self.buffer_bytes = max(page, (buffer_bytes or knobs.stream_buffer_bytes) // page * page)
 
     def where(self, key: str) -> str:
         return os.path.join(self.root, key)
 
+    def root_exists(self) -> bool:
+        return self.root.is_dir()
+
     # --- walking the tree ----------------------------------------------------------------
     def _dir(self, parts: list[str], key: str, create: bool = False) -> int:
         """The descriptor of the directory ``root/parts...`` (made where ``create``);
         CheckpointNotFoundError where it is missing, CorruptCheckpointError where a
         component is a symlink or anything else but a directory."""
-        fd = fsutil.open_dir(self.root, what="store root")
+        try:
+            fd = fsutil.open_dir(self.root, what="store root")
+        except CheckpointNotFoundError:
+            if not create:
+                raise
+            self.root.mkdir(parents=True, exist_ok=True)  # a writer's first write
+            fd = fsutil.open_dir(self.root, what="store root")
         try:
             for i, part in enumerate(parts):
                 if create:

@@ -8,7 +8,15 @@ from ..base import CHECKPOINT, STALE, TEMPORARY, Entry, step_of
 from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
 
 if TYPE_CHECKING:
+    from ..blob.base import BlobStore
     from .store import BlobCheckpointStore
+
+
+def is_prefix(blob: BlobStore, prefix: str) -> bool:
+    """Whether ``prefix`` (``"a/b/"``) is listed beside its siblings: on a store with
+    :attr:`~uckpt.storage.blob.base.BlobStore.local_files` a directory, even empty."""
+    parent = prefix[:-1].rpartition("/")[0]
+    return prefix in blob.list_dir(parent + "/" if parent else "").prefixes
 
 
 def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry:
@@ -54,4 +62,4 @@ def itself(store: BlobCheckpointStore) -> Optional[Entry]:
     return entry
 
 
-__all__ = ["entries", "itself"]
+__all__ = ["entries", "is_prefix", "itself"]

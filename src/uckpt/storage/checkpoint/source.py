@@ -8,6 +8,7 @@ from ... import knobs
 from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
                        NotRegularFileError, StoreNotFoundError)
 from .. import base, fsutil
+from .listing import is_prefix
 from .names import MANIFEST_NAME
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class BlobSource(base.CheckpointSource):
             if kind:
                 raise self._not_regular(MANIFEST_NAME, "manifest", kind,
                                         NotACheckpointError) from None
-            if self.blob.local_files and self.prefix and not self._is_prefix(self.prefix):
+            if self.blob.local_files and self.prefix and not is_prefix(self.blob, self.prefix):
                 raise CheckpointNotFoundError(f"checkpoint {self.where!r} does not exist",
                                               path=self.where) from None
             raise self._missing() from None
@@ -93,15 +94,9 @@ class BlobSource(base.CheckpointSource):
     def _prefix_kind(self, name: str) -> str:
         """What stands at ``name``, where no object does: a directory (a prefix), or
         nothing ("")."""
-        if not self._is_prefix(self.prefix + name + "/"):
+        if not is_prefix(self.blob, self.prefix + name + "/"):
             return ""
         return "a directory" if self.blob.local_files else "a prefix of further objects"
-
-    def _is_prefix(self, prefix: str) -> bool:
-        """Whether ``prefix`` (``"a/b/"``) is listed beside its siblings (a directory of a
-        store with :attr:`~uckpt.storage.blob.base.BlobStore.local_files`, even empty)."""
-        parent = prefix[:-1].rpartition("/")[0]
-        return prefix in self.blob.list_dir(parent + "/" if parent else "").prefixes
 
     def read_into(self, name: str, buf: Any, offset: int) -> int:
         return self.reader(name).read_into(offset, buf)

@@ -43,7 +43,14 @@ class BlobCheckpointStore(base.Store):
         return self.blob.atomic_rename or rank == 0
 
     def exists(self) -> bool:
-        return True  # a prefix holds whatever is put under it
+        """The root's directory, where the store has directories of their own
+        (:attr:`~uckpt.storage.blob.base.BlobStore.local_files`); else always (a prefix
+        holds whatever is put under it)."""
+        if not self.blob.root_exists():
+            return False
+        if not self.prefix or not self.blob.local_files:
+            return True
+        return listing.is_prefix(self.blob, self.prefix)
 
     def identity(self) -> Hashable:
         return self.where.rstrip("/")
