@@ -210,3 +210,31 @@ def test_a_reader_never_creates_a_missing_root_and_a_writer_does(tmp_path):
     sink.write_pieces("data-00000.bin", 2, [(0, b"ok")])
     sink.commit(b"{}")
     assert store.exists() and store.steps() == [1]
+
+
+class _Counting(PosixStore):
+    """A PosixStore that records every key its recursive listing hands out."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.listed = []
+
+    def list(self, prefix=""):
+        for key, size in super().list(prefix):
+            self.listed.append(key)
+            yield key, size
+
+
+def test_steps_and_entries_read_only_the_roots_own_entries(tmp_path):
+    """As local roots: one level of the root, then only what may be a checkpoint; a big
+    unrelated tree beside the checkpoints is never walked."""
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(4, dtype=np.float32)})
+    junk = tmp_path / "datasets" / "a" / "b"
+    junk.mkdir(parents=True)
+    for i in range(50):
+        (junk / f"f{i}").write_bytes(b"x")
+    blob = _Counting(tmp_path)
+    store = BlobCheckpointStore(blob, "", str(tmp_path))
+    assert store.steps() == [1]
+    assert [e.name for e in store.entries()] == ["step_1"]
+    assert blob.listed and not [k for k in blob.listed if not k.startswith("step_1/")]

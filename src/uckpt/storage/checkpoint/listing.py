@@ -39,13 +39,14 @@ def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry
 
 
 def entries(store: BlobCheckpointStore) -> List[Entry]:
-    children: Dict[str, Dict[str, int]] = {}
-    for key, size in store.blob.list(store.prefix):
-        name, sep, rest = key[len(store.prefix):].partition("/")
-        if sep:
-            children.setdefault(name, {})[rest] = size
+    """One listing of the root's own entries; below it, only those that may be
+    checkpoints (named like a step, hidden by uckpt, or holding a manifest) are walked."""
     out = []
-    for name, keys in sorted(children.items()):
+    for sub in store.blob.list_dir(store.prefix).prefixes:
+        name = sub[len(store.prefix):-1]
+        if step_of(name) is None and not HIDDEN.match(name) and not store.has(name):
+            continue
+        keys = {k[len(sub):]: n for k, n in store.blob.list(sub)}
         entry = _entry(store, name, keys)
         if entry.kind == CHECKPOINT or entry.step is not None:
             out.append(entry)

@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Sequence, Union
 
-from ...errors import CheckpointExistsError, CheckpointNotFoundError
+from ...errors import CheckpointExistsError, CheckpointNotFoundError, NotRegularFileError
 from .. import base
 from ..base import Entry
 from ..archive import hidden_steps
@@ -84,18 +84,23 @@ class BlobCheckpointStore(base.Store):
 
     # -- reading -------------------------------------------------------------------------
     def steps(self) -> List[int]:
+        """From one listing of the root's own entries (nothing below them is walked) and
+        a look at each ``step_N``'s manifest."""
         found = []
-        for key, _ in self.blob.list(self.prefix):
-            name, _, file = key[len(self.prefix):].partition("/")
+        for sub in self.blob.list_dir(self.prefix).prefixes:
+            name = sub[len(self.prefix):-1]
             step = base.step_of(name)
-            if step is not None and file == MANIFEST_NAME:
+            if step is not None and self.has(name):
                 found.append(step)
         steps = sorted(found)
         hidden_ = hidden_steps(self) if steps else ()
         return [s for s in steps if s not in hidden_] if hidden_ else steps
 
     def has(self, name: str) -> bool:
-        return self.blob.exists(self.key(name, MANIFEST_NAME))
+        try:
+            return self.blob.exists(self.key(name, MANIFEST_NAME))
+        except NotRegularFileError:
+            return True  # a damaged checkpoint: loading it names what stands there
 
     def files_present(self, name: str, files: Sequence[str]) -> bool:
         """Without a rename every rank sees the same objects; else ask for each."""
