@@ -19,7 +19,7 @@ import os
 import shutil
 import stat
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
@@ -32,6 +32,7 @@ from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listin
                    check_below_root, check_key, check_offset, check_prefix, check_rename, closed,
                    flat, writable_view)
 from .posix_io import DirectFile
+from .posix_read import PosixReader, entries, walk
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -142,7 +143,7 @@ class PosixStore(BlobStore):
             fd = self._regular(fsutil.open_regular, dir_fd, name, key)
         finally:
             os.close(dir_fd)
-        return _Reader(self.where(key), fd)
+        return PosixReader(self.where(key), fd)
 
     def size(self, key: str) -> int:
         dir_fd, name = self._parent(key)
@@ -180,25 +181,7 @@ class PosixStore(BlobStore):
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         prefix = check_prefix(prefix)
         fd = self._prefix_dir(prefix)
-        return iter(()) if fd is None else self._walk(fd, prefix)
-
-    def _walk(self, fd: int, prefix: str) -> Iterator[tuple[str, int]]:
-        try:
-            for entry in _entries(fd):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # removed since the directory was read
-                if stat.S_ISREG(st.st_mode):
-                    yield prefix + entry.name, st.st_size
-                elif stat.S_ISDIR(st.st_mode):
-                    try:
-                        sub = fsutil.open_dir(entry.name, dir_fd=fd, follow_symlinks=False)
-                    except (CheckpointNotFoundError, NotACheckpointError):
-                        continue  # removed or replaced meanwhile
-                    yield from self._walk(sub, prefix + entry.name + "/")
-        finally:
-            os.close(fd)
+        return iter(()) if fd is None else walk(fd, prefix)
 
     def list_dir(self, prefix: str = "") -> Listing:
         prefix = check_prefix(prefix)
@@ -207,7 +190,7 @@ class PosixStore(BlobStore):
             return Listing([], [])
         keys, prefixes = [], []
         try:
-            for entry in _entries(fd):
+            for entry in entries(fd):
                 if entry.is_file(follow_symlinks=False):
                     keys.append(prefix + entry.name)
                 elif entry.is_dir(follow_symlinks=False):
@@ -390,12 +373,6 @@ def _linked(fd: int, dir_fd: int, name: str) -> bool:
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
 
-def _entries(fd: int) -> list[os.DirEntry[str]]:
-    """The entries of the directory ``fd``, the store's temporary files left out."""
-    with os.scandir(fd) as it:
-        return [e for e in it if not e.name.startswith(RESERVED)]
-
-
 def _hidden(what: str) -> str:
     return f"{RESERVED}{what}-{uuid.uuid4().hex}"
 
@@ -495,32 +472,6 @@ class _Writer(BlobWriter):
 
 class _CutShort(Exception):
     """The source of a copy ended early (nothing is put in place)."""
-
-
-class _Reader(BlobReader):
-    """A regular file held open: ``pread`` and ``preadv`` straight into buffers."""
-
-    def __init__(self, where: str, fd: int) -> None:
-        self.where, self.fd = where, fd
-        try:
-            self.size = os.fstat(fd).st_size
-        except OSError as e:
-            os.close(fd)
-            raise fsutil.unreadable(e, where, "blob") from None
-
-    def read_into(self, offset: int, buf: Buffer) -> int:
-        assert self.fd is not None, "read of a closed reader"
-        return int(fsutil.pread_into(self.fd, writable_view(self.where, buf),
-                                     check_offset(self.where, offset)))
-
-    def read_vectored(self, offset: int, bufs: Iterable[Buffer]) -> int:
-        assert self.fd is not None, "read of a closed reader"
-        return int(fsutil.preadv_into(self.fd, list(bufs), offset))
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class _Lock(BlobLock):
