@@ -238,3 +238,38 @@ def test_steps_and_entries_read_only_the_roots_own_entries(tmp_path):
     assert store.steps() == [1]
     assert [e.name for e in store.entries()] == ["step_1"]
     assert blob.listed and not [k for k in blob.listed if not k.startswith("step_1/")]
+
+
+class _Watching(PosixStore):
+    """A PosixStore that notes, before each prefix-moving call, whether ``step_1`` is
+    committed at that moment (as a reader would see it)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.seen = []
+
+    def _note(self, call):
+        self.seen.append((call, self.exists("step_1/manifest.json")))
+
+    def rename_prefix(self, src, dst):
+        super().rename_prefix(src, dst)
+        self._note("rename")
+
+    def exchange_prefix(self, a, b):
+        done = super().exchange_prefix(a, b)
+        self._note("exchange")
+        return done
+
+
+def test_an_overwrite_swaps_so_readers_never_miss_the_checkpoint(tmp_path):
+    """renameat2(RENAME_EXCHANGE), as local roots did: the old checkpoint until the swap,
+    the new one after, never neither (the rename aside left a moment without step_1)."""
+    blob = _Watching(tmp_path)
+    store = BlobCheckpointStore(blob, "", str(tmp_path))
+    for data in (b"old!", b"new!"):
+        sink = store.sink("step_1", overwrite=True)
+        sink.write_pieces("data-00000.bin", 4, [(0, data)])
+        sink.commit(b"{}", overwrite=True)
+    assert blob.seen[1:] == [("exchange", True)]
+    assert (tmp_path / "step_1" / "data-00000.bin").read_bytes() == b"new!"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]  # the old one removed

@@ -448,6 +448,20 @@ class StoreTests:
         winner = won.index(True)
         assert self.get(store, "final/data") == pattern(10, seed=winner)
 
+    def test_exchange_prefix(self, store: BlobStore) -> None:
+        if not store.atomic_exchange:
+            pytest.skip(f"{type(store).__name__} has no atomic exchange")
+        store.write("swap/a/x", b"from a")
+        store.write("other/b/y", b"from b")
+        if not store.exchange_prefix("swap/a", "other/b/"):
+            pytest.skip("this file system does not take an atomic exchange")
+        assert sorted(store.list("swap/a")) == [("swap/a/y", 6)]
+        assert store.read("other/b/x", 10) == b"from a"
+        with pytest.raises(CheckpointNotFoundError):
+            store.exchange_prefix("swap/a", "missing")
+        with pytest.raises(InvalidKeyError):
+            store.exchange_prefix("swap", "swap/a")
+
     def test_locks(self, store: BlobStore) -> None:
         if not store.advisory_locks:
             pytest.skip(f"{type(store).__name__} has no advisory locks")

@@ -312,6 +312,9 @@ class BlobStore(abc.ABC):
     #: a reader's :meth:`BlobReader.read_vectored` is one request, so adjacent ranges are
     #: worth reading together
     vectored_reads: ClassVar[bool] = False
+    #: :meth:`exchange_prefix` swaps two prefixes at once where the medium takes it (it
+    #: says False, changing nothing, where it does not)
+    atomic_exchange: ClassVar[bool] = False
     #: each key is the regular file ``<root>/<key>`` of the local file system, and its
     #: prefixes directories that exist by themselves, even empty (the checkpoint layer
     #: then shows locations as :class:`~pathlib.Path`, as callers of a local root expect,
@@ -518,6 +521,12 @@ class BlobStore(abc.ABC):
         CheckpointExistsError if ``dst`` holds anything, CheckpointNotFoundError if
         ``src`` holds nothing (:attr:`atomic_rename`)."""
         raise self._lacks("atomic_rename", "rename_prefix")
+
+    def exchange_prefix(self, a: str, b: str) -> bool:
+        """Swap the keys below ``a`` with those below ``b`` at once (readers see either
+        both before or both after; CheckpointNotFoundError if either holds nothing);
+        False, changing nothing, where this medium cannot (:attr:`atomic_exchange`)."""
+        raise self._lacks("atomic_exchange", "exchange_prefix")
 
     def lock(self, key: str, *, shared: bool = False) -> BlobLock:
         """Take the advisory lock of ``key`` without waiting (RootLockedError if another

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("uckpt.storage.blob.posix")
 
 T = TypeVar("T")
-_RENAME_NOREPLACE = 1
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _NOT_SUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
 
 
@@ -58,6 +58,7 @@ class PosixStore(BlobStore):
     direct_io: ClassVar[bool] = True
     vectored_reads: ClassVar[bool] = True
     local_files: ClassVar[bool] = True
+    atomic_exchange: ClassVar[bool] = True
 
     def __init__(self, root: str | os.PathLike[str], *,
                  buffer_bytes: int | None = None) -> None:
@@ -334,6 +335,33 @@ class PosixStore(BlobStore):
             if src_fd >= 0:
                 os.close(src_fd)
 
+    def exchange_prefix(self, a: str, b: str) -> bool:
+        """``renameat2(RENAME_EXCHANGE)`` of the two directories; False where the file
+        system does not take it (nothing changed)."""
+        a_key, b_key = (p[:-1] for p in check_rename(a, b))
+        a_fd, a_name = self._parent(a_key)
+        try:
+            b_fd, b_name = self._parent(b_key)
+            try:
+                for fd, name, key in ((a_fd, a_name, a), (b_fd, b_name, b)):
+                    try:
+                        mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+                    except FileNotFoundError:
+                        mode = 0
+                    if not stat.S_ISDIR(mode):
+                        raise CheckpointNotFoundError(f"nothing below {key!r} in {self.root} "
+                                                      "to exchange", path=self.where(key))
+                if not _renameat2(a_fd, a_name, b_fd, b_name, _RENAME_EXCHANGE):
+                    return False
+                os.fsync(a_fd)
+                if b_fd != a_fd:
+                    os.fsync(b_fd)
+                return True
+            finally:
+                os.close(b_fd)
+        finally:
+            os.close(a_fd)
+
     def lock(self, key: str, *, shared: bool = False) -> BlobLock:
         """``flock`` on the file ``key`` (made if missing), taken only while that file is
         still linked at ``key``: a holder may unlink it (a writer removing a dead save's
@@ -377,14 +405,21 @@ def _hidden(what: str) -> str:
     return f"{RESERVED}{what}-{uuid.uuid4().hex}"
 
 
-def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
+def _renameat2(src_fd: int, src: str, dst_fd: int, dst: str, flags: int) -> bool:
+    """``renameat2``; False where the kernel or file system does not take ``flags``."""
     fn = fsutil._c().renameat2  # libc, loaded once
     fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
-        return
+    if fn(src_fd, os.fsencode(src), dst_fd, os.fsencode(dst), flags) == 0:
+        return True
     err = ctypes.get_errno()
     if err not in _NOT_SUPPORTED:
         raise OSError(err, os.strerror(err), src)
+    return False
+
+
+def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
+    if _renameat2(src_fd, src, dst_fd, dst, _RENAME_NOREPLACE):
+        return
     # no RENAME_NOREPLACE here: rename() replaces only an empty directory (no blob lost)
     log.debug("renameat2(RENAME_NOREPLACE) is not supported here; rename() instead")
     os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)

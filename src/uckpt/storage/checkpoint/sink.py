@@ -3,7 +3,9 @@ and its commit, chosen by the store's capabilities (docs/format.md section 2):
 
 * ``atomic_rename``: the data files and then the manifest are written under the save's
   temporary prefix, held by its save lease, which is then renamed into place (an
-  overwrite renames the old checkpoint aside first, and removes it after);
+  overwrite swaps it with the old checkpoint where the store has ``atomic_exchange``,
+  so that readers never miss the name, else renames the old one aside first; the old
+  one is removed after);
 * otherwise: the data files are written under the final prefix and the manifest, written
   last (``create_if_absent`` unless overwriting), is the commit (section 2).
 """
@@ -146,6 +148,15 @@ class BlobSink(base.CheckpointSink):
         if self.blob.exists(final + "/" + MANIFEST_NAME):
             if not overwrite:  # appeared since check_target: never clobber
                 raise committed_meanwhile(self.where)
+            if self.blob.atomic_exchange and self.blob.exchange_prefix(self.prefix, final):
+                # readers saw the old checkpoint until now, the new one from now on; the
+                # old one is under this save's lease (debris if this process dies here)
+                try:
+                    self.blob.delete_prefix(self.prefix)
+                except Exception as e:  # noqa: BLE001 - committed: the rest is debris
+                    log.warning("could not remove the replaced checkpoint %s (%s); the "
+                                "root's writer removes it later", self.store.at(self.token), e)
+                return
             old = self.store.key(hidden(self.name, OLD_MARK))
             self.blob.rename_prefix(final, old)
         try:
