@@ -16,8 +16,10 @@ import pytest
 
 import uckpt
 from uckpt import errors
+from uckpt.codecs.checksum import crc32c, format_checksum
 from uckpt.storage.blob.posix import PosixStore
 from uckpt.storage.checkpoint import BlobCheckpointStore
+from uckpt.storage.readback import block_buffer, stored_checksum
 
 
 def layer(root):
@@ -273,3 +275,21 @@ def test_an_overwrite_swaps_so_readers_never_miss_the_checkpoint(tmp_path):
     assert blob.seen[1:] == [("exchange", True)]
     assert (tmp_path / "step_1" / "data-00000.bin").read_bytes() == b"new!"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]  # the old one removed
+
+
+def test_re_verification_reads_a_local_file_from_the_medium(tmp_path):
+    """As LocalSource: O_DIRECT where the file system takes it, else the cached pages
+    dropped first (tmpfs), never the page cache's answer alone ("store read")."""
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(4096, dtype=np.float32)})
+    source = layer(tmp_path).source("step_1")
+    reader = source.medium_reader("data-00000.bin")
+    try:
+        assert reader.how in ("O_DIRECT", "fadvise(DONTNEED) read")
+        buf = block_buffer()
+        data = (tmp_path / "step_1" / "data-00000.bin").read_bytes()
+        assert stored_checksum(reader, 100, 5000, buf) == format_checksum(crc32c(data[100:5100]))
+    finally:
+        reader.close()
+        source.close()
+    with pytest.raises(errors.CheckpointNotFoundError, match="data file .* is missing"):
+        source.medium_reader("data-00001.bin")

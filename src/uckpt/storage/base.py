@@ -71,8 +71,9 @@ MAX_MANIFEST_BYTES = 1 << 30
 class MediumReader(Protocol):
     """What :meth:`CheckpointSource.medium_reader` gives (:mod:`uckpt.storage.readback`)."""
 
-    #: which way it reads, for messages ("O_DIRECT", "store read", ...)
-    how: str
+    @property
+    def how(self) -> str:
+        """Which way it reads, for messages ("O_DIRECT", "store read", ...)."""
 
     def read(self, buf: Buffer, offset: int) -> int:
         """Fill ``buf`` from ``offset``; the bytes read (fewer only where the file ends)."""

@@ -13,10 +13,8 @@ Where the bytes come from:
 """
 from __future__ import annotations
 
-import errno
 import logging
 import mmap
-import os
 import platform
 import sys
 import threading
@@ -33,7 +31,6 @@ log = logging.getLogger("uckpt.storage.readback")
 #: offsets and lengths of O_DIRECT reads are multiples of this (the largest common
 #: logical block size)
 ALIGN = 4096
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 class SourceReader:
@@ -53,46 +50,24 @@ class SourceReader:
 
 
 class FileReader:
-    """Data file ``name`` of the directory open at ``dir_fd``, read from the medium where
-    the platform allows (see the module docstring); ``how`` says which way."""
+    """Data file ``name`` of the directory open at ``dir_fd`` (the caller's), read from the
+    medium where the platform allows (see the module docstring); ``how`` says which way.
+    The reads are :class:`~uckpt.storage.blob.posix_read.MediumFileReader`'s."""
 
     def __init__(self, dir_fd: int, name: str) -> None:
-        self.dir_fd, self.name, self.fd = dir_fd, name, -1
-        direct = getattr(os, "O_DIRECT", 0)
-        if direct:
-            try:
-                self.fd = os.open(name, os.O_RDONLY | _NOFOLLOW | direct, dir_fd=dir_fd)
-                self.how = "O_DIRECT"
-                return
-            except OSError as e:
-                if e.errno != errno.EINVAL:
-                    raise
-        self._uncached()
+        from .blob.posix_read import MediumFileReader
 
-    def _uncached(self) -> None:
-        """Plain reads, after the file's cached pages are dropped where the platform can."""
-        if self.fd >= 0:
-            os.close(self.fd)
-        self.fd = os.open(self.name, os.O_RDONLY | _NOFOLLOW, dir_fd=self.dir_fd)
-        self.how = "cached read"
-        if hasattr(os, "posix_fadvise"):
-            os.fsync(self.fd)  # only clean pages are dropped
-            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            self.how = "fadvise(DONTNEED) read"
+        self._file = MediumFileReader(dir_fd, name, name, owns_dir=False)
+
+    @property
+    def how(self) -> str:
+        return self._file.how
 
     def read(self, buf: Buffer, offset: int) -> int:
-        try:
-            return os.preadv(self.fd, [buf], offset)
-        except OSError as e:  # O_DIRECT opened, but this file system's blocks are larger
-            if e.errno != errno.EINVAL or self.how != "O_DIRECT":
-                raise
-            self._uncached()
-            return os.preadv(self.fd, [buf], offset)
+        return self._file.read_into(offset, buf)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self._file.close()
 
 
 def block_buffer() -> mmap.mmap:

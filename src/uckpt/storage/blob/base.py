@@ -236,6 +236,8 @@ class BlobReader:
 
     #: an open file descriptor of the object, where the store has one (for kernel copies)
     fd: int | None = None
+    #: which way it reads, for messages (:meth:`BlobStore.open_medium_reader`)
+    how: str = "store read"
 
     def __init__(self, store: BlobStore, key: str) -> None:
         self.store, self.key = store, key
@@ -367,6 +369,13 @@ class BlobStore(abc.ABC):
         """The object ``key`` opened for reading (CheckpointNotFoundError if missing);
         the caller closes it."""
         return BlobReader(self, key)
+
+    def open_medium_reader(self, key: str) -> BlobReader:
+        """The object opened to read what the storage medium holds, not a cache, where
+        the store can (a local file: O_DIRECT; read with page-aligned buffers and
+        offsets); its ``how`` says which way. This default: :meth:`open_reader` (an object
+        store's ranged read, answered by the store from its own copies)."""
+        return self.open_reader(key)
 
     @abc.abstractmethod
     def list(self, prefix: str = "") -> Iterator[tuple[str, int]]:

@@ -32,7 +32,7 @@ from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listin
                    check_below_root, check_key, check_offset, check_prefix, check_rename, closed,
                    flat, writable_view)
 from .posix_io import DirectFile
-from .posix_read import PosixReader, entries, walk
+from .posix_read import MediumFileReader, PosixReader, entries, walk
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -145,6 +145,16 @@ class PosixStore(BlobStore):
         finally:
             os.close(dir_fd)
         return PosixReader(self.where(key), fd)
+
+    def open_medium_reader(self, key: str) -> BlobReader:
+        """O_DIRECT, else reads after the cached pages are dropped (:class:`MediumFileReader`)."""
+        dir_fd, name = self._parent(key)
+        try:
+            self._regular(fsutil.stat_regular, dir_fd, name, key)
+            return MediumFileReader(dir_fd, name, self.where(key))
+        except BaseException:
+            os.close(dir_fd)
+            raise
 
     def size(self, key: str) -> int:
         dir_fd, name = self._parent(key)

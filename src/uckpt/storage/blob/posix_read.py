@@ -1,8 +1,11 @@
 """Reading a :class:`~uckpt.storage.blob.posix.PosixStore`: an object held open
-(:class:`PosixReader`) and the walk of its directory tree (:func:`walk`). Only regular
-files are read or listed; no symbolic link is followed."""
+(:class:`PosixReader`), one read from the medium rather than the page cache
+(:class:`MediumFileReader`, for re-verification: :mod:`uckpt.storage.readback`) and the
+walk of its directory tree (:func:`walk`). Only regular files are read or listed; no
+symbolic link is followed."""
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -40,6 +43,62 @@ class PosixReader(BlobReader):
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class MediumFileReader(BlobReader):
+    """The file ``name`` of the directory open at ``dir_fd`` (closed with this reader
+    where ``owns_dir``), read from the storage medium: ``O_DIRECT`` where the file system
+    takes it; else (tmpfs, some network file systems) plain reads after the file is
+    fsynced and its cached pages dropped (``posix_fadvise(POSIX_FADV_DONTNEED)``); else
+    plain reads. ``how`` says which way. Offsets and buffers of O_DIRECT reads must be
+    aligned (:data:`uckpt.storage.readback.ALIGN`)."""
+
+    def __init__(self, dir_fd: int, name: str, where: str, owns_dir: bool = True) -> None:
+        self.dir_fd, self.name, self.where, self.owns_dir = dir_fd, name, where, owns_dir
+        self.fd = None
+        direct = getattr(os, "O_DIRECT", 0)
+        if direct:
+            try:
+                self.fd = os.open(name, os.O_RDONLY | _NOFOLLOW | direct, dir_fd=dir_fd)
+                self.how = "O_DIRECT"
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL:
+                    self.close()
+                    raise
+        self._uncached()
+
+    def _uncached(self) -> None:
+        """Plain reads, after the file's cached pages are dropped where the platform can."""
+        if self.fd is not None:
+            os.close(self.fd)
+        self.fd = os.open(self.name, os.O_RDONLY | _NOFOLLOW, dir_fd=self.dir_fd)
+        self.how = "cached read"
+        if hasattr(os, "posix_fadvise"):
+            os.fsync(self.fd)  # only clean pages are dropped
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            self.how = "fadvise(DONTNEED) read"
+
+    def read_into(self, offset: int, buf: Buffer) -> int:
+        assert self.fd is not None, "read of a closed reader"
+        try:
+            return os.preadv(self.fd, [buf], offset)
+        except OSError as e:  # O_DIRECT opened, but this file system's blocks are larger
+            if e.errno != errno.EINVAL or self.how != "O_DIRECT":
+                raise
+            self._uncached()
+            return os.preadv(self.fd, [buf], offset)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        if self.owns_dir and self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
 
 
 def entries(fd: int) -> list[os.DirEntry[str]]:

@@ -98,6 +98,12 @@ class BlobSource(base.CheckpointSource):
             return ""
         return "a directory" if self.blob.local_files else "a prefix of further objects"
 
+    def medium_reader(self, name: str) -> base.MediumReader:
+        """The store's :meth:`~uckpt.storage.blob.base.BlobStore.open_medium_reader`
+        (a local file: O_DIRECT) of data file ``name``, once it was opened as usual."""
+        self._open(name, "data file")  # a missing or odd file named as for any read
+        return _Medium(self.blob.open_medium_reader(self.prefix + name))
+
     def read_into(self, name: str, buf: Any, offset: int) -> int:
         return self.reader(name).read_into(offset, buf)
 
@@ -118,3 +124,16 @@ class BlobSource(base.CheckpointSource):
         if not self.blob.exists(prefix + MANIFEST_NAME):
             raise base.uncommitted_base(where, f"it has no {MANIFEST_NAME}")
         return BlobSource(self.blob, prefix, where)
+
+
+class _Medium:
+    """A blob reader as a :class:`~uckpt.storage.base.MediumReader`."""
+
+    def __init__(self, reader: BlobReader) -> None:
+        self.reader, self.how = reader, reader.how
+
+    def read(self, buf: Any, offset: int) -> int:
+        return self.reader.read_into(offset, buf)
+
+    def close(self) -> None:
+        self.reader.close()
