@@ -293,3 +293,18 @@ def test_re_verification_reads_a_local_file_from_the_medium(tmp_path):
         source.close()
     with pytest.raises(errors.CheckpointNotFoundError, match="data file .* is missing"):
         source.medium_reader("data-00001.bin")
+
+
+def test_a_base_whose_manifest_is_a_symlink_is_not_committed(tmp_path):
+    """As LocalSource.sibling: an incremental checkpoint's base is committed only by a
+    regular manifest; a symlinked one is named, never followed."""
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(4, dtype=np.float32)})
+    base = tmp_path / "step_1"
+    os.rename(base / "manifest.json", tmp_path / "real.json")
+    os.symlink(tmp_path / "real.json", base / "manifest.json")
+    (tmp_path / "step_2").mkdir()
+    with pytest.raises(errors.CorruptCheckpointError,
+                       match=r"base checkpoint '.*step_1' that the manifest refers to is not "
+                             r"committed: manifest '.*step_1/manifest\.json' is a symbolic link "
+                             r"\(to '.*real\.json'\), not a regular file"):
+        layer(tmp_path).source("step_2").sibling("step_1")

@@ -121,7 +121,12 @@ class BlobSource(base.CheckpointSource):
         parent = self.prefix[:-1].rpartition("/")[0]
         prefix = f"{parent}/{name}/" if parent else f"{name}/"
         where = f"{self.where.rpartition('/')[0]}/{name}"
-        if not self.blob.exists(prefix + MANIFEST_NAME):
+        try:
+            there = self.blob.exists(prefix + MANIFEST_NAME)
+        except NotRegularFileError as e:
+            raise base.uncommitted_base(where, f"manifest {where + '/' + MANIFEST_NAME!r} is "
+                                               f"{e.kind}, not a regular file") from None
+        if not there:
             raise base.uncommitted_base(where, f"it has no {MANIFEST_NAME}")
         return BlobSource(self.blob, prefix, where)
 
