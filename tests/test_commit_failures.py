@@ -1,15 +1,22 @@
 """A save that fails at its commit (the manifest, its fsync, the rename into place) cleans up
 after itself: its own temporary directory is gone when the error is raised, the last
 committed checkpoint is untouched and loads, and the error is the specific uckpt one."""
+import contextlib
 import errno
 import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import uckpt
 import uckpt.storage.fsutil as fsutil
+import uckpt.storage.local as local
 from uckpt import errors
+from uckpt.storage.blob import posix
+from uckpt.storage.blob.posix import PosixStore
+from uckpt.storage.checkpoint import BlobCheckpointStore
 from conftest import mount_tmpfs
 from test_bad_inputs import digest
 
@@ -117,6 +124,108 @@ def test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path, m
     _fail_once(monkeypatch, os, "rename", errno.EIO, _is_tmp)
     with pytest.raises(errors.SaveError, match="Input/output error"):
         uckpt.save(tmp_path / "ck", SECOND, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    assert digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
+
+
+# -- the same properties for a local root on the checkpoint layer (PosixStore): the faults
+# are injected at the blob seam, where the layer's commit calls the store -----------------
+class _Faulty(PosixStore):
+    """A PosixStore whose next call named by ``fail`` raises ``err``: ``"manifest"`` (its
+    write), ``"manifest fsync"`` (the fsync of the directory it was written into) or
+    ``"rename"`` (of a temporary prefix into place)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.fail, self.err = None, 0
+
+    def _raise(self, what, path):
+        if self.fail == what:
+            self.fail = None
+            raise OSError(self.err, os.strerror(self.err), path)
+
+    def write(self, key, data):
+        if key.endswith("/manifest.json") and _is_tmp(key):
+            self._raise("manifest", self.where(key))
+            if self.fail == "manifest fsync":
+                self.fail = None
+                with _fsync_fails_once(self.err):
+                    return super().write(key, data)
+        return super().write(key, data)
+
+    def rename_prefix(self, src, dst):
+        if _is_tmp(src):
+            self._raise("rename", self.where(src))
+        return super().rename_prefix(src, dst)
+
+
+@contextlib.contextmanager
+def _fsync_fails_once(err):
+    real, armed = posix.os.fsync, [True]
+
+    def fsync(fd):
+        if armed[0] and stat.S_ISDIR(os.fstat(fd).st_mode):
+            armed[0] = False
+            raise OSError(err, os.strerror(err))
+        return real(fd)
+
+    posix.os.fsync = fsync
+    try:
+        yield
+    finally:
+        posix.os.fsync = real
+
+
+@pytest.mark.parametrize("fail, err, message", [
+    ("manifest fsync", errno.EIO, r"save of step 2 \(commit\) failed: .*Input/output"),
+    ("rename", errno.EIO, r"save of step 2 \(commit\) failed: .*Input/output.*step_00000002"),
+    ("manifest", errno.EDQUOT, r"no space left .* save of step 2 \(commit\)"),
+], ids=["fsync-EIO", "rename-EIO", "write-EDQUOT"])
+def test_layer_commit_failure_removes_its_temporary_prefix(tmp_path, monkeypatch, fail, err,
+                                                          message):
+    """test_commit_failure_removes_its_temporary_directory's properties, for a local root
+    on the checkpoint layer (until open_store gives it for every local path, the test
+    routes this root there itself)."""
+    root = tmp_path / "root"
+    blob = _Faulty(root)
+
+    def store(where):
+        where = Path(where).absolute()
+        return BlobCheckpointStore(blob if where == root else PosixStore(where), "",
+                                   str(where))
+    monkeypatch.setattr(local, "LocalStore", store)
+    m = uckpt.CheckpointManager(root, keep=uckpt.KeepLast(3))
+    first = m.save(1, FIRST)
+    before = digest(first)
+    blob.fail, blob.err = fail, err
+    expected = errors.StorageFullError if err == errno.EDQUOT else errors.SaveError
+    with pytest.raises(expected, match=message):
+        m.save(2, SECOND)
+    assert blob.fail is None  # the fault was met
+    assert leftovers(root) == []
+    assert m.steps() == [1] and digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
+    m.save(2, SECOND)  # the same writer saves the step again
+    assert m.steps() == [1, 2]
+    m.close()
+
+
+def test_layer_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path,
+                                                                           monkeypatch):
+    """As test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint, on the layer:
+    where the file system takes no exchange the old checkpoint goes aside, and comes back
+    when moving the new one in fails."""
+    blob = _Faulty(tmp_path)
+    monkeypatch.setattr(blob, "exchange_prefix", lambda a, b: False)
+    monkeypatch.setattr(local, "LocalStore", lambda where: BlobCheckpointStore(
+        blob, "", str(tmp_path)))
+    first = uckpt.save(tmp_path / "ck", FIRST)
+    before = digest(first)
+    blob.fail, blob.err = "rename", errno.EIO
+    with pytest.raises(errors.SaveError, match="Input/output error"):
+        uckpt.save(tmp_path / "ck", SECOND, overwrite=True)
+    assert blob.fail is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     assert digest(first) == before
     np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
