@@ -85,6 +85,22 @@ def _is_tmp(path, *_):
     return ".uckpt-tmp-" in os.fspath(path)
 
 
+def _second_save_fails_cleanly(m, root, first, before, err, message, met=lambda: True):
+    """``m.save(2, SECOND)`` raises uckpt's error matching ``message`` (after the fault
+    was ``met``), leaves no temporary directory and the first checkpoint intact, and the
+    same writer then saves the step."""
+    expected = errors.StorageFullError if err == errno.EDQUOT else errors.SaveError
+    with pytest.raises(expected, match=message):
+        m.save(2, SECOND)
+    assert met()
+    assert leftovers(root) == []
+    assert m.steps() == [1] and digest(first) == before
+    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
+    m.save(2, SECOND)  # the same writer saves the step again
+    assert m.steps() == [1, 2]
+    m.close()
+
+
 @pytest.mark.parametrize("where, err, message", [
     ("fsync of the directory", errno.EIO, r"save of step 2 \(commit\) failed: .*Input/output"),
     ("rename into place", errno.EIO, r"could not commit .*step_00000002.*Input/output"),
@@ -104,15 +120,7 @@ def test_commit_failure_removes_its_temporary_directory(tmp_path, monkeypatch, w
         _fail_once(monkeypatch, os, "rename", err, _is_tmp)
     else:
         _fail_once(monkeypatch, fsutil, "write_all", err)  # the manifest's bytes
-    expected = errors.StorageFullError if err == errno.EDQUOT else errors.SaveError
-    with pytest.raises(expected, match=message):
-        m.save(2, SECOND)
-    assert leftovers(root) == []
-    assert m.steps() == [1] and digest(first) == before
-    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
-    m.save(2, SECOND)  # the same writer saves the step again
-    assert m.steps() == [1, 2]
-    m.close()
+    _second_save_fails_cleanly(m, root, first, before, err, message)
 
 
 def test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
@@ -199,16 +207,8 @@ def test_layer_commit_failure_removes_its_temporary_prefix(tmp_path, monkeypatch
     first = m.save(1, FIRST)
     before = digest(first)
     blob.fail, blob.err = fail, err
-    expected = errors.StorageFullError if err == errno.EDQUOT else errors.SaveError
-    with pytest.raises(expected, match=message):
-        m.save(2, SECOND)
-    assert blob.fail is None  # the fault was met
-    assert leftovers(root) == []
-    assert m.steps() == [1] and digest(first) == before
-    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
-    m.save(2, SECOND)  # the same writer saves the step again
-    assert m.steps() == [1, 2]
-    m.close()
+    _second_save_fails_cleanly(m, root, first, before, err, message,
+                               met=lambda: blob.fail is None)
 
 
 def test_layer_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path,
