@@ -279,7 +279,7 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
             written, sizes = comm.gather_outcomes(write, f"{p.what} (writing)"), None
             several = len({w["replica"] for w in written}) > 1
         built: Dict[str, Manifest] = {}
-        replicas = [w["replica"] for w in written] if written is not None else None
+        replicas = [w["replica"] for w in written or ()]
         foreign: List[Optional[str]] = []
         if split and several:  # node-local: every replica gets every part (their
             # bytes exchanged only then)
@@ -290,20 +290,23 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
             if "m" not in built and split:
                 built["m"] = own_parts.head_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                    sizes() if written is None else [w["size"] for w in written], p.step,
-                    p.metadata)
+                    [w["size"] for w in written] if written is not None else
+                    sizes.got if sizes is not None and sizes.got is not None else
+                    _unknown_sizes(), p.step, p.metadata)
             if "m" not in built:
+                assert written is not None  # (every rank's, without a split manifest)
                 # the order the ranks' chunks arrived in
                 ordered = sorted(gp.plan.items, key=lambda it: it.rank)
                 found = [c for w in written for c in w["chunks"]]
                 chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
                 built["m"] = assemble_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
-                    p.metadata, sizes=[w["size"] for w in written], bases=bases_of(chunks.values(), used.get("baseline")))
+                    p.metadata, sizes=[w["size"] for w in written],
+                    bases=bases_of(chunks.values(), used.get("baseline")))
             return built["m"]
 
         def commit() -> None:
-            if replicas is None or replicas.index(replicas[comm.rank]) != comm.rank:
+            if written is None or replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
             parts: List[Tuple[str, bytes]] = []
             if split:
@@ -352,9 +355,9 @@ class _Sizes:
         self.got = self.comm.broadcast(
             None if written is None else [w["size"] for w in written], 0)
 
-    def __call__(self) -> List[int]:
-        assert self.got is not None, "on_commit on a rank the committer sent no sizes"
-        return self.got
+
+def _unknown_sizes() -> List[int]:
+    raise AssertionError("a manifest wanted on a rank that the committer sent no sizes")
 
 
 def _to_committer(comm: Communicator, write: Callable[[], Dict[str, Any]], p: PreparedSave
