@@ -12,15 +12,20 @@ error itself) and nothing is committed:
    an object store); every rank sends its metadata
    (:func:`~uckpt.saving.global_plan.local_metadata`); every rank computes the same
    :class:`~uckpt.saving.global_plan.GlobalPlan` (which checks, in one process too, that
-   :class:`~uckpt.Shard` boxes tile their arrays);
+   :class:`~uckpt.Shard` boxes tile their arrays). With a plan kept from the save before
+   (:mod:`uckpt.saving.plan_cache`) the ranks first agree by one reduction whether it
+   still serves; then no rank sends its metadata;
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
    directory), writes its data file durably (compressing its chunks first if asked) and,
    with several ranks, its own manifest part (:mod:`uckpt.saving.own_parts`), and sends a small
-   record of them (an incremental save: every chunk's record) and which copy of the
-   storage it wrote into (its *replica*: ``sink.replica()``);
+   record of them and which copy of the storage it wrote into (its *replica*:
+   ``sink.replica()``): to rank 0 only (:func:`_to_committer`), unless the ranks wrote
+   into several replicas (node-local storage) or the save is incremental (every chunk's
+   record), where every rank gets every record;
 3. *commit*: the lowest rank of each replica writes the root manifest (the same on every
    replica) last; in a directory by renaming the temporary directory into place, in an
-   object store by the manifest object's PUT.
+   object store by the manifest object's PUT. With one replica, rank 0 then broadcasts
+   the outcome (:meth:`~uckpt.comm.Communicator.gather_outcomes_to`).
 
 A rank that dies makes the others' exchange fail (the backend's error or
 :class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and what was
