@@ -443,6 +443,8 @@ for _phase, _name in (("save1", "first save"), ("save2", "later save")):
             lambda o: _received(o["phases"][phase], 0))
         metric(f"{phase}_recv_max", f"{name}: bytes received, most by a rank", "B")(
             lambda o: _max(_received(o["phases"][phase], r) for r in range(o["ranks"])))
+        metric(f"{phase}_recv_others", f"{name}: bytes received, most by a rank but 0", "B")(
+            lambda o: _max(_received(o["phases"][phase], r) for r in range(1, o["ranks"])))
         metric(f"{phase}_plan_recv_max",
                f"{name}: bytes received in the plan step, most by a rank", "B")(
             lambda o: _max(o["phases"][phase]["received_bytes"][r].get("planning", 0)
@@ -487,7 +489,8 @@ metric("open_meta_read", "lazy open: manifest bytes read", "B")(
 #: the columns of the Markdown table, in order
 TABLE = ["save1_plan_recv_max", "save1_recv_max", "save1_plan_s", "save1_build_s", "save1_rank0_s",
          "save2_plan_recv_max", "save2_writing_recv_max", "save2_writing_recv_others",
-         "save2_commit_recv_max", "save2_recv_max", "save2_plan_s", "save2_rank0_s",
+         "save2_commit_recv_max", "save2_recv_max", "save2_recv_others", "save2_plan_s",
+         "save2_rank0_s",
          "root_bytes", "part_bytes", "load_meta_read_max", "load_parse_s", "load_cpu_max",
          "open_s"]
 
