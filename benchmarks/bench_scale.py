@@ -197,6 +197,11 @@ class CountingWorld(ThreadWorld):
         if operation.startswith("broadcast"):
             root = int(operation.split("=")[1].rstrip(")"))
             received = len(got[root])
+        elif operation.startswith("gather("):  # only the root receives
+            root = int(operation.split("=")[1].rstrip(")"))
+            received = sum(len(p) for p in got) if rank == root else 0
+        elif operation == "all_reduce_minmax":  # a reduction: the result's size
+            received = len(payload)
         elif operation == "barrier":
             received = 0
         else:
@@ -211,14 +216,24 @@ class CountingWorld(ThreadWorld):
 
 
 class CountingCommunicator(ThreadCommunicator):
+    """Labels the exchanges by the step of :meth:`gather_outcomes` (and its variants)
+    that began last: the collectives that follow one (a broadcast of its verdict, the
+    plan exchange after a reduction) count towards the same step."""
+
+    def _step(self, what: str) -> None:
+        _here.step = what.rpartition("(")[2].rstrip(")") if what.endswith(")") else "gather"
+
     def gather_outcomes(self, fn, what="operation"):
-        outer = getattr(_here, "step", None)
-        step = what.rpartition("(")[2].rstrip(")") if what.endswith(")") else "gather"
-        _here.step = step
-        try:
-            return super().gather_outcomes(fn, what)
-        finally:
-            _here.step = outer
+        self._step(what)
+        return super().gather_outcomes(fn, what)
+
+    def gather_outcomes_to(self, fn, root=0, what="operation"):
+        self._step(what)
+        return super().gather_outcomes_to(fn, root, what)
+
+    def agree_outcomes(self, fn, width, what="operation"):
+        self._step(what)
+        return super().agree_outcomes(fn, width, what)
 
     def duplicate(self) -> "CountingCommunicator":
         self.barrier()
@@ -301,7 +316,7 @@ def run_world(world_size: int, args, tag: str) -> Dict[str, Any]:
             with uckpt.CheckpointManager(root, comm=comm) as mgr:
                 for phase, step, value in (("save1", 1, 1.0), ("save2", 2, 2.0)):
                     state = states[r] if value == 1.0 else rank_state(r, world_size, args, value)
-                    _here.phase = phase
+                    _here.phase, _here.step = phase, None
                     w0, c0 = time.perf_counter(), time.thread_time()
                     mgr.save(step, state)
                     totals[(phase, r)] = {"cpu": time.thread_time() - c0,
@@ -313,7 +328,7 @@ def run_world(world_size: int, args, tag: str) -> Dict[str, Any]:
                 if r == 0:
                     paths["step2"] = path
             target = rank_target(r, world_size, args)
-            _here.phase = "load"
+            _here.phase, _here.step = "load", None
             w0, c0 = time.perf_counter(), time.thread_time()
             uckpt.load(path, target, comm=comm)
             totals[("load", r)] = {"cpu": time.thread_time() - c0,
@@ -325,7 +340,7 @@ def run_world(world_size: int, args, tag: str) -> Dict[str, Any]:
             if r == 0 or len(errors) == 1:
                 errors.append(traceback.format_exc())
         finally:
-            _here.phase = _here.rank = None
+            _here.phase = _here.rank = _here.step = None
 
     threads = [threading.Thread(target=body, args=(c,), name=f"rank-{c.rank}", daemon=True)
                for c in world.communicators()]
@@ -428,10 +443,21 @@ for _phase, _name in (("save1", "first save"), ("save2", "later save")):
             lambda o: _received(o["phases"][phase], 0))
         metric(f"{phase}_recv_max", f"{name}: bytes received, most by a rank", "B")(
             lambda o: _max(_received(o["phases"][phase], r) for r in range(o["ranks"])))
+        metric(f"{phase}_recv_others", f"{name}: bytes received, most by a rank but 0", "B")(
+            lambda o: _max(_received(o["phases"][phase], r) for r in range(1, o["ranks"])))
         metric(f"{phase}_plan_recv_max",
                f"{name}: bytes received in the plan step, most by a rank", "B")(
             lambda o: _max(o["phases"][phase]["received_bytes"][r].get("planning", 0)
                            for r in range(o["ranks"])))
+        for step in ("writing", "commit"):
+            metric(f"{phase}_{step}_recv_max",
+                   f"{name}: bytes received in the {step} step, most by a rank", "B")(
+                lambda o, step=step: _max(o["phases"][phase]["received_bytes"][r].get(step, 0)
+                                          for r in range(o["ranks"])))
+            metric(f"{phase}_{step}_recv_others",
+                   f"{name}: bytes received in the {step} step, most by a rank but 0", "B")(
+                lambda o, step=step: _max(o["phases"][phase]["received_bytes"][r].get(step, 0)
+                                          for r in range(1, o["ranks"])))
         metric(f"{phase}_plan_s", f"{name}: global plan CPU s, most by a rank", "s")(
             lambda o: _max(_probe_s(o["phases"][phase], r, ("global plan",))
                            for r in range(o["ranks"])))
@@ -462,7 +488,9 @@ metric("open_meta_read", "lazy open: manifest bytes read", "B")(
 
 #: the columns of the Markdown table, in order
 TABLE = ["save1_plan_recv_max", "save1_recv_max", "save1_plan_s", "save1_build_s", "save1_rank0_s",
-         "save2_plan_recv_max", "save2_recv_max", "save2_plan_s", "save2_rank0_s",
+         "save2_plan_recv_max", "save2_writing_recv_max", "save2_writing_recv_others",
+         "save2_commit_recv_max", "save2_recv_max", "save2_recv_others", "save2_plan_s",
+         "save2_rank0_s",
          "root_bytes", "part_bytes", "load_meta_read_max", "load_parse_s", "load_cpu_max",
          "open_s"]
 

@@ -1,6 +1,6 @@
 """Run under mpiexec or as torch.distributed ranks by tests/test_comm.py.
 
-usage: comm_worker.py {mpi,torch} {basic,fail2,die3} TIMEOUT
+usage: comm_worker.py {mpi,torch} {basic,fail2,to_root,die3,...} TIMEOUT
 Prints one ``RESULT <json>`` line per rank.
 """
 import json
@@ -51,9 +51,33 @@ def main():
             report(rank=rank, raised=type(e).__name__, msg=str(e),
                    failures={str(k): v for k, v in e.failures.items()},
                    cause=type(e.__cause__).__name__ if e.__cause__ else None, after=after)
+    elif scenario == "to_root":  # gather, all_reduce_minmax and their failure-reporting forms
+        def failing(value):
+            def fn():
+                if rank == 2:
+                    raise ValueError("disk full on rank two")
+                return value
+            return fn
+
+        out = {"gathered": c.gather({"rank": rank, "s": "é" * rank}, root=1),
+               "minmax": c.all_reduce_minmax([rank, -rank, 7, 2 ** 62 * (rank % 2)]),
+               "outcomes": c.gather_outcomes_to(lambda: rank * 10, root=3, what="write"),
+               "agreed": c.agree_outcomes(lambda: [rank, 5], 2, what="plan")}
+        for name, call in (("to_failed", lambda: c.gather_outcomes_to(failing(rank), 0, "save")),
+                           ("agree_failed", lambda: c.agree_outcomes(failing([rank]), 1, "save"))):
+            try:
+                call()
+                out[name] = None
+            except DistributedError as e:
+                out[name] = {"raised": type(e).__name__, "msg": str(e),
+                             "failures": {str(k): v for k, v in e.failures.items()},
+                             "cause": type(e.__cause__).__name__ if e.__cause__ else None}
+        out["after"] = c.all_gather(rank)  # still usable after a reported failure
+        report(rank=rank, **out)
     elif scenario.startswith(("die", "hang")):
         # die3 / die0: that rank SIGKILLs itself; hang3 / hang0: it is stuck (sleeps),
-        # then exits. "_gather" suffix: survivors are in all_gather, else in barrier.
+        # then exits. "_gather" suffix: survivors are in all_gather, "_reduce" in
+        # all_reduce_minmax, else in barrier.
         c.barrier()
         victim = int(scenario.split("_")[0][-1])
         if rank == victim:
@@ -63,7 +87,9 @@ def main():
             os._exit(0)
         t0 = time.monotonic()
         try:
-            if not scenario.endswith("_gather"):
+            if scenario.endswith("_reduce"):
+                c.all_reduce_minmax([rank])
+            elif not scenario.endswith("_gather"):
                 c.barrier()
             else:
                 c.all_gather({"rank": rank})

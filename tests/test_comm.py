@@ -44,6 +44,28 @@ def test_failure_on_rank_2_is_raised_on_every_rank(backend):
         assert_rank_2_failure_reported(res, rank, N)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_to_a_root_and_agree_by_reduction(backend):
+    """gather (root 1 only), all_reduce_minmax, gather_outcomes_to (root 3 only) and
+    agree_outcomes, natively; a failure on rank 2 raises the same error on every rank."""
+    r = RUNNERS[backend](N, WORKER, backend, "to_root", 20, timeout=60).check()
+    assert sorted(r.results) == list(range(N))
+    for rank, res in r.results.items():
+        assert res["gathered"] == ([{"rank": i, "s": "é" * i} for i in range(N)]
+                                   if rank == 1 else None)
+        assert res["minmax"] == [[0, -(N - 1), 7, 0], [N - 1, 0, 7, 2 ** 62]]
+        assert res["outcomes"] == ([10 * i for i in range(N)] if rank == 3 else None)
+        assert res["agreed"] == [[0, 5], [N - 1, 5]]
+        for name in ("to_failed", "agree_failed"):
+            failed = res[name]
+            assert failed["raised"] == "DistributedError", (name, failed)
+            assert f"save failed on 1 of {N} rank(s): 2" in failed["msg"]
+            assert "rank 2: ValueError: disk full on rank two" in failed["msg"]
+            assert failed["failures"] == {"2": "ValueError: disk full on rank two"}
+            assert failed["cause"] == ("ValueError" if rank == 2 else None)
+        assert res["after"] == list(range(N))
+
+
 @pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
 @pytest.mark.parametrize("scenario,victim", [("hang3_gather", 3), ("hang3", 3), ("hang0_gather", 0)])
 def test_mpi_stuck_rank_times_out_naming_it(scenario, victim):
@@ -59,6 +81,20 @@ def test_mpi_stuck_rank_times_out_naming_it(scenario, victim):
         assert res["missing"] == [victim]
         assert f"collective '{op}' timed out after 2 s: rank(s) {victim} did not answer" in res["msg"]
         assert res["elapsed"] < t + max(1.0, 0.1 * t) + 1.0  # timeout + grace, not a hang
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
+def test_mpi_stuck_rank_times_out_in_a_reduction():
+    """MPI's own Iallreduce, polled against the deadline: no hang; it cannot name the
+    missing rank."""
+    t = 2.0
+    r = run_mpi(N, WORKER, "mpi", "hang3_reduce", t, timeout=40)
+    assert sorted(r.results) == [0, 1, 2]
+    for res in r.results.values():
+        assert res["raised"] == "CollectiveTimeoutError", res
+        assert "collective 'all_reduce_minmax' timed out after 2 s: the ranks that did not " \
+               "answer are unknown" in res["msg"]
+        assert res["elapsed"] < t + 1.0  # the timeout, not a hang
 
 
 @pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
@@ -96,6 +132,16 @@ def test_single_process():
         c.check(OSError("boom"), what="save")
     assert ei.value.failures == {0: "OSError: boom"}
     assert isinstance(ei.value, UckptError) and isinstance(ei.value, RuntimeError)
+    assert c.gather({"a": (1,)}) == [{"a": [1]}]
+    assert c.all_reduce_minmax([3, -4]) == ([3, -4], [3, -4])
+    assert c.gather_outcomes_to(lambda: 5) == [5]
+    assert c.agree_outcomes(lambda: [6], 1) == ([6], [6])
+    with pytest.raises(OSError, match="boom"):  # one process: the error itself
+        c.gather_outcomes_to(lambda: (_ for _ in ()).throw(OSError("boom")))
+    with pytest.raises(ValueError, match="root must be 0 in a single process, got 1"):
+        c.gather(1, root=1)
+    with pytest.raises(TypeError, match=r"ints in \[-2\*\*63 \+ 1, 2\*\*63 - 1\], got 2\.5"):
+        c.all_reduce_minmax([2.5])
     assert isinstance(ei.value.__cause__, OSError)
     with pytest.raises(TypeError, match="JSON-able"):
         c.all_gather(object())

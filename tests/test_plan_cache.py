@@ -228,9 +228,9 @@ class Counting(ThreadCommunicator):
 
 
 def test_a_reused_plan_exchanges_a_small_record_per_rank(tmp_path):
-    """The plan exchange of a later save receives O(ranks) bytes, whatever the number of
-    leaves: three digests and the record's keys per rank, its PerRank state and rank 0's
-    token and metadata (here under 400 bytes per rank)."""
+    """The plan exchange of a later save all-gathers nothing of the leaves, whatever their
+    number: only the ranks' PerRank state (here under 400 bytes per rank; the agreement
+    itself is a reduction, tests/test_gather_agree.py)."""
     from uckpt.saving.plan_cache import PlanCache
 
     def body(comm, leaves):

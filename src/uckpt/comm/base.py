@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import knobs
 from ..errors import DistributedError
@@ -36,6 +36,27 @@ def exception_kinds(exc: BaseException) -> List[str]:
     return [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__ if c is not object]
 
 
+_INT64 = (-(2 ** 63) + 1, 2 ** 63 - 1)  # -2**63 left out: its negation overflows
+
+
+def int64s(values: Sequence[int]) -> List[int]:
+    """``values`` as plain ints, checked to fit a reduction over int64."""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not _INT64[0] <= v <= _INT64[1]:
+            raise TypeError(f"all_reduce_minmax takes ints in [-2**63 + 1, 2**63 - 1], got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def minmax(rows: Sequence[Sequence[int]]) -> Tuple[List[int], List[int]]:
+    """The elementwise minima and maxima of equally long rows of ints."""
+    if len({len(r) for r in rows}) > 1:
+        raise ValueError("all_reduce_minmax: the ranks passed different numbers of values "
+                         f"({sorted({len(r) for r in rows})})")
+    return [min(c) for c in zip(*rows)], [max(c) for c in zip(*rows)]
+
+
 #: one failed rank: (rank, message, kinds of its exception, empty for a bare message)
 Failure = Tuple[int, str, List[str]]
 
@@ -49,9 +70,15 @@ class Communicator:
     makes the others wait until the timeout. Constructing a backend communicator
     may itself be collective (see the backend).
 
-    Objects passed to :meth:`all_gather` and :meth:`broadcast` must be small and
-    JSON-able; they travel as JSON-encoded bytes, never pickles. (Tuples come
+    Objects passed to :meth:`all_gather`, :meth:`gather` and :meth:`broadcast` must be
+    small and JSON-able; they travel as JSON-encoded bytes, never pickles. (Tuples come
     back as lists.)
+
+    What a rank receives: :meth:`all_gather` every rank's object (grows with the
+    ranks); :meth:`gather` only at its root; :meth:`broadcast` and
+    :meth:`all_reduce_minmax` a constant. Coordination whose cost per rank must not
+    grow with the job (a later save) uses the last three: :meth:`gather_outcomes_to`
+    and :meth:`agree_outcomes`.
 
     Failure reporting: a rank whose work failed still calls :meth:`check` (or
     :meth:`failures`) with its exception; every rank then raises the same
@@ -91,6 +118,24 @@ class Communicator:
         """Collective: return ``root``'s ``obj`` on every rank (others' ``obj`` is ignored)."""
         raise NotImplementedError
 
+    def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
+        """Collective: on ``root``, every rank's ``obj`` indexed by rank; None on the others.
+
+        The default is :meth:`all_gather` (every rank receives everything); backends
+        send to ``root`` only."""
+        got = self.all_gather(obj)
+        return got if self.rank == root else None
+
+    def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
+        """Collective: the elementwise minima and maxima over the ranks of ``values`` (a
+        few ints in int64's range, as many on every rank), returned on every rank.
+
+        ``min == max`` says every rank passed the same value: agreement in one
+        constant-size exchange. The default gathers to rank 0 and broadcasts the result;
+        backends reduce natively."""
+        got = self.gather(int64s(values), 0)
+        return tuple(self.broadcast(None if got is None else minmax(got), 0))  # type: ignore
+
     # --- failure reporting (built on all_gather) --------------------------------------
     def failures(self, error: Optional[BaseException | str] = None) -> List[Tuple[int, str]]:
         """Collective: share each rank's status; return ``[(rank, message), ...]`` of failed ranks.
@@ -122,12 +167,7 @@ class Communicator:
         errors): one round trip for "do this everywhere, then agree on the
         outcome". Results must be JSON-able.
         """
-        error: Optional[BaseException] = None
-        try:
-            payload: Dict[str, Any] = {"ok": fn()}
-        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then re-raised
-            error = e
-            payload = {"error": describe_exception(e), "kinds": exception_kinds(e)}
+        error, payload = _outcome(fn)
         try:
             out = self.all_gather(payload)
         except DistributedError as e:  # a rank died or hangs: say what was interrupted
@@ -137,8 +177,67 @@ class Communicator:
                       self.size, error, what)
         return [p["ok"] for p in out]
 
+    # --- the same, at a cost per rank that does not grow with the ranks ----------------
+    def gather_outcomes_to(self, fn: Callable[[], Any], root: int = 0,
+                           what: str = "operation") -> Optional[List[Any]]:
+        """Collective: as :meth:`gather_outcomes`, but only ``root`` receives the results
+        (indexed by rank); the others get None.
+
+        The root learns every rank's outcome (:meth:`gather`) and broadcasts its verdict:
+        nothing when all succeeded, else the failed ranks and their errors, upon which
+        every rank raises the same :class:`DistributedError` as :meth:`gather_outcomes`
+        would. A rank other than the root receives the verdict only. If the root times out
+        waiting for a rank, the others raise :class:`CollectiveTimeoutError` too (waiting
+        for the verdict), naming the root."""
+        error, payload = _outcome(fn)
+        try:
+            got = self.gather(payload, root)
+            failed = None if got is None else \
+                [[r, p["error"], p["kinds"]] for r, p in enumerate(got) if "error" in p]
+            failed = self.broadcast(failed, root)
+        except DistributedError as e:  # a rank died or hangs: say what was interrupted
+            e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
+            raise
+        _raise_failed([(r, e, k) for r, e, k in failed], self.size, error, what)
+        return None if got is None else [p["ok"] for p in got]
+
+    def agree_outcomes(self, fn: Callable[[], Sequence[int]], width: int,
+                       what: str = "operation") -> Tuple[List[int], List[int]]:
+        """Collective: run ``fn()`` here (``width`` ints), then return the elementwise
+        minima and maxima over the ranks (:meth:`all_reduce_minmax`).
+
+        If ``fn`` raised on any rank, every rank raises the same :class:`DistributedError`
+        as :meth:`gather_outcomes` would: the reduction carries one more value, whether
+        this rank failed, and only when some rank did do the ranks exchange their errors
+        (:meth:`check`). A rank receives a constant when all succeed."""
+        error: Optional[BaseException] = None
+        try:
+            mine = int64s(fn())
+            if len(mine) != width:
+                raise ValueError(f"agree_outcomes: fn gave {len(mine)} values, not {width}")
+            values = [0] + mine
+        except Exception as e:  # noqa: BLE001 - shared with the other ranks, then re-raised
+            error, values = e, [1] + [0] * width
+        try:
+            mins, maxs = self.all_reduce_minmax(values)
+            if maxs[0]:  # some rank failed: learn which (the rare path; every rank raises)
+                self.check(error, what)
+        except DistributedError as e:
+            if not e.args[0].startswith(f"{what} failed on "):
+                e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
+            raise
+        return list(mins[1:]), list(maxs[1:])
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank={self.rank}, size={self.size})"
+
+
+def _outcome(fn: Callable[[], Any]) -> Tuple[Optional[BaseException], Dict[str, Any]]:
+    """Run ``fn``: (None, {"ok": result}), or (its exception, {"error", "kinds"})."""
+    try:
+        return None, {"ok": fn()}
+    except Exception as e:  # noqa: BLE001 - shared with the other ranks, then re-raised
+        return e, {"error": describe_exception(e), "kinds": exception_kinds(e)}
 
 
 def _raise_failed(failed: List[Failure], size: int, error: Any, what: str) -> None:
@@ -164,6 +263,18 @@ class SingleProcess(Communicator):
     def gather_outcomes(self, fn: Callable[[], Any], what: str = "operation") -> List[Any]:
         return [fn()]
 
+    def gather_outcomes_to(self, fn: Callable[[], Any], root: int = 0,
+                           what: str = "operation") -> Optional[List[Any]]:
+        _root_zero(root)
+        return [fn()]
+
+    def agree_outcomes(self, fn: Callable[[], Sequence[int]], width: int,
+                       what: str = "operation") -> Tuple[List[int], List[int]]:
+        mine = int64s(fn())
+        if len(mine) != width:
+            raise ValueError(f"agree_outcomes: fn gave {len(mine)} values, not {width}")
+        return list(mine), list(mine)
+
     def duplicate(self) -> "SingleProcess":
         return SingleProcess()
 
@@ -173,7 +284,19 @@ class SingleProcess(Communicator):
     def all_gather(self, obj: Any) -> List[Any]:
         return [decode(encode(obj))]
 
+    def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
+        _root_zero(root)
+        return [decode(encode(obj))]
+
+    def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
+        mine = int64s(values)
+        return list(mine), list(mine)
+
     def broadcast(self, obj: Any = None, root: int = 0) -> Any:
-        if root != 0:
-            raise ValueError(f"root must be 0 in a single process, got {root}")
+        _root_zero(root)
         return decode(encode(obj))
+
+
+def _root_zero(root: int) -> None:
+    if root != 0:
+        raise ValueError(f"root must be 0 in a single process, got {root}")

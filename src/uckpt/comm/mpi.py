@@ -10,13 +10,18 @@ answer and tells the ranks that did, so every survivor's error names the dead
 rank(s). (A plain ``Ibarrier``/``Iallgather`` with a deadline would also stop the
 hang, but could not say who is missing.) Cost: 2(size-1) messages per gather,
 all through rank 0: fine for the small metadata uckpt exchanges.
+
+``gather`` is the first half of that (each rank sends to the root; nothing comes
+back). ``all_reduce_minmax`` is MPI's own ``Iallreduce`` (``MIN`` over the values and
+their negations: one reduction gives both), polled against the deadline; a timeout
+there cannot name the missing ranks.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .base import DEFAULT_TIMEOUT, Communicator, decode, encode
+from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s
 from ..errors import CollectiveTimeoutError, CommunicationError
 
 _TAG_BASE = 7100
@@ -127,6 +132,53 @@ class MPICommunicator(Communicator):
         if not 0 <= root < self._size:
             raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
         return self._wrap("broadcast", self._broadcast, obj, root)
+
+    def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
+        return self._wrap("gather", self._gather_to, obj, root)
+
+    def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
+        return self._wrap("all_reduce_minmax", self._minmax, int64s(values))
+
+    def _gather_to(self, obj: Any, root: int) -> Optional[List[Any]]:
+        payload = encode(obj)
+        if self._size == 1:
+            return [decode(payload)]
+        tag = self._next_tag()
+        start = time.monotonic()
+        if self._rank != root:
+            self._send(root, tag, payload)
+            self._flush_sends("gather", start + self.timeout + self._grace)
+            return None
+        others = [r for r in range(self._size) if r != root]
+        got, missing = self._recv(others, tag, start + self.timeout)
+        if missing:
+            raise CollectiveTimeoutError("gather", self.timeout, missing=missing)
+        got[root] = payload
+        return decode(b"[" + b",".join(got[r] for r in range(self._size)) + b"]")
+
+    def _minmax(self, values: List[int]) -> Tuple[List[int], List[int]]:
+        import numpy as np
+
+        n = len(values)
+        mine = np.array(values + [-v for v in values], dtype=np.int64)
+        if self._size == 1:
+            return values, values
+        out = np.empty_like(mine)
+        self._wait(self._comm.Iallreduce([mine, self._MPI.INT64_T], [out, self._MPI.INT64_T],
+                                         op=self._MPI.MIN), "all_reduce_minmax")
+        return [int(v) for v in out[:n]], [int(-v) for v in out[n:]]
+
+    def _wait(self, req: Any, op: str) -> None:
+        """Poll a non-blocking collective until it completes or the timeout passes."""
+        deadline, sleep = time.monotonic() + self.timeout, 1e-5
+        while not req.Test():
+            if time.monotonic() > deadline:
+                raise CollectiveTimeoutError(op, self.timeout,
+                                             detail="a non-blocking MPI collective")
+            time.sleep(sleep)
+            sleep = min(2 * sleep, 2e-3)
 
     def _gather(self, obj: Any, op: str) -> List[Any]:
         payload = encode(obj)

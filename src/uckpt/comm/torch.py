@@ -6,6 +6,10 @@ group: when the given group uses another backend (NCCL), construction creates a
 gloo group over the same ranks (``dist.new_group(backend="gloo")``, a collective
 call). The NCCL path is untested here (no GPU).
 
+``gather`` agrees on the longest payload (an ``all_reduce`` of one int64, ``MAX``), then
+``dist.gather``s the padded payloads to the root only; ``all_reduce_minmax`` is one
+``all_reduce`` (``MIN``) of an int64 tensor of the values and their negations.
+
 Timeouts: :meth:`barrier` is gloo's ``monitored_barrier(wait_all_ranks=True)``
 with this communicator's ``timeout``, so its error names the ranks that did not
 arrive. ``all_gather`` and ``broadcast`` use the process group's own timeout
@@ -18,9 +22,9 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
-from .base import DEFAULT_TIMEOUT, Communicator, decode, encode
+from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s
 from ..errors import CollectiveTimeoutError, CommunicationError
 
 
@@ -92,6 +96,50 @@ class TorchCommunicator(Communicator):
         except RuntimeError as e:
             raise self._fail("all_gather", e) from e
         return [decode(o[:k].numpy().tobytes()) for o, k in zip(outs, lengths)]
+
+    def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
+        payload = encode(obj)
+        if self._size == 1:
+            return [decode(payload)]
+        torch, dist = self._torch, self._dist
+        dst = root if self._group is None else dist.get_global_rank(self._group, root)
+        try:
+            longest = -self._min(torch.tensor([-len(payload)], dtype=torch.int64))[0]
+            mine = torch.zeros(8 + longest, dtype=torch.uint8)  # its length, then the bytes
+            mine[:8] = torch.frombuffer(bytearray(len(payload).to_bytes(8, "little")),
+                                        dtype=torch.uint8)
+            mine[8:8 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            outs = [torch.empty_like(mine) for _ in range(self._size)] \
+                if self._rank == root else None
+            dist.gather(mine, outs, dst=dst, group=self._group)
+        except RuntimeError as e:
+            raise self._fail("gather", e) from e
+        if outs is None:
+            return None
+        got = []
+        for o in outs:
+            raw = o.numpy().tobytes()
+            got.append(decode(raw[8:8 + int.from_bytes(raw[:8], "little")]))
+        return got
+
+    def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
+        vals = int64s(values)
+        if self._size == 1:
+            return vals, vals
+        n = len(vals)
+        try:
+            out = self._min(self._torch.tensor(vals + [-v for v in vals],
+                                               dtype=self._torch.int64))
+        except RuntimeError as e:
+            raise self._fail("all_reduce_minmax", e) from e
+        return out[:n], [-v for v in out[n:]]
+
+    def _min(self, t: Any) -> List[int]:
+        """The elementwise minimum over the ranks of int64 tensor ``t``."""
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MIN, group=self._group)
+        return [int(v) for v in t.tolist()]
 
     def broadcast(self, obj: Any = None, root: int = 0) -> Any:
         if not 0 <= root < self._size:

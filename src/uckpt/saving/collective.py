@@ -12,15 +12,20 @@ error itself) and nothing is committed:
    an object store); every rank sends its metadata
    (:func:`~uckpt.saving.global_plan.local_metadata`); every rank computes the same
    :class:`~uckpt.saving.global_plan.GlobalPlan` (which checks, in one process too, that
-   :class:`~uckpt.Shard` boxes tile their arrays);
+   :class:`~uckpt.Shard` boxes tile their arrays). With a plan kept from the save before
+   (:mod:`uckpt.saving.plan_cache`) the ranks first agree by one reduction whether it
+   still serves; then no rank sends its metadata;
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
    directory), writes its data file durably (compressing its chunks first if asked) and,
    with several ranks, its own manifest part (:mod:`uckpt.saving.own_parts`), and sends a small
-   record of them (an incremental save: every chunk's record) and which copy of the
-   storage it wrote into (its *replica*: ``sink.replica()``);
+   record of them and which copy of the storage it wrote into (its *replica*:
+   ``sink.replica()``): to rank 0 only (:func:`_to_committer`), unless the ranks wrote
+   into several replicas (node-local storage) or the save is incremental (every chunk's
+   record), where every rank gets every record;
 3. *commit*: the lowest rank of each replica writes the root manifest (the same on every
    replica) last; in a directory by renaming the temporary directory into place, in an
-   object store by the manifest object's PUT.
+   object store by the manifest object's PUT. With one replica, rank 0 then broadcasts
+   the outcome (:meth:`~uckpt.comm.Communicator.gather_outcomes_to`).
 
 A rank that dies makes the others' exchange fail (the backend's error or
 :class:`~uckpt.errors.CollectiveTimeoutError`): nothing is committed, and what was
@@ -44,7 +49,7 @@ from ..format import encode_manifest_files
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from ..options import DEFAULT, SaveOptions
-from .plan_cache import PlanCache, lean, structure_key
+from .plan_cache import VOTE_WIDTH, PlanCache, structure_key, values_check
 from ..loading.reader import CheckpointReader
 from .recode import recode_files, recoded_manifest, target_bases
 from ..storage.save_errors import raise_save_failure
@@ -132,7 +137,7 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
 
     ``cache``: this rank's :class:`~uckpt.saving.plan_cache.PlanCache` of the saves before,
     over ``comm``: while the structure of the state is unchanged on every rank, the
-    plan is reused after an exchange of digests (:mod:`uckpt.saving.plan_cache`)."""
+    plan is reused after one reduction of digests (:mod:`uckpt.saving.plan_cache`)."""
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
@@ -140,12 +145,16 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
     layout = [piece_bytes, options.chunk_bytes, options.alignment]
 
     def plan() -> Dict[str, Any]:
+        """This rank's full record (rank 0: having opened the sink)."""
+        local()
+        return full()
+
+    def local() -> List[int]:
+        """This rank's metadata and, with a cache, its vote (rank 0: opens the sink)."""
         if isinstance(flat, BaseException):
             raise flat
         meta.update(local_metadata(flat, compare=comm.size > 1))
-        key = structure_key(meta, comm.size, comm.rank, layout)
-        kept = cache.kept_for(key) if cache is not None else None
-        out = lean(meta, key, kept) if kept else dict(compact(meta, comm.rank), key=key)
+        meta["key"] = structure_key(meta, comm.size, comm.rank, layout)
         if comm.rank == 0:
             check_metadata(metadata)
             check_step(step)
@@ -153,18 +162,41 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
                 opened["sink"] = store.sink(name, overwrite, shared=comm.size > 1)
             except BaseException as e:
                 raise_save_failure(e, what, store.location(name))
-            out["token"] = opened["sink"].token
-            out["metadata"] = metadata or {}  # rank 0's: every replica's manifest says the same
-        return out
+        if cache is None:
+            return []
+        meta["check"] = values_check(meta)
+        return cache.vote(meta["key"], meta["check"]) + [1 if meta["per_rank"] else 0]
+
+    def full() -> Dict[str, Any]:
+        out = dict(compact(meta, comm.rank), key=meta["key"])
+        if cache is not None:
+            out.update(kept=cache.kept_for(meta["key"]), check=meta["check"])
+        return dict(out, **head())
+
+    def head() -> Dict[str, Any]:
+        """What rank 0 tells every rank: the sink's token and the user's metadata."""
+        if comm.rank != 0:
+            return {}
+        # rank 0's metadata: every replica's manifest says the same
+        return {"token": opened["sink"].token, "metadata": metadata or {}}
 
     try:
-        gathered = comm.gather_outcomes(plan, f"{what} (planning)")
+        gp: Optional[GlobalPlan] = None
+        if cache is None:
+            gathered = comm.gather_outcomes(plan, f"{what} (planning)")
+        else:  # one reduction; while the plan holds, no rank receives any rank's metadata
+            mins, maxs = comm.agree_outcomes(local, VOTE_WIDTH + 1, f"{what} (planning)")
+            gp = cache.agreed(mins[:-1], maxs[:-1], what)
+            if gp is not None:
+                gathered = _lean_records(comm, meta, head(), any_per_rank=maxs[-1] == 1)
+            else:
+                gathered = comm.all_gather(full())
+                cache.why(gathered, what)
         assert isinstance(flat, FlatState)
-        gp = cache.reuse(gathered, what) if cache is not None else None
         if gp is None:
             gp = _plan(gathered, meta, comm, piece_bytes, options)
             if cache is not None:
-                cache.keep(gathered[comm.rank]["key"], [g["key"] for g in gathered], gp)
+                cache.keep(meta["key"], [g["key"] for g in gathered], gp)
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()
@@ -174,15 +206,20 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
                         overwrite, what, options, baseline, on_commit)
 
 
+def _lean_records(comm: Communicator, meta: Dict[str, Any], head: Dict[str, Any],
+                  any_per_rank: bool) -> List[Dict[str, Any]]:
+    """What a save that reuses its plan needs of the other ranks, by rank: rank 0's
+    ``head`` (broadcast) and, only if some rank has :class:`~uckpt.PerRank` state,
+    every rank's PerRank subtrees (for the manifest's tree; all-gathered)."""
+    per_rank = comm.all_gather(meta["per_rank"]) if any_per_rank else [[]] * comm.size
+    records: List[Dict[str, Any]] = [{"per_rank": p} for p in per_rank]
+    records[0].update(comm.broadcast(head, 0))
+    return records
+
+
 def _plan(gathered: List[Dict[str, Any]], meta: Dict[str, Any], comm: Communicator,
           piece_bytes: int, options: SaveOptions) -> GlobalPlan:
-    """Plan from every rank's metadata (the same plan, or the same error, on every rank);
-    ranks that sent a lean record (:func:`uckpt.saving.plan_cache.lean`) send theirs first."""
-    leaned = [r for r, g in enumerate(gathered) if "kept" in g]
-    if leaned:  # some ranks kept a plan that cannot serve: every rank plans, together
-        full = comm.all_gather(compact(meta, comm.rank) if comm.rank in leaned else None)
-        for r in leaned:
-            gathered[r].update(full[r])
+    """Plan from every rank's metadata (the same plan, or the same error, on every rank)."""
     differ = expand(gathered)
     if differ:  # rare: some rank's replicated leaves differ; fetch them to say which
         full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
@@ -241,10 +278,13 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
         codecs = own_parts.pipelines(p.options.codec is not None)
         own: Dict[str, bytes] = {}
         used: Dict[str, Baseline] = {}
-        written = comm.gather_outcomes(write, f"{p.what} (writing)")
+        if split:  # records to the committer only (but for node-local storage)
+            written, several, sizes = _to_committer(comm, write, p)
+        else:
+            written, sizes = comm.gather_outcomes(write, f"{p.what} (writing)"), None
+            several = len({w["replica"] for w in written}) > 1
         built: Dict[str, Manifest] = {}
-        replicas = [w["replica"] for w in written]
-        several = any(r != replicas[0] for r in replicas)
+        replicas = [w["replica"] for w in written or ()]
         foreign: List[Optional[str]] = []
         if split and several:  # node-local: every replica gets every part (their
             # bytes exchanged only then)
@@ -255,20 +295,23 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
             if "m" not in built and split:
                 built["m"] = own_parts.head_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                    [w["size"] for w in written], p.step, p.metadata)
+                    [w["size"] for w in written] if written is not None else
+                    sizes.got if sizes is not None and sizes.got is not None else
+                    _unknown_sizes(), p.step, p.metadata)
             if "m" not in built:
+                assert written is not None  # (every rank's, without a split manifest)
                 # the order the ranks' chunks arrived in
                 ordered = sorted(gp.plan.items, key=lambda it: it.rank)
                 found = [c for w in written for c in w["chunks"]]
                 chunks = {it: _chunk(it, c) for it, c in zip(ordered, found)}
-                sizes = [w["size"] for w in written]
                 built["m"] = assemble_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan, chunks, p.step,
-                    p.metadata, sizes=sizes, bases=bases_of(chunks.values(), used.get("baseline")))
+                    p.metadata, sizes=[w["size"] for w in written],
+                    bases=bases_of(chunks.values(), used.get("baseline")))
             return built["m"]
 
         def commit() -> None:
-            if replicas.index(replicas[comm.rank]) != comm.rank:
+            if written is None or replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
             parts: List[Tuple[str, bytes]] = []
             if split:
@@ -289,7 +332,12 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
                      "-" if p.step is None else p.step, total, len(gp.plan.file_sizes),
                      time.perf_counter() - start)
 
-        comm.gather_outcomes(commit, f"{p.what} (commit)")
+        if split and not several:  # one committer, rank 0: it tells the others the outcome
+            comm.gather_outcomes_to(commit, 0, f"{p.what} (commit)")
+        else:
+            comm.gather_outcomes(commit, f"{p.what} (commit)")
+        if sizes is not None and sizes.wanted:
+            sizes.share(written)
     except BaseException:
         sink.abort()
         raise
@@ -297,6 +345,47 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
     if p.on_commit is not None:
         p.on_commit(manifest())
     return where
+
+
+class _Sizes:
+    """The data files' sizes, for a rank other than the committer that builds the
+    manifest for ``on_commit``: broadcast by the committer after the commit, only when
+    some such rank has an ``on_commit`` (``wanted``, the same on every rank)."""
+
+    def __init__(self, comm: Communicator, wanted: bool) -> None:
+        self.comm, self.wanted = comm, wanted
+        self.got: Optional[List[int]] = None
+
+    def share(self, written: Optional[List[Dict[str, Any]]]) -> None:
+        self.got = self.comm.broadcast(
+            None if written is None else [w["size"] for w in written], 0)
+
+
+def _unknown_sizes() -> List[int]:
+    raise AssertionError("a manifest wanted on a rank that the committer sent no sizes")
+
+
+def _to_committer(comm: Communicator, write: Callable[[], Dict[str, Any]], p: PreparedSave
+                  ) -> Tuple[Optional[List[Dict[str, Any]]], bool, _Sizes]:
+    """The write step of a split save: ``write()`` on every rank, its record gathered to
+    rank 0 only (:meth:`~uckpt.comm.Communicator.gather_outcomes_to`), which then
+    broadcasts whether the ranks wrote into several replicas (node-local storage) and
+    whether a rank other than it builds the manifest (an ``on_commit``). Several
+    replicas: every rank gets every record (an all-gather, as every replica's lowest
+    rank commits). Returns (the records, on rank 0 or everywhere; several; sizes)."""
+    mine: Dict[str, Any] = {}
+
+    def recorded() -> Dict[str, Any]:
+        mine.update(write())
+        return dict(mine, needs=p.on_commit is not None)
+
+    gathered = comm.gather_outcomes_to(recorded, 0, f"{p.what} (writing)")
+    decided = comm.broadcast(None if gathered is None else [
+        len({w["replica"] for w in gathered}) > 1, any(w["needs"] for w in gathered[1:])], 0)
+    several, wanted = decided
+    if several:
+        gathered = comm.all_gather(mine)
+    return gathered, several, _Sizes(comm, wanted and not several)
 
 
 def finish_or_redo(p: PreparedSave, staged: Union[FlatState, BaseException], comm: Communicator):

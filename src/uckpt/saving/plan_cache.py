@@ -6,17 +6,16 @@ the world and the options that shape the layout. Each rank digests its share of 
 (:func:`structure_key`, 16 bytes) every save. Once a plan is made, every rank keeps it in
 its :class:`PlanCache` with the digest of every rank's key (the plan's *id*).
 
-A later save (:func:`uckpt.saving.collective.prepare_collective`) whose key on this rank is the
-one it kept sends a *lean* record instead of its metadata (:func:`lean`): its key, the id
-of the plan it kept, a digest of what must be equal on every rank at each save (the
-shared tree with its plain values, the replicated leaves with their checksums:
-:func:`values_check`) and its :class:`~uckpt.PerRank` subtrees (values, for the
-manifest). When every rank kept the plan whose id is the digest of all the keys sent, and
-every rank's check is the same, every rank reuses the plan (:meth:`PlanCache.reuse`);
-otherwise every rank plans again, together, from every rank's full metadata, and gets
-today's errors for an inconsistent state. What a rank receives on a reuse: per rank
-about 200 bytes (three digests and the record's keys) plus that rank's PerRank subtrees,
-plus rank 0's token and user metadata.
+A later save (:func:`uckpt.saving.collective.prepare_collective`) agrees by one reduction
+(:meth:`~uckpt.comm.Communicator.agree_outcomes`, a constant per rank): each rank
+contributes its :meth:`PlanCache.vote`, whether its key is the one it kept, the id of the
+plan it kept and a digest of what must be equal on every rank at each save (the shared
+tree with its plain values, the replicated leaves with their checksums:
+:func:`values_check`), the digests as int64s. A hit (:meth:`PlanCache.agreed`) iff every
+rank hit and the minimum and maximum of each digest are equal: every rank reuses the plan.
+Otherwise every rank plans again, together, from every rank's full metadata (which
+carries the same three fields, so that the log says why: :meth:`PlanCache.why`), and
+gets today's errors for an inconsistent state.
 
 A new process (a resumed job) starts with an empty cache and plans once.
 """
@@ -52,9 +51,14 @@ def plan_id(keys: List[str]) -> str:
     return _hash(keys)
 
 
-def lean(meta: Dict[str, Any], key: str, kept: str) -> Dict[str, Any]:
-    """What a rank sends when its structure is the one it kept the plan ``kept`` for."""
-    return {"key": key, "kept": kept, "check": values_check(meta), "per_rank": meta["per_rank"]}
+def as_ints(hexdigest: str) -> List[int]:
+    """The first 120 bits of a digest of :func:`_hash` as two non-negative int64s (what a
+    reduction over int64 can compare)."""
+    return [int(hexdigest[:15], 16), int(hexdigest[15:30], 16)]
+
+
+#: the number of ints of :meth:`PlanCache.vote`
+VOTE_WIDTH = 5
 
 
 @dataclass(frozen=True)
@@ -68,37 +72,51 @@ class PlanCache:
     """This rank's last global plan, for the saves of one sequence over one communicator
     (a :class:`~uckpt.CheckpointManager` holds one). Used by the thread that plans.
 
-    Call order, per save on every rank: :meth:`kept_for` (before the plan exchange),
-    then :meth:`reuse` on what every rank sent; when it gives None, plan, then
+    Call order, per save on every rank: :meth:`vote` (before the reduction), then
+    :meth:`agreed` on its result; when it gives None, :meth:`why` on every rank's full
+    record (with :meth:`kept_for` and :func:`values_check` in it), plan, then
     :meth:`keep` the plan made."""
 
     def __init__(self) -> None:
         self._kept: Optional[_Kept] = None
+        self._ranks: List[str] = []
 
     def kept_for(self, key: str) -> Optional[str]:
         """The id of the plan kept, if it was made with this rank's structure ``key``."""
         return self._kept.id if self._kept is not None and self._kept.key == key else None
 
-    def reuse(self, gathered: List[Dict[str, Any]], what: str) -> Optional[GlobalPlan]:
-        """The plan kept, if every rank's record in ``gathered`` is lean, names it, and
-        agrees with the others' checks; else None (every rank decides the same)."""
-        ids = {g.get("kept") for g in gathered}
-        checks = {g.get("check") for g in gathered}
-        if self._kept is None or ids != {self._kept.id} or len(checks) != 1 \
-                or plan_id([g["key"] for g in gathered]) != self._kept.id:
-            changed = [r for r, g in enumerate(gathered) if g.get("kept") is None]
-            why = "first save" if self._kept is None else \
-                f"structure changed on rank(s) {', '.join(map(str, changed))}" if changed else \
-                "values differ between ranks" if len(checks) != 1 else "ranks kept other plans"
-            log.debug("%s: planning (%s)", what, why)
+    def vote(self, key: str, check: str) -> List[int]:
+        """What this rank contributes to the reduction (:data:`VOTE_WIDTH` ints): 1 if
+        it kept a plan for structure ``key`` (else 0), that plan's id and ``check``
+        (:func:`values_check`), as int64s."""
+        kept = self.kept_for(key)
+        return [1 if kept else 0] + (as_ints(kept) if kept else [0, 0]) + as_ints(check)
+
+    def agreed(self, mins: List[int], maxs: List[int], what: str) -> Optional[GlobalPlan]:
+        """The plan kept, if the reduction of every rank's :meth:`vote` says every rank
+        kept it and every rank's check is the same; else None (every rank decides the
+        same, from the same reduction)."""
+        if self._kept is None or mins[0] != 1 or mins != maxs \
+                or mins[1:3] != as_ints(self._kept.id):
             return None
         log.debug("%s: plan reused (structure unchanged on all %d rank(s))", what,
-                  len(gathered))
+                  len(self._ranks))
         return self._kept.plan
+
+    def why(self, gathered: List[Dict[str, Any]], what: str) -> None:
+        """Log why the ranks plan again, from every rank's full record (its ``kept``: the
+        id of the plan it kept for its structure, or None; its ``check``)."""
+        changed = [r for r, g in enumerate(gathered) if g.get("kept") is None]
+        checks = {g.get("check") for g in gathered}
+        why = "first save" if self._kept is None else \
+            f"structure changed on rank(s) {', '.join(map(str, changed))}" if changed else \
+            "values differ between ranks" if len(checks) != 1 else "ranks kept other plans"
+        log.debug("%s: planning (%s)", what, why)
 
     def keep(self, key: str, keys: List[str], plan: GlobalPlan) -> None:
         """Keep ``plan``, made from ranks whose structure keys are ``keys``."""
         self._kept = _Kept(key, plan_id(keys), plan)
+        self._ranks = keys
 
 
 def _hash(obj: Any) -> str:

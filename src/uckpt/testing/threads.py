@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..comm.base import Communicator, decode, encode
+from ..comm.base import Communicator, decode, encode, int64s, minmax
 from ..errors import CollectiveTimeoutError
 
 __all__ = ["ThreadCommunicator", "ThreadWorld", "run_ranks"]
@@ -115,6 +115,16 @@ class ThreadCommunicator(Communicator):
             raise ValueError(f"root must be a rank below {self.size}, got {root}")
         return self._exchange(f"broadcast(root={root})",
                               obj if self._rank == root else None)[root]
+
+    def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank below {self.size}, got {root}")
+        got = self.world.exchange(self.group, next(self._calls), self._rank,
+                                  f"gather(root={root})", encode(obj))
+        return [decode(p) for p in got] if self._rank == root else None
+
+    def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
+        return minmax(self._exchange("all_reduce_minmax", int64s(values)))
 
     def duplicate(self) -> "ThreadCommunicator":
         """Collective: the n-th duplicate of a group is the same group on every rank."""
