@@ -11,7 +11,7 @@ from uckpt import errors
 from uckpt.storage import fsutil
 from uckpt.loading import reader as reader_mod
 from uckpt.loading.reader import CheckpointReader
-from uckpt.loading.readruns import MAX_PIECES, plan_runs, split_whole
+from uckpt.loading.readruns import MAX_READS, plan_runs, split_whole
 from conftest import flip_byte
 
 
@@ -33,19 +33,19 @@ def by_offset(manifest):
 def test_runs_group_adjacent_small_chunks(tmp_path):
     path = uckpt.save(tmp_path / "ck", small_state())
     m = uckpt.manifest(path)
-    pieces = []
+    reads = []
     for e in m.arrays.values():
         whole, rest = split_whole(e, np.empty(e.shape, e.dtype if e.dtype != "bfloat16" else
                                               np.uint16), [c for c in e.chunks if all(c.shape)])
         assert rest == []
-        pieces.extend(whole)
-    runs = plan_runs(pieces, 1 << 20)
+        reads.extend(whole)
+    runs = plan_runs(reads, 1 << 20)
     sizes = [len(r) for r in runs]
     assert max(sizes) > 10  # the small arrays share a run
-    assert sum(sizes) == len(pieces)
-    for run in runs:  # a run is in file order, its pieces within MAX_GAP of each other
+    assert sum(sizes) == len(reads)
+    for run in runs:  # a run is in file order, its reads within MAX_GAP of each other
         offsets = [p.offset for p in run]
-        assert offsets == sorted(offsets) and len(run) <= MAX_PIECES
+        assert offsets == sorted(offsets) and len(run) <= MAX_READS
         if len(run) > 1:
             assert sum(p.chunk.length for p in run) <= 1 << 20
     big = [r for r in runs if r[0].entry.path == "big"]
@@ -98,7 +98,7 @@ def test_file_cut_after_its_size_was_checked_names_the_leaf(tmp_path):
 
 
 def test_compressed_and_partial_chunks_still_load(tmp_path):
-    """Chunks that are no run's pieces (compressed; rows of a box) load on their own,
+    """Chunks read in no run (compressed; rows of a box) load on their own,
     beside the runs of the others."""
     state = small_state(12)
     state["rows"] = np.arange(16 * 1024, dtype=np.int32).reshape(64, 256)  # 4 chunks

@@ -45,7 +45,7 @@ def test_every_rank_computes_the_same_plan_and_writes_each_byte_once(size):
               for r in range(size)]
     gathered, differ = gather(states, compare=size > 1)
     assert differ is None
-    plans = [global_plan(gathered, r, piece_bytes=1000) for r in range(size)]
+    plans = [global_plan(gathered, r, exact_chunk_bytes=1000) for r in range(size)]
     assert all(p.plan == plans[0].plan and p.metas == plans[0].metas for p in plans)
     covered_once(plans[0].plan, plans[0].metas)
     assert plans[0].plan.world_size == size
@@ -63,7 +63,7 @@ def test_every_rank_computes_the_same_plan_and_writes_each_byte_once(size):
 def test_replicated_bytes_are_balanced(size):
     states = [{f"p{i}": np.zeros((16, 64), np.float32) for i in range(3 * size)}] * size
     gathered, _ = gather(states)
-    per_rank = global_plan(gathered, 0, piece_bytes=1 << 12).plan.bytes_per_rank()
+    per_rank = global_plan(gathered, 0, exact_chunk_bytes=1 << 12).plan.bytes_per_rank()
     assert sorted(set(per_rank.values())) == [3 * 4096]
 
 

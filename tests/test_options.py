@@ -153,7 +153,7 @@ def test_two_saves_at_once_keep_their_own_layouts(tmp_path):
 
 
 def test_several_ranks_honour_a_chunk_size_below_1_mib(tmp_path):
-    """Ranks spread a save in pieces of at least 1 MiB, unless the options ask for less."""
+    """Ranks spread a save in chunks of at least 1 MiB, unless the options ask for less."""
     opts = uckpt.SaveOptions(chunk_bytes=2048)
     for outcome in run_ranks(2, lambda comm: uckpt.save(tmp_path / "c", STATE, comm=comm,
                                                         options=opts)):

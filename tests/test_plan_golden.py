@@ -1,6 +1,6 @@
 """The planner's output, bit for bit: the plans of varied states (replicated arrays
-split into pieces, row and column shards, per-rank leaves, empty and 0-d arrays, several
-dtypes, alignments and piece sizes) against digests of the plans that the planner before
+split into chunks, row and column shards, per-rank leaves, empty and 0-d arrays, several
+dtypes, alignments and chunk sizes) against digests of the plans that the planner before
 its vectorization (issue 27) made of the same inputs."""
 import hashlib
 
@@ -30,20 +30,20 @@ def varied(rank, size):
     }
 
 
-def plan_digest(size, piece_bytes, chunk_bytes, alignment):
+def plan_digest(size, exact_chunk_bytes, chunk_bytes, alignment):
     metas = [local_metadata(flatten(varied(r, size), rank=r), compare=size > 1)
              for r in range(size)]
     gathered = [compact(m, r) for r, m in enumerate(metas)]
     assert not expand(gathered)
     h = hashlib.sha256()
     for rank in range(size):
-        gp = global_plan(gathered, rank, piece_bytes, chunk_bytes=chunk_bytes,
+        gp = global_plan(gathered, rank, exact_chunk_bytes, chunk_bytes=chunk_bytes,
                          alignment=alignment)
         h.update(repr((gp.plan, list(gp.metas.items()), sorted(gp.starts.items()))).encode())
     return h.hexdigest()[:32]
 
 
-@pytest.mark.parametrize("size,piece_bytes,chunk_bytes,alignment,want", [
+@pytest.mark.parametrize("size,exact_chunk_bytes,chunk_bytes,alignment,want", [
     (1, 0, 64 << 20, 4096,
      "8fa0b080486c5cf091ee85754da1e093"),
     (1, 0, 4096, 64,
@@ -57,5 +57,5 @@ def plan_digest(size, piece_bytes, chunk_bytes, alignment):
     (8, 0, 1 << 20, 4096,
      "a3cae973fcd823cdb04bcf9c391869f2"),
 ])
-def test_plans_are_those_made_before(size, piece_bytes, chunk_bytes, alignment, want):
-    assert plan_digest(size, piece_bytes, chunk_bytes, alignment) == want
+def test_plans_are_those_made_before(size, exact_chunk_bytes, chunk_bytes, alignment, want):
+    assert plan_digest(size, exact_chunk_bytes, chunk_bytes, alignment) == want

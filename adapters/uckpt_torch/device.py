@@ -70,23 +70,23 @@ def device_array(t: torch.Tensor) -> DeviceArray:
     return DeviceArray(tuple(t.shape), numpy_dtype(t.dtype), copy_to, key, allocator=pinned)
 
 
-def to_leaf(t: torch.Tensor, where: str = ""):
+def to_leaf(t: torch.Tensor, path: str = ""):
     """What ``extract`` returns for a tensor: a view (CPU) or a DeviceArray (CUDA); for a
-    DTensor, a :class:`uckpt.Shard` of its local tensor's leaf (``where`` names it in errors)."""
+    DTensor, a :class:`uckpt.Shard` of its local tensor's leaf (``path`` names it in errors)."""
     if is_dtensor(t):
-        return to_shard(t, where, to_leaf)
+        return to_shard(t, path, to_leaf)
     if t.device.type == "cuda" and t.layout == torch.strided:
         return device_array(t)
     return to_numpy(t)
 
 
-def tree_to_numpy(x: Any, where: str = "") -> Any:
+def tree_to_numpy(x: Any, path: str = "") -> Any:
     """Every tensor in a nested dict/list/tuple replaced by its leaf (:func:`to_leaf`:
     a NumPy view, a snapshot-time copy for CUDA tensors, a Shard for DTensors); containers
-    rebuilt. ``where`` is the path of ``x``, for errors."""
+    rebuilt. ``path`` is the path of ``x``, for errors."""
     if isinstance(x, torch.Tensor):
-        return to_leaf(x, where)
-    sub = (where + "/") if where else ""
+        return to_leaf(x, path)
+    sub = (path + "/") if path else ""
     if isinstance(x, dict):
         return {k: tree_to_numpy(v, f"{sub}{k}") for k, v in x.items()}
     if isinstance(x, list):

@@ -4,8 +4,8 @@ A DTensor is this rank's local tensor plus where it sits in a global tensor, so 
 maps onto :class:`uckpt.Shard`: the core writes each rank's box once and loads
 any box on any number of ranks.
 
-save: ``to_shard(dt, where)`` (called by ``device.to_leaf``) is ``Shard(local array,
-dt.shape, offsets)``, the offsets given by torch's own
+save: ``to_shard(dt, path)`` (called by ``device.to_leaf``) is ``Shard(local array,
+dt.shape, start)``, the start given by torch's own
 ``compute_local_shape_and_global_offset``. ``Shard(dim)`` placements, even or
 uneven (a rank may hold an empty box), ``Replicate()`` (every rank holds the whole
 box; it is written once) and meshes of any dimension are accepted. ``Partial``
@@ -47,71 +47,71 @@ def local_tensor(dt) -> torch.Tensor:
     return local
 
 
-def layout(dt, where: str, doing: str = "saved") -> Tuple[torch.Tensor, Tuple[int, ...]]:
-    """``(local tensor, offsets of its box in the global tensor)``; refuses what is no box."""
+def layout(dt, path: str, doing: str = "saved") -> Tuple[torch.Tensor, Tuple[int, ...]]:
+    """``(local tensor, start of its box in the global tensor)``; refuses what is no box."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     placements = tuple(dt.placements)
-    what = f"DTensor {where!r} (placements {_names(placements)})" if where else \
+    what = f"DTensor {path!r} (placements {_names(placements)})" if path else \
         f"a DTensor with placements {_names(placements)}"
     for p in placements:
         if p.is_partial():
             raise UnsupportedObjectError(
                 f"{what} cannot be {doing}: {p!r} is a pending reduction, the tensor has no "
-                "value until it is reduced", leaf=where or None,
+                "value until it is reduced", leaf=path or None,
                 hint="redistribute it first, e.g. dt.redistribute(dt.device_mesh, "
                 "[Replicate()] * dt.device_mesh.ndim), or save dt.full_tensor()")
         if not (p.is_shard() or p.is_replicate()):
             raise UnsupportedObjectError(
                 f"{what} cannot be {doing}: {p!r} does not give each rank one contiguous box",
-                leaf=where or None,
+                leaf=path or None,
                 hint="redistribute it to Shard(dim) / Replicate() placements first")
     local = local_tensor(dt)
     ndim = len(dt.shape)
     if not dt.device_mesh._is_current_rank_part_of_mesh():
         return local.new_empty((0,) * ndim), (0,) * ndim  # this rank holds nothing of it
-    shape, offsets = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, placements)
+    shape, start = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh, placements)
     if tuple(shape) != tuple(local.shape):  # torch's layout and the tensor disagree: no guess
         raise UnsupportedObjectError(
             f"{what} cannot be {doing}: its local tensor has shape {list(local.shape)}, its "
             f"placements on mesh {list(dt.device_mesh.shape)} say {list(shape)}",
-            leaf=where or None, hint="a DTensor made with DTensor.from_local(...) must be given "
+            leaf=path or None, hint="a DTensor made with DTensor.from_local(...) must be given "
             "shape= and stride= when its sharding is uneven")
-    return local, tuple(int(o) for o in offsets)
+    return local, tuple(int(o) for o in start)
 
 
 def _names(placements) -> str:
     return "[" + ", ".join(repr(p) for p in placements) + "]"
 
 
-def to_shard(dt, where: str, leaf) -> Shard:
+def to_shard(dt, path: str, leaf) -> Shard:
     """The leaf of a DTensor on save; ``leaf`` turns the local tensor into an array."""
-    local, offsets = layout(dt, where)
-    return Shard(leaf(local), tuple(dt.shape), offsets)
+    local, start = layout(dt, path)
+    return Shard(leaf(local), tuple(dt.shape), start)
 
 
-def read_target(dt, spec: ArraySpec, where: str, in_place: bool = True) -> Shard:
+def read_target(dt, spec: ArraySpec, path: str, in_place: bool = True) -> Shard:
     """The box of ``dt``'s layout this rank loads: over its local tensor's memory when
     ``in_place`` and writable there, else over a fresh array (``dt`` is only the layout)."""
-    local, offsets = layout(dt, where, "loaded into")
+    local, start = layout(dt, path, "loaded into")
     want = numpy_dtype_of(spec.dtype)
     view = writable_view(local) if in_place else None
     if view is None or view.dtype != want:
         view = np.empty(tuple(local.shape), dtype=want)
-    return Shard(view, tuple(dt.shape), offsets)
+    return Shard(view, tuple(dt.shape), start)
 
 
 def local_box(value: np.ndarray, dt) -> np.ndarray:
     """This rank's box of a loaded array: ``value`` itself when it is the box (what a
     ``read_target`` receives), else its box of the whole array."""
-    local, offsets = layout(dt, "", "loaded into")
+    local, start = layout(dt, "", "loaded into")
     if tuple(value.shape) == tuple(local.shape):
         return value
     if tuple(value.shape) != tuple(dt.shape):
         raise StateMismatchError(f"an array of shape {list(value.shape)} is neither the DTensor's "
                                  f"global shape {list(dt.shape)} nor its local shape "
                                  f"{list(local.shape)}")
-    return value[tuple(slice(o, o + n) for o, n in zip(offsets, local.shape))]
+    return value[tuple(slice(o, o + n) for o, n in zip(start, local.shape))]
 
 
 def fill(dt, value: np.ndarray) -> None:

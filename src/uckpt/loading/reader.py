@@ -38,7 +38,7 @@ from ..format.cover import attach_covering
 from ..format.manifest import MAX_RATIO
 from ..format import part_roots
 from ..runtime.parallel import parallel_map
-from .readruns import Piece, flat_chunks, plan_runs, split_whole
+from .readruns import ChunkRead, flat_chunks, plan_runs, split_whole
 from ..storage import open_source
 from ..storage.base import wrong_size
 
@@ -152,32 +152,32 @@ class CheckpointReader:
     def read_arrays(self, wanted: Mapping[str, "np.ndarray | Tuple[np.ndarray, tuple] | None"]
                     ) -> Dict[str, np.ndarray]:
         """Read the arrays named in ``wanted``: path -> an in-place target, None (a new
-        array), or ``(target, offsets)``: the box of the global array at ``offsets`` with
+        array), or ``(target, start)``: the box of the global array at ``start`` with
         the target's shape. Only chunks that intersect a wanted box are read (whole, so
         that their checksums can be verified)."""
         if self.manifest.parts_pending:
             self._attach_parts(wanted)
-        plan = []  # (entry, target or None, origin (None: the whole array), chunks to read)
+        plan = []  # (entry, target or None, target_start (None: the whole array), chunks to read)
         arrays = self.manifest.arrays
         for path, target in wanted.items():
             entry = arrays[path]
             if type(target) is np.ndarray and target.shape == entry.shape:  # (the common case)
                 plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
                 continue
-            origin = None
+            target_start = None
             if isinstance(target, tuple):
-                target, origin = target
-                origin = tuple(origin)
-            if target is not None and origin is None and target.shape != entry.shape:
-                origin = (0,) * len(entry.shape)
-            if origin is not None and not any(origin) and target.shape == entry.shape:
-                origin = None  # a box that is the whole array
-            if origin is None:  # the whole array: every chunk that holds elements
+                target, target_start = target
+                target_start = tuple(target_start)
+            if target is not None and target_start is None and target.shape != entry.shape:
+                target_start = (0,) * len(entry.shape)
+            if target_start is not None and not any(target_start) and target.shape == entry.shape:
+                target_start = None  # a box that is the whole array
+            if target_start is None:  # the whole array: every chunk that holds elements
                 plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
             else:
-                plan.append((entry, target, origin,
+                plan.append((entry, target, target_start,
                              [c for c in entry.chunks
-                              if _intersection(c.start, c.shape, origin, target.shape)]))
+                              if _intersection(c.start, c.shape, target_start, target.shape)]))
         files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
         for base, name in files:
             self._open(name, base)  # open and size-check files before any allocation or thread
@@ -211,20 +211,20 @@ class CheckpointReader:
     def _read_planned(self, plan: list) -> Dict[str, np.ndarray]:
         """Allocate the new arrays of ``plan`` (checked by :meth:`read_arrays`) and read."""
         out: Dict[str, np.ndarray] = {}
-        pieces: List[Piece] = []
-        jobs: List[tuple] = []  # (entry, chunk, dest, origin): chunks read on their own
+        reads: List[ChunkRead] = []
+        jobs: List[tuple] = []  # (entry, chunk, dest, target_start): chunks read on their own
         coalesce = self.source.coalesce
         fresh = iter(_new_arrays([p[0] for p in plan if p[1] is None]))
-        for entry, target, origin, cs in plan:
+        for entry, target, target_start, cs in plan:
             dest = target if target is not None else next(fresh)
             out[entry.path] = dest
-            if origin is None and coalesce:
+            if target_start is None and coalesce:
                 whole, cs = split_whole(entry, dest, cs)
-                pieces += whole
+                reads += whole
             if cs:
-                zero = origin or (0,) * len(entry.shape)
+                zero = target_start or (0,) * len(entry.shape)
                 jobs.extend((entry, chunk, dest, zero) for chunk in cs)
-        runs = plan_runs(pieces, self.source.block_bytes)
+        runs = plan_runs(reads, self.source.block_bytes)
         runs.sort(key=lambda run: -run[-1].offset - run[-1].chunk.length + run[0].offset)
         tasks = [(self._read_run, run) for run in runs]  # largest first: threads end together
         tasks.extend((self._read_job, job) for job in jobs)
@@ -252,10 +252,10 @@ class CheckpointReader:
                      "checkpoint")
         return need
 
-    def _read_run(self, run: List[Piece]) -> None:
-        """Read adjacent pieces (:mod:`uckpt.loading.readruns`) of one file with one vectored read
+    def _read_run(self, run: List[ChunkRead]) -> None:
+        """Read one run (:mod:`uckpt.loading.readruns`) of one file with one vectored read
         into their destinations, then check each one's checksum while it is hot in cache.
-        A short or failed read is retried piece by piece, which names the leaf and offset."""
+        A short or failed read is retried chunk by chunk, which names the leaf and offset."""
         first = run[0]
         if len(run) == 1:
             raw = first.raw
@@ -286,9 +286,10 @@ class CheckpointReader:
     def _read_job(self, job: tuple) -> None:
         self._read_chunk(*job)
 
-    def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray, origin: tuple) -> None:
-        start, shape = _intersection(chunk.start, chunk.shape, origin, dest.shape)
-        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, origin, shape))
+    def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray,
+                    target_start: tuple) -> None:
+        start, shape = _intersection(chunk.start, chunk.shape, target_start, dest.shape)
+        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, target_start, shape))
                       + (...,)]
         direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
         itemsize = dtypes.itemsize(entry.dtype)

@@ -52,69 +52,71 @@ class _Matcher:
     def __init__(self, manifest: Manifest, rank: int = 0) -> None:
         self.m = manifest
         self.rank = rank
-        self.targets: Dict[str, Any] = {}  # path -> array, or (array, offsets) for a box
+        self.targets: Dict[str, Any] = {}  # path -> array, or (array, start) for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
         self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
 
-    def match(self, obj: Any, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
-        where = join(parts) or "<root>"
+    def match(self, obj: Any, node: Dict[str, Any], path_keys: List[str], strict: bool) -> None:
+        path = join(path_keys) or "<root>"
         if isinstance(obj, np.ndarray):
-            self.array(obj, node, where)
+            self.array(obj, node, path)
             return
         if isinstance(obj, Shard):
-            self.shard(obj, node, where)
+            self.shard(obj, node, path)
             return
         if isinstance(obj, PerRank):
             if node["type"] != "dict" or node.get("key_type") != "int":
-                raise StateMismatchError(f"{where!r}: the state has a PerRank, the checkpoint a "
-                                         f"{node['type']} that is not per-rank", leaf=where)
+                raise StateMismatchError(f"{path!r}: the state has a PerRank, the checkpoint a "
+                                         f"{node['type']} that is not per-rank", leaf=path)
             if str(self.rank) not in node["items"]:
                 raise KeyMismatchError(
-                    f"{where!r}: the checkpoint holds no value for rank {self.rank} (it has "
+                    f"{path!r}: the checkpoint holds no value for rank {self.rank} (it has "
                     f"ranks {', '.join(node['items']) or 'none'})", missing=[str(self.rank)],
                     hint="per-rank state restores only into ranks that saved it; leave it out "
                          "of the state (strict=False) on the other ranks")
-            self.match(obj.value, node["items"][str(self.rank)], parts + [str(self.rank)], strict)
+            self.match(obj.value, node["items"][str(self.rank)], path_keys + [str(self.rank)],
+                       strict)
             return
         if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
             if node["type"] != "dict":
-                raise StateMismatchError(f"{where!r}: the state has a mapping, the checkpoint "
-                                         f"a {node['type']}", leaf=where)
-            self.mapping(obj, node, parts, strict)
+                raise StateMismatchError(f"{path!r}: the state has a mapping, the checkpoint "
+                                         f"a {node['type']}", leaf=path)
+            self.mapping(obj, node, path_keys, strict)
             return
         if isinstance(obj, _PLAIN):
             self.needed.append(node)  # plain values are returned, not restored in place
             return
         adapter = find_adapter(obj)
         if adapter is None:
-            raise no_adapter_error(obj, join(parts), saving=False)
+            raise no_adapter_error(obj, join(path_keys), saving=False)
         sub = node
         if node["type"] == "object":
             if node["adapter"] != adapter.name:
                 cls = type(obj)
                 raise StateMismatchError(
-                    f"{where!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
-                    f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=where)
+                    f"{path!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
+                    f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=path)
             sub = node["state"]
         spec = decode(sub, spec_leaf(self.m))
         try:
             targets = adapter.prepare(obj, spec)
         except UckptError as e:
-            e.at_path(join(parts))  # names the path in e itself
+            e.at_path(join(path_keys))  # names the path in e itself
             raise
         self.collect_targets(sub, targets)
         self.needed.append(sub)
-        self.actions.append((adapter, obj, sub, join(parts)))
+        self.actions.append((adapter, obj, sub, join(path_keys)))
 
-    def mapping(self, obj: Mapping, node: Dict[str, Any], parts: List[str], strict: bool) -> None:
+    def mapping(self, obj: Mapping, node: Dict[str, Any], path_keys: List[str],
+                strict: bool) -> None:
         items = node["items"]
         int_keys = node.get("key_type") == "int"
         wrong = [k for k in obj if (isinstance(k, int) and not isinstance(k, bool)) != int_keys]
         if wrong:  # 0 and "0" are different keys: never match them by their text
             raise KeyMismatchError(
-                f"state {join(parts) or '<root>'!r}", mismatched=[
+                f"state {join(path_keys) or '<root>'!r}", mismatched=[
                     f"key {k!r} is {type(k).__name__}, the checkpoint's keys here are "
                     f"{'int' if int_keys else 'str'}" for k in wrong[:5]],
                 hint="use keys of the type that was saved")
@@ -122,7 +124,7 @@ class _Matcher:
         missing = [k for k in keys if k not in items]
         unexpected = [k for k in items if k not in keys]
         if missing or (strict and unexpected):
-            raise KeyMismatchError(f"state {join(parts) or '<root>'!r}", missing=missing,
+            raise KeyMismatchError(f"state {join(path_keys) or '<root>'!r}", missing=missing,
                                    unexpected=unexpected if strict else (),
                                    hint="pass strict=False to restore only the keys you give"
                                    if unexpected and not missing else None)
@@ -130,37 +132,37 @@ class _Matcher:
             value = obj[key]
             if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
                 self.assign.append((obj, key, items[name]))
-            self.match(value, items[name], parts + [escape(name)], strict)
+            self.match(value, items[name], path_keys + [escape(name)], strict)
 
-    def array(self, obj: np.ndarray, node: Dict[str, Any], where: str) -> None:
+    def array(self, obj: np.ndarray, node: Dict[str, Any], path: str) -> None:
         if node["type"] == "object":
             node = node["state"]
         if node["type"] != "array":
-            raise StateMismatchError(f"{where!r}: the state has an array, the checkpoint a "
-                                     f"{node['type']}", leaf=where)
+            raise StateMismatchError(f"{path!r}: the state has an array, the checkpoint a "
+                                     f"{node['type']}", leaf=path)
         entry = self.m.arrays[node["path"]]
-        check_spec(obj, ArraySpec(entry.dtype, entry.shape), where)
+        check_spec(obj, ArraySpec(entry.dtype, entry.shape), path)
         if _writable(obj) and node["path"] not in self.targets:
             self.targets[node["path"]] = obj
         else:
             self.copies.append((obj, node["path"]))
         self.needed.append(node)
 
-    def shard(self, obj: Shard, node: Dict[str, Any], where: str) -> None:
+    def shard(self, obj: Shard, node: Dict[str, Any], path: str) -> None:
         if node["type"] != "array":
-            raise StateMismatchError(f"{where!r}: the state has a Shard, the checkpoint a "
-                                     f"{node['type']}", leaf=where)
+            raise StateMismatchError(f"{path!r}: the state has a Shard, the checkpoint a "
+                                     f"{node['type']}", leaf=path)
         entry = self.m.arrays[node["path"]]
         if tuple(obj.global_shape) != tuple(entry.shape):
-            raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(entry.shape)}, "
+            raise ShapeMismatchError(f"{path!r}: the checkpoint holds shape {list(entry.shape)}, "
                                      f"the Shard's global shape is {list(obj.global_shape)}",
-                                     leaf=where)
-        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), where)
+                                     leaf=path)
+        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), path)
         if _writable(obj.array):
             self.targets[node["path"]] = (obj.array, obj.offsets)
         else:
-            raise StateMismatchError(f"{where!r}: a Shard's array must be writable and "
-                                     "C-contiguous to be loaded into", leaf=where)
+            raise StateMismatchError(f"{path!r}: a Shard's array must be writable and "
+                                     "C-contiguous to be loaded into", leaf=path)
         self.needed.append(node)
 
     def take(self, path: str, target: np.ndarray) -> None:
@@ -200,17 +202,17 @@ class _Matcher:
             self.collect_targets(node["state"], targets)
 
 
-def check_spec(arr: np.ndarray, spec: ArraySpec, where: str) -> None:
+def check_spec(arr: np.ndarray, spec: ArraySpec, path: str) -> None:
     if tuple(arr.shape) != tuple(spec.shape):
-        raise ShapeMismatchError(f"{where!r}: the checkpoint holds shape {list(spec.shape)}, "
-                                 f"the destination has {list(arr.shape)}", leaf=where)
+        raise ShapeMismatchError(f"{path!r}: the checkpoint holds shape {list(spec.shape)}, "
+                                 f"the destination has {list(arr.shape)}", leaf=path)
     try:
         have = dtypes.name_of(arr.dtype)
     except Exception:
         have = str(arr.dtype)
     if have != spec.dtype:
-        raise DtypeMismatchError(f"{where!r}: the checkpoint holds {spec.dtype}, the destination "
-                                 f"is {have}", leaf=where)
+        raise DtypeMismatchError(f"{path!r}: the checkpoint holds {spec.dtype}, the destination "
+                                 f"is {have}", leaf=path)
 
 
 def _writable(arr: np.ndarray) -> bool:

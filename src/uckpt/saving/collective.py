@@ -141,8 +141,8 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
     what = what or f"save to {str(store.location(name))!r}"
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
-    piece_bytes = options.incremental_chunk_bytes if baseline is not None else 0
-    layout = [piece_bytes, options.chunk_bytes, options.alignment]
+    exact_chunk_bytes = options.incremental_chunk_bytes if baseline is not None else 0
+    layout = [exact_chunk_bytes, options.chunk_bytes, options.alignment]
 
     def plan() -> Dict[str, Any]:
         """This rank's full record (rank 0: having opened the sink)."""
@@ -194,7 +194,7 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
                 cache.why(gathered, what)
         assert isinstance(flat, FlatState)
         if gp is None:
-            gp = _plan(gathered, meta, comm, piece_bytes, options)
+            gp = _plan(gathered, meta, comm, exact_chunk_bytes, options)
             if cache is not None:
                 cache.keep(meta["key"], [g["key"] for g in gathered], gp)
     except BaseException:
@@ -218,14 +218,14 @@ def _lean_records(comm: Communicator, meta: Dict[str, Any], head: Dict[str, Any]
 
 
 def _plan(gathered: List[Dict[str, Any]], meta: Dict[str, Any], comm: Communicator,
-          piece_bytes: int, options: SaveOptions) -> GlobalPlan:
+          exact_chunk_bytes: int, options: SaveOptions) -> GlobalPlan:
     """Plan from every rank's metadata (the same plan, or the same error, on every rank)."""
     differ = expand(gathered)
     if differ:  # rare: some rank's replicated leaves differ; fetch them to say which
         full = comm.all_gather(meta["replicated"] if comm.rank in differ else None)
         for r in differ:
             gathered[r]["replicated"] = full[r]
-    return global_plan(gathered, comm.rank, piece_bytes,  # raises the same error everywhere
+    return global_plan(gathered, comm.rank, exact_chunk_bytes,  # raises the same error everywhere
                        chunk_bytes=options.chunk_bytes, alignment=options.alignment)
 
 
@@ -243,16 +243,17 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
             try:
                 replica = sink.replica()
                 mine = gp.plan.for_rank(comm.rank)
-                image = staged.images.get(file)
+                file_image = staged.file_images.get(file)
                 if p.baseline is None:
-                    by_item = write_data_file(sink, file, size, mine, staged.arrays, image=image,
-                                              starts=gp.starts, compression=p.options.codec,
-                                              alignment=p.options.alignment)
-                    chunks = [by_item[it] for it in mine]
+                    chunk_of = write_data_file(sink, file, size, mine, staged.arrays,
+                                               file_image=file_image, starts=gp.starts,
+                                               compression=p.options.codec,
+                                               alignment=p.options.alignment)
+                    chunks = [chunk_of[it] for it in mine]
                 else:
                     baseline = used["baseline"] = p.baseline()
                     check_bases(p.store, p.name, baseline)
-                    chunks = write_changed(sink, file, mine, staged.arrays, image, gp.starts,
+                    chunks = write_changed(sink, file, mine, staged.arrays, file_image, gp.starts,
                                            baseline, p.options.codec, p.options.alignment)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,

@@ -70,8 +70,8 @@ def write_checkpoint(directory, flat: FlatState, *, step: Optional[int] = None,
                                             compression, options.alignment)
             else:
                 written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
-                                          image=flat.images.get(file), compression=compression,
-                                          alignment=options.alignment)
+                                          file_image=flat.file_images.get(file),
+                                          compression=compression, alignment=options.alignment)
             chunks.update(written)
             sizes.append(size if compression is None and read_chunk is None
                          else file_end(written.values()))

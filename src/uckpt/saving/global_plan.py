@@ -34,9 +34,9 @@ from ..tree.flatten import FlatState, unescape
 COMPARE_BYTES = 1 << 16
 
 
-def _node_at(tree: Dict[str, Any], parts: Sequence[str]) -> Dict[str, Any]:
+def _node_at(tree: Dict[str, Any], path_keys: Sequence[str]) -> Dict[str, Any]:
     node = tree
-    for part in parts:
+    for part in path_keys:
         while node["type"] == "object":
             node = node["state"]
         node = node["items"][unescape(part)] if node["type"] == "dict" else node["items"][int(part)]
@@ -48,8 +48,8 @@ def shared_tree(flat: FlatState) -> Dict[str, Any]:
     if not flat.per_rank:
         return flat.skeleton
     tree = copy.deepcopy(flat.skeleton)
-    for parts in flat.per_rank:
-        _node_at(tree, parts)["items"] = {}
+    for path_keys in flat.per_rank:
+        _node_at(tree, path_keys)["items"] = {}
     return tree
 
 
@@ -66,19 +66,20 @@ def local_metadata(flat: FlatState, compare: bool = True) -> Dict[str, Any]:
     boxes and :class:`PerRank` leaves. See :func:`compact` for what is sent.
     Without ``compare`` (a world of one: no other rank to compare with) the digests
     and checksums that only tell ranks apart are left out; every other check runs."""
-    mine = tuple("/".join(parts) + "/" for parts in flat.per_rank)
+    mine = tuple("/".join(path_keys) + "/" for path_keys in flat.per_rank)
     replicated: List[List[Any]] = []
     own: List[List[Any]] = []
     for path, arr in flat.arrays.items():
-        offsets, gshape = flat.placements.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
+        start, gshape = flat.placements.get(path, ((0,) * arr.ndim, tuple(arr.shape)))
         small = None
         if (compare and path not in flat.placements and not isinstance(arr, DeviceArray)
                 and arr.size):
             small = crc32c(_sample(arr))
-        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(offsets), list(arr.shape),
+        entry = [path, dtypes.name_of(arr.dtype), list(gshape), list(start), list(arr.shape),
                  small]
         (own if path in flat.placements or path.startswith(mine) else replicated).append(entry)
-    per_rank = [[parts, _node_at(flat.skeleton, parts)["items"]] for parts in flat.per_rank]
+    per_rank = [[path_keys, _node_at(flat.skeleton, path_keys)["items"]]
+                for path_keys in flat.per_rank]
     if not compare:
         return {"tree": "", "keys": {}, "replicated": replicated, "own": own,
                 "per_rank": per_rank}
@@ -126,16 +127,16 @@ def _sample(arr: np.ndarray) -> np.ndarray:
 class GlobalPlan:
     plan: SavePlan
     metas: Dict[str, ArrayMeta]  # every array of every rank, in save order
-    #: path -> offsets of this rank's local array in the global one (sharded leaves)
+    #: path -> start of this rank's local array in the global one (sharded leaves)
     starts: Dict[str, Tuple[int, ...]]
 
 
-def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0, *,
+def global_plan(gathered: List[Dict[str, Any]], rank: int, exact_chunk_bytes: int = 0, *,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                 alignment: int = DEFAULT_ALIGNMENT) -> GlobalPlan:
     """Check the ranks' metadata against each other and plan the save (same on every rank).
 
-    Arrays are cut into pieces of ``piece_bytes`` when given (incremental saves), else of
+    Arrays are cut into chunks of ``exact_chunk_bytes`` when given (incremental saves), else of
     at most ``chunk_bytes``: with several ranks, of about an eighth of a rank's share where
     that is smaller, but not below 1 MiB (unless ``chunk_bytes`` is); each array starts at
     a multiple of ``alignment`` in its data file."""
@@ -191,10 +192,10 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, piece_bytes: int = 0,
     holders = {p: [(box, tuple(ranks)) for box, ranks in sorted(held.items())]
                for p, held in boxes.items()}
     total = sum(m.nbytes for m in metas.values())
-    if not piece_bytes:
-        piece_bytes = chunk_bytes if world == 1 else \
+    if not exact_chunk_bytes:
+        exact_chunk_bytes = chunk_bytes if world == 1 else \
             min(chunk_bytes, max(1 << 20, total // (8 * world)))
-    plan = plan_holdings(metas, holders, world, piece_bytes, alignment)
+    plan = plan_holdings(metas, holders, world, exact_chunk_bytes, alignment)
     starts = {path: tuple(start) for path, dtype, gshape, start, shape, small
               in gathered[rank]["own"] if tuple(shape) != tuple(gshape)}
     return GlobalPlan(plan, metas, starts)
@@ -247,9 +248,9 @@ def merged_tree(flat_skeleton: Dict[str, Any], gathered: List[Dict[str, Any]]) -
         return flat_skeleton  # one rank: its skeleton already holds its PerRank subtrees
     tree = copy.deepcopy(flat_skeleton)
     for g in gathered:
-        for parts, items in g["per_rank"]:
-            _node_at(tree, parts)["items"].update(items)
-    for parts, _ in gathered[0]["per_rank"]:
-        node = _node_at(tree, parts)
+        for path_keys, items in g["per_rank"]:
+            _node_at(tree, path_keys)["items"].update(items)
+    for path_keys, _ in gathered[0]["per_rank"]:
+        node = _node_at(tree, path_keys)
         node["items"] = dict(sorted(node["items"].items(), key=lambda kv: int(kv[0])))
     return tree

@@ -4,7 +4,7 @@ A :class:`Baseline` is what an incremental save compares with: every chunk of th
 previous checkpoint by its box, each pointing at the checkpoint whose own data file holds
 its bytes (references are one hop). A ``CheckpointManager`` keeps the baseline of its
 own last save in memory; ``uckpt.save(..., base=dir)`` builds one from ``dir``'s
-manifest. :func:`write_changed` hashes this rank's pieces, refers to the unchanged ones
+manifest. :func:`write_changed` hashes this rank's chunks, refers to the unchanged ones
 and writes the others, packed, into this rank's data file.
 """
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _based(c: Chunk, name: str) -> Chunk:
 
 
 def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, np.ndarray],
-                  image: "np.ndarray | None", starts: "Mapping[str, tuple] | None",
+                  file_image: "np.ndarray | None", starts: "Mapping[str, tuple] | None",
                   baseline: Baseline, compression=None,
                   alignment: int = DEFAULT_ALIGNMENT) -> List[Chunk]:
     """Write data file ``file`` holding only those of ``items`` whose content differs from
@@ -69,9 +69,9 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
     array starting at a multiple of ``alignment``);
     return a chunk per item, in the order of ``items``: the unchanged ones refer to where
     their bytes already are."""
-    data = chunk_data(items, arrays, image, starts)
+    data = chunk_data(items, arrays, file_image, starts)
     chunks: List[Optional[Chunk]] = [None] * len(items)
-    if compression is None and image is None:
+    if compression is None and file_image is None:
         written = _stream_changed(sink, file, items, data, baseline, chunks, alignment)
         log.debug("%s: %d of %d chunks changed", file, written, len(items))
         return chunks  # type: ignore[return-value]
@@ -89,18 +89,18 @@ def write_changed(sink, file: str, items: List[WriteItem], arrays: Mapping[str, 
             return encode_chunk(compression, data[i], items[i], hashing.format_hash(digests[i]),
                                 memory)
 
-        by_item = write_encoded(sink, file, [(items[i].path, items[i], items[i].length)
+        chunk_of = write_encoded(sink, file, [(items[i].path, items[i], items[i].length)
                                              for i in changed], encode, alignment)
-        written = [by_item[items[i]] for i in changed]
+        written = [chunk_of[items[i]] for i in changed]
     else:
         packed = layout([(items[i].path, items[i].start, items[i].shape, 0, items[i].length)
                          for i in changed], 1, alignment)
         placed = [(items[i], it.offset, data[i]) for i, it in zip(changed, packed.items)]
         # everything changed: the staging arena (if any) is the file, written in one piece
-        whole = image is not None and all(p[0].offset == p[1] for p in placed) and \
+        whole = file_image is not None and all(p[0].offset == p[1] for p in placed) and \
             len(changed) == len(items)
         written = write_checksummed(sink, file, packed.file_sizes[0][1], placed,
-                                    image if whole else None, [digests[i] for i in changed])
+                                    file_image if whole else None, [digests[i] for i in changed])
     for i, c in zip(changed, written):
         chunks[i] = c
     log.debug("%s: %d of %d chunks changed", file, len(changed), len(items))
@@ -138,7 +138,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
                 done.set()
                 cond.notify()
 
-    def pieces():
+    def changed_writes():
         end, last = 0, None
         for i, (it, d) in enumerate(zip(items, data)):
             with cond:
@@ -163,7 +163,7 @@ def _stream_changed(sink, file: str, items: List[WriteItem], data: List[np.ndarr
         # at most every item, each array aligned: reserved up front (a plain save's
         # writes go to preallocated space; without it they cost twice as much here)
         bound = sum(it.length + alignment for it in items)
-        sink.write_stream(file, pieces(), reserve=bound)
+        sink.write_stream(file, changed_writes(), reserve=bound)
     finally:
         hasher.join()
     return sum(1 for c in chunks if c is not None and c.base is None)

@@ -1,12 +1,12 @@
-"""Who writes which piece of which array, as plain data.
+"""Who writes which chunk of which array, as plain data.
 
 ``plan_save`` is a pure function: the same array layouts give the same plan on
 every rank. Arrays larger than twice ``chunk_bytes`` are split along
-their first axis; pieces are given to ranks largest first, each to the rank with
+their first axis; chunks are given to ranks largest first, each to the rank with
 the fewest bytes so far (ties to the lowest rank), so replicated state is
 written once in total and evenly across ranks. Within a rank's data file,
-pieces follow the arrays' order; each array starts at a multiple of
-``alignment`` (both from :class:`uckpt.SaveOptions`) and its pieces follow each other
+chunks follow the arrays' order; each array starts at a multiple of
+``alignment`` (both from :class:`uckpt.SaveOptions`) and its chunks follow each other
 without gaps, so a
 single-rank file is exactly the arrays' bytes laid out like a staging arena
 (see :mod:`uckpt.saving.staging`).
@@ -103,29 +103,29 @@ def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
 def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolders],
                   world_size: int, chunk_bytes: int,
                   alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
-    """Split each held box into pieces of about ``chunk_bytes`` and give each piece to one
-    of the ranks holding it: largest pieces first, each to the holder with the fewest
+    """Split each held box into chunks of about ``chunk_bytes`` and give each chunk to one
+    of the ranks holding it: largest chunks first, each to the holder with the fewest
     bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
     everyone = tuple(range(world_size))
-    pieces: List[Tuple[str, Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], int]] = []
+    chunks: List[Tuple[str, Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], int]] = []
     for p, m in arrays.items():
         size = dtypes.itemsize(m.dtype)
         for (bstart, bshape), ranks in holders[p]:
             nbytes = size * math.prod(bshape)
-            if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one piece (split_box)
-                pieces.append((p, tuple(bstart), tuple(bshape), tuple(ranks), nbytes))
+            if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one chunk (split_box)
+                chunks.append((p, tuple(bstart), tuple(bshape), tuple(ranks), nbytes))
             elif nbytes:
-                pieces.extend((p, start, shape, tuple(ranks), size * math.prod(shape))
+                chunks.extend((p, start, shape, tuple(ranks), size * math.prod(shape))
                               for start, shape in split_box(m.dtype, bstart, bshape,
                                                             chunk_bytes))
     order = {p: i for i, p in enumerate(arrays)}
-    keys = [(-x[4], order[x[0]], x[1]) for x in pieces]  # largest first, then array, start
-    ranked = sorted(range(len(pieces)), key=keys.__getitem__)
+    keys = [(-x[4], order[x[0]], x[1]) for x in chunks]  # largest first, then array, start
+    ranked = sorted(range(len(chunks)), key=keys.__getitem__)
     load = [0] * world_size
     lightest = [(0, r) for r in everyone]  # (load, rank), some stale: loads only grow
-    owner = [0] * len(pieces)
+    owner = [0] * len(chunks)
     for i in ranked:
-        ranks, length = pieces[i][3], pieces[i][4]
+        ranks, length = chunks[i][3], chunks[i][4]
         if len(ranks) == 1:
             rank = ranks[0]
         elif ranks == everyone:  # replicated: the least loaded rank of all, from a heap
@@ -139,22 +139,22 @@ def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHold
         if ranks == everyone:
             heapq.heapreplace(lightest, (load[rank], rank))
     return layout([(p, start, shape, owner[i], length)
-                   for i, (p, start, shape, _, length) in enumerate(pieces)],
+                   for i, (p, start, shape, _, length) in enumerate(chunks)],
                   world_size, alignment)
 
 
-def layout(pieces: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
+def layout(chunks: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],
            world_size: int, alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
-    """Place pieces ``(path, start, shape, rank, length)`` in their ranks' data files, in
-    the given order: an array's pieces follow each other, each array starts at a multiple
-    of ``alignment``; each file ends with its last piece."""
+    """Place chunks ``(path, start, shape, rank, length)`` in their ranks' data files, in
+    the given order: an array's chunks follow each other, each array starts at a multiple
+    of ``alignment``; each file ends with its last chunk."""
     items: List[WriteItem] = []
     ends = [0] * world_size
     last_path: List[object] = [None] * world_size
     names = [data_file_name(r) for r in range(world_size)]
-    for p, start, shape, rank, length in pieces:
+    for p, start, shape, rank, length in chunks:
         offset = ends[rank]
-        if last_path[rank] != p:  # an array's pieces follow each other; arrays start aligned
+        if last_path[rank] != p:  # an array's chunks follow each other; arrays start aligned
             offset = -(-offset // alignment) * alignment
             last_path[rank] = p
         items.append(WriteItem(p, start, shape, rank, names[rank], offset, length))

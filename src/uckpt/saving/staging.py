@@ -113,10 +113,10 @@ def _layout(flat: FlatState, plan: SavePlan) -> Tuple[Dict[str, int], int, bool]
     for it in plan.for_rank(0):
         first.setdefault(it.path, it)
         owned[it.path] = owned.get(it.path, 0) + it.length
-    image = plan.world_size == 1 and all(
+    is_file_image = plan.world_size == 1 and all(
         path in first and not any(first[path].start) and owned[path] == arr.nbytes
         for path, arr in flat.arrays.items() if arr.nbytes)
-    if image:
+    if is_file_image:
         offsets = {path: first[path].offset if path in first else 0 for path in flat.arrays}
         return offsets, dict(plan.file_sizes)[data_file_name(0)], True
     offsets, end = {}, 0
@@ -158,7 +158,7 @@ def snapshot(flat: FlatState, pool: Optional[StagingPool], guard=None) -> Snapsh
     if pool is None:
         return _materialize(flat)
     plan = flat.plan or plan_save(metas(flat.arrays))
-    offsets, size, is_image = _layout(flat, plan)
+    offsets, size, is_file_image = _layout(flat, plan)
     allocator = next((a.allocator for a in flat.arrays.values()
                       if isinstance(a, DeviceArray) and a.allocator is not None), None)
     arena = pool.acquire(round_up(size), allocator)
@@ -170,9 +170,9 @@ def snapshot(flat: FlatState, pool: Optional[StagingPool], guard=None) -> Snapsh
     except BaseException:
         pool.release(arena)
         raise
-    images = {data_file_name(0): buf[:round_up(size)]} if is_image else {}
+    file_images = {data_file_name(0): buf[:round_up(size)]} if is_file_image else {}
     return Snapshot(dataclasses.replace(flat, arrays=dict(zip(paths, views)), plan=plan,
-                                        images=images), waits, arena, pool)
+                                        file_images=file_images), waits, arena, pool)
 
 
 def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str, tuple],
@@ -183,7 +183,7 @@ def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str,
     :class:`uckpt.saving.late.LateGuard`) defers the copies of the arrays it covers."""
     if any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
         snap = snapshot(flat, pool, guard)
-        snap.flat = dataclasses.replace(snap.flat, images={}, plan=None)
+        snap.flat = dataclasses.replace(snap.flat, file_images={}, plan=None)
         return snap
     file, size = plan.file_sizes[rank]
     arena = pool.acquire(round_up(size))
@@ -192,14 +192,14 @@ def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str,
         places = []
         for it in plan.for_rank(rank):
             src = flat.arrays[it.path]
-            origin = starts.get(it.path, (0,) * src.ndim)
-            box = tuple(slice(s - o, s - o + n) for s, o, n in zip(it.start, origin, it.shape))
+            array_start = starts.get(it.path, (0,) * src.ndim)
+            box = tuple(slice(s - o, s - o + n) for s, o, n in zip(it.start, array_start, it.shape))
             places.append((it.offset, src[box + (...,)], it.shape))
         _, waits = _fill(buf, size, places, guard)
     except BaseException:
         pool.release(arena)
         raise
-    staged = dataclasses.replace(flat, plan=plan, images={file: buf[:round_up(size)]})
+    staged = dataclasses.replace(flat, plan=plan, file_images={file: buf[:round_up(size)]})
     return Snapshot(staged, waits, arena, pool)
 
 

@@ -1,6 +1,6 @@
 """Write one rank's data file from a plan, into a :class:`~uckpt.storage.base.CheckpointSink`.
 
-The pieces of the file and their checksums are computed here; the sink stores them
+The chunks of the file and their checksums are computed here; the sink stores them
 (local directories with the system calls of :mod:`uckpt.storage.blob.posix_io`;
 object stores as a multipart upload). From a snapshot, the
 staging arena already is the file's image and goes to storage with O_DIRECT. Otherwise
@@ -47,8 +47,8 @@ def box_bytes(arr: np.ndarray, start, shape) -> np.ndarray:
     return arr.reshape(-1).view(np.uint8)
 
 
-def _local(start, origin):
-    return start if origin is None else tuple(s - o for s, o in zip(start, origin))
+def _local(start, array_start):
+    return start if array_start is None else tuple(s - o for s, o in zip(start, array_start))
 
 
 def file_end(chunks) -> int:
@@ -57,15 +57,15 @@ def file_end(chunks) -> int:
 
 
 def chunk_data(items: List[WriteItem], arrays: Mapping[str, np.ndarray],
-               image: "np.ndarray | None" = None,
+               file_image: "np.ndarray | None" = None,
                starts: "Mapping[str, tuple] | None" = None) -> List[np.ndarray]:
-    """The raw bytes of each item (flat uint8 views where possible): slices of ``image``
+    """The raw bytes of each item (flat uint8 views where possible): slices of ``file_image``
     (a staging arena laid out by the plan), or boxes of ``arrays``. ``starts`` gives, for
     arrays that are a box of a larger one, where the box starts (items' boxes are
     global, the arrays local)."""
     starts = starts or {}
-    if image is not None:
-        data = [image[it.offset:it.offset + it.length] for it in items]
+    if file_image is not None:
+        data = [file_image[it.offset:it.offset + it.length] for it in items]
     else:
         data = [box_bytes(arrays[it.path], _local(it.start, starts.get(it.path)), it.shape)
                 for it in items]
@@ -75,10 +75,10 @@ def chunk_data(items: List[WriteItem], arrays: Mapping[str, np.ndarray],
 
 
 def write_checksummed(sink, file: str, size: int, placed: List[tuple],
-                      image: "np.ndarray | None" = None,
+                      file_image: "np.ndarray | None" = None,
                       hashes: "List[bytes] | None" = None) -> List[Chunk]:
     """Write ``placed`` ``(item, offset in the file, bytes)``, sorted by offset, as data
-    file ``file`` of ``sink`` (from ``image`` in one piece when given: it is the file);
+    file ``file`` of ``sink`` (from ``file_image`` in one piece when given: it is the file);
     return a chunk per item, in order. Checksums (and content hashes, unless ``hashes``
     are given) are computed on another thread over the same memory while it is written."""
     sums: List[int] = [0] * len(placed)
@@ -98,8 +98,8 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
     summer = threading.Thread(target=checksum_all, name="uckpt-crc", daemon=True)
     summer.start()
     try:
-        if image is not None:
-            sink.write_image(file, image, size)
+        if file_image is not None:
+            sink.write_image(file, file_image, size)
         else:
             sink.write_pieces(file, size, [(off, d) for _, off, d in placed])
     finally:
@@ -112,14 +112,14 @@ def write_checksummed(sink, file: str, size: int, placed: List[tuple],
 
 
 def write_data_file(sink, file: str, size: int, items: List[WriteItem],
-                    arrays: Mapping[str, np.ndarray], image: "np.ndarray | None" = None,
+                    arrays: Mapping[str, np.ndarray], file_image: "np.ndarray | None" = None,
                     starts: "Mapping[str, tuple] | None" = None,
                     compression: "Optional[codecs.Compression]" = None,
                     alignment: int = DEFAULT_ALIGNMENT) -> Dict[WriteItem, Chunk]:
     """Write data file ``file`` into ``sink`` (a CheckpointSink): every item at its
     offset, durably; return the chunks (the file's size is :func:`file_end` of them).
 
-    ``image``, when given, is the whole file's bytes (a staging arena laid out
+    ``file_image``, when given, is the whole file's bytes (a staging arena laid out
     by the plan): it is written in one piece and the items are checksummed from it.
     ``starts`` gives, for arrays that are a box of a larger one, where the box
     starts: items' boxes are global, the arrays local. With ``compression``, chunks are
@@ -127,13 +127,13 @@ def write_data_file(sink, file: str, size: int, items: List[WriteItem],
     each array starting at a multiple of ``alignment``).
     """
     items = sorted(items, key=lambda it: it.offset)
-    data = chunk_data(items, arrays, image, starts)
+    data = chunk_data(items, arrays, file_image, starts)
     if compression is not None:
         return write_encoded(sink, file, [(it.path, it, it.length) for it in items],
                              lambda k, memory: encode_chunk(compression, data[k], items[k],
                                                             memory=memory), alignment)
     chunks = write_checksummed(sink, file, size, [(it, it.offset, d) for it, d in zip(items, data)],
-                               image)
+                               file_image)
     return dict(zip(items, chunks))
 
 
@@ -171,40 +171,40 @@ def encode_chunk(compression: "Optional[codecs.Compression]", raw: np.ndarray, b
     return codec, stored, format_checksum(crc32c(stored)), content
 
 
-def encode_chunks(pieces, compression: "Optional[codecs.Compression]") -> List[tuple]:
-    """:func:`encode_chunk` of every ``(path, box, raw bytes)`` of ``pieces``, on
+def encode_chunks(raw_chunks, compression: "Optional[codecs.Compression]") -> List[tuple]:
+    """:func:`encode_chunk` of every ``(path, box, raw bytes)`` of ``raw_chunks``, on
     ``knobs.compress_threads`` threads."""
-    return parallel_map(lambda piece: encode_chunk(compression, piece[2], piece[1]), pieces,
-                        knobs.compress_threads, "uckpt-compress")
+    return parallel_map(lambda raw_chunk: encode_chunk(compression, raw_chunk[2], raw_chunk[1]),
+                        raw_chunks, knobs.compress_threads, "uckpt-compress")
 
 
-def write_encoded(sink, file: str, pieces, encode, alignment: int = DEFAULT_ALIGNMENT) -> Dict:
-    """Write data file ``file`` of ``pieces`` (``(path, key, raw size)`` in file order;
+def write_encoded(sink, file: str, raw_chunks, encode, alignment: int = DEFAULT_ALIGNMENT) -> Dict:
+    """Write data file ``file`` of ``raw_chunks`` (``(path, key, raw size)`` in file order;
     ``key`` has the box's ``start`` and ``shape``, or is ``(path, index, Chunk)``), the
-    stored bytes of piece ``k`` being ``encode(k, memory) -> (codec, stored, checksum,
+    stored bytes of chunk ``k`` being ``encode(k, memory) -> (codec, stored, checksum,
     content hash)`` (see :func:`encode_chunk`; ``memory`` an
     :class:`~uckpt.saving.encode_memory.EncodeMemory` to encode in); returns ``{key: Chunk}``.
 
-    Pieces are encoded on ``knobs.compress_threads`` threads ahead of the writing
-    (:func:`~uckpt.runtime.parallel.ordered_map`: a few pieces, or more while they total at most
+    Chunks are encoded on ``knobs.compress_threads`` threads ahead of the writing
+    (:func:`~uckpt.runtime.parallel.ordered_map`: a few chunks, or more while they total at most
     ``knobs.compress_ahead_bytes``) and handed to the sink as a stream: each array
     starts at a multiple of ``alignment``, its chunks follow without gaps. A sink
     that writes streams (local directories) holds only those few chunks at once; one
-    that copies each piece before taking the next lets their buffers be reused. A piece
+    that copies each chunk before taking the next lets their buffers be reused. A chunk
     is compressed on Zstandard's threads too only where it is so large a share of the
     file (more than 1 / ``knobs.compress_threads``) that the threads would wait for it:
     splitting a frame costs CPU time."""
     chunks: Dict = {}
     threads = knobs.compress_threads
-    sizes = [nbytes for _, _, nbytes in pieces]
+    sizes = [nbytes for _, _, nbytes in raw_chunks]
     split = max(knobs.compress_split_bytes, sum(sizes) // threads + 1)
     memory = EncodeMemory(pool=sink.copies_stream_pieces, split_bytes=split)
 
     def stream():
         end, last = 0, None
-        encoded = ordered_map(lambda k: encode(k, memory), range(len(pieces)), threads,
+        encoded = ordered_map(lambda k: encode(k, memory), range(len(raw_chunks)), threads,
                               2 * threads, "uckpt-compress", sizes, knobs.compress_ahead_bytes)
-        for (path, key, _), (codec, stored, checksum, content) in zip(pieces, encoded):
+        for (path, key, _), (codec, stored, checksum, content) in zip(raw_chunks, encoded):
             if path != last:
                 end, last = -(-end // alignment) * alignment, path
             box, data = _box(key), _as_uint8(stored)
@@ -223,5 +223,5 @@ def _as_uint8(data) -> np.ndarray:
 
 
 def _box(key):
-    """What has the box's ``start`` and ``shape`` in a piece's key."""
+    """What has the box's ``start`` and ``shape`` in a chunk's key."""
     return key[2] if isinstance(key, tuple) else key

@@ -34,12 +34,12 @@ def unescape(part: str) -> str:
     return part.replace("~1", "/").replace("~0", "~")
 
 
-def join(parts: List[str]) -> str:
-    return "/".join(parts)
+def join(path_keys: List[str]) -> str:
+    return "/".join(path_keys)
 
 
-def _where(parts: List[str]) -> str:
-    return join(parts) or "<root>"
+def _where(path_keys: List[str]) -> str:
+    return join(path_keys) or "<root>"
 
 
 @dataclass
@@ -48,11 +48,11 @@ class FlatState:
     arrays: Dict[str, Any] = field(default_factory=dict)  # ndarray, or DeviceArray until staged
     #: set by a snapshot: the save plan, and each data file's exact bytes (staging arena)
     plan: Any = None
-    images: Dict[str, np.ndarray] = field(default_factory=dict)
-    #: sharded leaves (:class:`~uckpt.tree.shard.Shard`): path -> (offsets, global shape) of the
+    file_images: Dict[str, np.ndarray] = field(default_factory=dict)
+    #: sharded leaves (:class:`~uckpt.tree.shard.Shard`): path -> (start, global shape) of the
     #: local array in ``arrays``; every other array is whole
     placements: Dict[str, Any] = field(default_factory=dict)
-    #: where :class:`~uckpt.tree.shard.PerRank` subtrees are (escaped path parts)
+    #: where :class:`~uckpt.tree.shard.PerRank` subtrees are (escaped path keys)
     per_rank: List[List[str]] = field(default_factory=list)
 
     @property
@@ -75,7 +75,7 @@ def flatten(state: Mapping, rank: int = 0) -> FlatState:
 class _Flattener:
     def __init__(self, rank: int = 0) -> None:
         self.rank = rank
-        self.per_rank: List[List[str]] = []  # where PerRank dicts are (escaped path parts)
+        self.per_rank: List[List[str]] = []  # where PerRank dicts are (escaped path keys)
         self.arrays: Dict[str, np.ndarray] = {}
         self.seen: Dict[tuple, str] = {}  # (address, shape, strides, dtype) -> path
 
@@ -85,13 +85,13 @@ class _Flattener:
         return FlatState(self.node(state, [], 0), self.arrays, placements=self.placements,
                     per_rank=self.per_rank)
 
-    def node(self, obj: Any, parts: List[str], depth: int) -> Dict[str, Any]:
+    def node(self, obj: Any, path_keys: List[str], depth: int) -> Dict[str, Any]:
         if depth > MAX_DEPTH:
             raise UnsupportedObjectError(
-                f"state nests deeper than {MAX_DEPTH} levels at {_where(parts)!r}",
-                hint="an adapter may be returning the object itself", leaf=join(parts))
+                f"state nests deeper than {MAX_DEPTH} levels at {_where(path_keys)!r}",
+                hint="an adapter may be returning the object itself", leaf=join(path_keys))
         if isinstance(obj, np.generic):  # before float: np.float64 subclasses float
-            return dict(self.array(np.asarray(obj), parts), numpy_scalar=True)
+            return dict(self.array(np.asarray(obj), path_keys), numpy_scalar=True)
         if obj is None or isinstance(obj, (bool, str)):
             return {"type": "value", "value": obj}
         if isinstance(obj, int):
@@ -102,20 +102,20 @@ class _Flattener:
             return {"type": "float", "value": "nan" if math.isnan(obj) else
                     ("inf" if obj > 0 else "-inf")}
         if isinstance(obj, (np.ndarray, DeviceArray)):
-            return self.array(obj, parts)
+            return self.array(obj, path_keys)
         if isinstance(obj, PerRank):
-            self.per_rank.append(list(parts))
-            sub = self.node(obj.value, parts + [str(self.rank)], depth + 1)
+            self.per_rank.append(list(path_keys))
+            sub = self.node(obj.value, path_keys + [str(self.rank)], depth + 1)
             return {"type": "dict", "key_type": "int", "items": {str(self.rank): sub}}
         if isinstance(obj, Shard):
-            return self.array(obj.array, parts, (obj.offsets, obj.global_shape))
+            return self.array(obj.array, path_keys, (obj.offsets, obj.global_shape))
         if isinstance(obj, (bytes, bytearray)):
-            node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), parts)
+            node = self.array(np.frombuffer(bytes(obj), dtype=np.uint8), path_keys)
             return dict(node, type="bytes")
         if isinstance(obj, Mapping):
-            return self.mapping(obj, parts, depth)
+            return self.mapping(obj, path_keys, depth)
         if isinstance(obj, (list, tuple)):
-            items = [self.node(v, parts + [str(i)], depth + 1) for i, v in enumerate(obj)]
+            items = [self.node(v, path_keys + [str(i)], depth + 1) for i, v in enumerate(obj)]
             return {"type": "tuple" if isinstance(obj, tuple) else "list", "items": items}
         from ..registry import find_adapter
 
@@ -124,27 +124,27 @@ class _Flattener:
             cls = type(obj)
             return {"type": "object", "adapter": adapter.name,
                     "class": f"{cls.__module__}.{cls.__qualname__}",
-                    "state": self.node(self.extract(adapter, obj, parts), parts, depth + 1)}
+                    "state": self.node(self.extract(adapter, obj, path_keys), path_keys, depth + 1)}
         if hasattr(obj, "__dlpack__") or hasattr(obj, "__array_interface__"):
             try:
                 arr = np.from_dlpack(obj) if hasattr(obj, "__dlpack__") else np.asarray(obj)
             except (TypeError, BufferError, RuntimeError):
                 arr = None
             if arr is not None:
-                return self.array(arr, parts)
+                return self.array(arr, path_keys)
         from ..registry import no_adapter_error
 
-        raise no_adapter_error(obj, join(parts), saving=True)
+        raise no_adapter_error(obj, join(path_keys), saving=True)
 
     @staticmethod
-    def extract(adapter: Any, obj: Any, parts: List[str]) -> Any:
+    def extract(adapter: Any, obj: Any, path_keys: List[str]) -> Any:
         try:
             return adapter.extract(obj)
         except UckptError as e:  # the adapter does not know where its object sits
-            e.at_path(join(parts))  # names the path in e itself
+            e.at_path(join(path_keys))  # names the path in e itself
             raise
 
-    def mapping(self, obj: Mapping, parts: List[str], depth: int) -> Dict[str, Any]:
+    def mapping(self, obj: Mapping, path_keys: List[str], depth: int) -> Dict[str, Any]:
         keys = list(obj.keys())
         if all(isinstance(k, str) for k in keys):
             key_type = "str"
@@ -155,22 +155,22 @@ class _Flattener:
                        None)
             if bad is None:  # str and int keys mixed: "0" and 0 would be one key on disk
                 raise UnsupportedObjectError(
-                    f"dict at {_where(parts)!r} mixes str and int keys", leaf=join(parts),
+                    f"dict at {_where(path_keys)!r} mixes str and int keys", leaf=join(path_keys),
                     hint="keys must be all str or all int")
             raise UnsupportedObjectError(
-                f"dict at {_where(parts)!r} has key {bad!r} of type {type(bad).__name__}",
-                hint="keys must be all str or all int", leaf=join(parts))
+                f"dict at {_where(path_keys)!r} has key {bad!r} of type {type(bad).__name__}",
+                hint="keys must be all str or all int", leaf=join(path_keys))
         items = {}
         for k in keys:
             name = str(k)
-            items[name] = self.node(obj[k], parts + [escape(name)], depth + 1)
+            items[name] = self.node(obj[k], path_keys + [escape(name)], depth + 1)
         node: Dict[str, Any] = {"type": "dict", "items": items}
         if key_type == "int":
             node["key_type"] = "int"
         return node
 
-    def array(self, arr, parts: List[str], box=None) -> Dict[str, Any]:
-        path = join(parts)
+    def array(self, arr, path_keys: List[str], box=None) -> Dict[str, Any]:
+        path = join(path_keys)
         try:
             dtypes.name_of(arr.dtype)
         except UnsupportedDtypeError as e:
