@@ -14,6 +14,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.storage import fsutil
+from deep_tree import deep_directory
 from test_bad_inputs import edit_manifest
 
 pytestmark = pytest.mark.timeout(60)  # a hang fails its test instead of blocking the run
@@ -406,11 +407,7 @@ def test_ls_deeply_nested_directory(tmp_path):
     with uckpt.CheckpointManager(root) as mgr:
         mgr.save(1, state(1))
     top = str(root / "step_00000001")
-    deep = top
-    try:
-        for _ in range(1500):  # deeper than Python's recursion limit
-            deep = os.path.join(deep, "d")
-            os.mkdir(deep)
+    with deep_directory(top, 1500) as deep:  # deeper than Python's recursion limit
         with open(os.path.join(deep, "x"), "wb") as f:
             f.write(b"12345")
         proc = run_cli("ls", "--json", root)
@@ -419,13 +416,6 @@ def test_ls_deeply_nested_directory(tmp_path):
         assert entry["status"] == "committed"
         assert entry["size"] == sum(p.stat().st_size for p in (root / "step_00000001").iterdir()
                                     if p.is_file()) + 5
-    finally:  # bottom up: pytest's own clean-up (shutil.rmtree) recurses and would fail
-        if os.path.exists(os.path.join(deep, "x")):
-            os.unlink(os.path.join(deep, "x"))
-        while deep != top:
-            if os.path.isdir(deep):
-                os.rmdir(deep)
-            deep = os.path.dirname(deep)
 
 
 def test_verify_all_does_not_follow_a_symlinked_step(tmp_path):
