@@ -65,7 +65,11 @@ def worker(mode: str, root: str, steps: int, kill_at: int) -> None:
         start = manager.restore(state) + 1
     for step in range(start, steps + 1):
         if mode == "killed" and step == kill_at and rank == size - 1:
-            os.kill(os.getpid(), signal.SIGKILL)  # node loss
+            # node loss between saves: once its last save is committed, so that what the
+            # demo prints does not depend on how busy the machine is (the crash tests
+            # kill savers mid-save)
+            manager.wait()
+            os.kill(os.getpid(), signal.SIGKILL)
         x = torch.randn(32, 16, generator=data)
         loss = (model(x) - x[:, :1].sin()).square().mean()
         opt.zero_grad()

@@ -119,6 +119,12 @@ def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeo
     return Run([p.returncode for p in procs], stdout, stderr, _parse(stdout), time.monotonic() - start)
 
 
+def run_command(cmd: Sequence[Any], timeout: float, env: Optional[Dict[str, str]] = None) -> Run:
+    """One command, in a session of its own: on a timeout every process it started is
+    killed too, and the output so far is in the error."""
+    return _launch([list(map(str, cmd))], [_env(env)], timeout)
+
+
 def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
             env: Optional[Dict[str, str]] = None, monitor=None) -> Run:
     """``mpiexec -n N python script args...``; ``-disable-auto-cleanup`` (MPICH) in

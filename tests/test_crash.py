@@ -28,11 +28,23 @@ def check_step(path: Path, step: int) -> None:
     uckpt.verify(path)
 
 
-def run_kills(forks, roots, extra_args, rnd, kills, lines=None, window=0.25):
+def wait_for_a_step(root: Path, timeout: float = 120.0) -> None:
+    """Wait until ``root`` holds a committed checkpoint (a ``step_*`` directory: the
+    commit renames it into place), at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (root.exists() and any(p.startswith("step_") for p in entries(root))):
+        assert time.monotonic() < deadline, f"no checkpoint reached {root} in {timeout} s"
+        time.sleep(0.01)
+
+
+def run_kills(forks, roots, extra_args, rnd, kills, lines=None, window=0.25, first_in=None):
     """Start the saver (forked by ``forks``, the fork server of conftest.py), kill it at a
     random moment (up to ``window`` seconds after it is ready), ``kills`` times; yield the
     newest step it reported as committed after each kill (``lines``: gets every line it
-    printed, with its newline: the last line of a round has none where the kill tore it)."""
+    printed, with its newline: the last line of a round has none where the kill tore it).
+    ``first_in``: a root the saver copies to in the background (a durable tier); a round
+    draws its kill moment only once that root holds a checkpoint, so a copy at idle
+    priority on a loaded machine cannot miss every window."""
     last, interrupted = 0, 0
     for i in range(kills):
         p = forks.popen([SAVER, *roots, *extra_args], stdout=subprocess.PIPE)
@@ -42,6 +54,8 @@ def run_kills(forks, roots, extra_args, rnd, kills, lines=None, window=0.25):
             printed.append(p.stdout.readline())
             assert printed[0].split()[:2] == ["committed", "1"]
             last = 1
+        if first_in is not None:
+            wait_for_a_step(first_in)
         time.sleep(rnd.uniform(0.0, window))
         p.send_signal(signal.SIGKILL)
         printed += p.stdout.read().splitlines(keepends=True)
@@ -79,7 +93,7 @@ def test_sigkill_async_saves_with_two_tiers(tmp_path, saver_forks):
     fast, durable = tmp_path / "fast", tmp_path / "durable"
     previous = 0
     for last in run_kills(saver_forks, [fast, durable], ["--async"], random.Random(99),
-                          KILLS // 2):
+                          KILLS // 2, first_in=durable):
         mgr = uckpt.CheckpointManager(tiers=[fast, durable])
         # up to max_inflight saves committed but not yet reported
         assert last <= mgr.latest_step() <= max(last, previous) + 2
