@@ -73,7 +73,8 @@ def test_staging_is_reused_and_bounded(tmp_path):
     state = {"a": np.ones(300_000, np.float32), "b": np.ones((100, 100))}
     arenas = set()
     for i in range(20):
-        h = saver.submit(flatten(state), lambda f: sum(a.nbytes for a in f.arrays.values()), f"job {i}")
+        h = saver.submit(flatten(state), lambda s: sum(a.nbytes for a in s.flat.arrays.values()),
+                         f"job {i}")
         assert h.wait() == 1_280_000
         arenas.update(id(a) for a in saver.pool._free)
     assert len(saver.pool._free) <= 2 and len(arenas) <= 2

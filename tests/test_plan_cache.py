@@ -10,6 +10,7 @@ import pytest
 
 import uckpt
 from uckpt.saving.collective import finish_collective, prepare_collective, save_collective
+from uckpt.saving.staging import Snapshot
 from uckpt.comm.base import encode
 from uckpt.errors import StateMismatchError
 from uckpt.storage import locate
@@ -242,7 +243,7 @@ def test_a_reused_plan_exchanges_a_small_record_per_rank(tmp_path):
             before = c.received
             p = prepare_collective(store, f"step{step}", flat, c, step=step, cache=cache)
             received.append(c.received - before)
-            finish_collective(p, flat, c)
+            finish_collective(p, Snapshot(flat), c)
         return received
 
     size = 4

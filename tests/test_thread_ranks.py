@@ -12,6 +12,7 @@ import pytest
 import uckpt
 from conftest import entries
 from uckpt.saving.collective import finish_collective, prepare_collective
+from uckpt.saving.staging import Snapshot
 from uckpt.errors import (CollectiveTimeoutError, DistributedError, StateMismatchError,
                           UnsupportedObjectError)
 from uckpt.storage import locate
@@ -144,7 +145,7 @@ def test_error_while_one_rank_writes_reaches_all_and_commits_nothing(tmp_path, s
     def body(comm):
         flat = flatten(state_of(comm.rank, size), rank=comm.rank)
         prepared = prepare_collective(store, name, flat, comm, step=1)
-        staged = OSError(28, "No space left on device") if comm.rank == 1 else flat
+        staged = OSError(28, "No space left on device") if comm.rank == 1 else Snapshot(flat)
         return finish_collective(prepared, staged, comm)
 
     out = run_ranks(size, body)

@@ -53,7 +53,7 @@ from .plan_cache import VOTE_WIDTH, PlanCache, structure_key, values_check
 from ..loading.reader import CheckpointReader
 from .recode import recode_files, recoded_manifest, target_bases
 from ..storage.save_errors import raise_save_failure
-from .staging import snapshot, snapshot_share
+from .staging import Snapshot, snapshot, snapshot_share
 from ..storage.base import CheckpointSink, Store
 from ..tree.flatten import FlatState, flatten
 from ..codecs.pipeline import Compression
@@ -81,7 +81,7 @@ def save_collective(store: Store, name: str, flat: Union[FlatState, BaseExceptio
                                   baseline=baseline, on_commit=on_commit, cache=cache)
     assert isinstance(flat, FlatState)
     try:  # device arrays to host memory (host arrays are written in place)
-        staged: Union[FlatState, BaseException] = snapshot(flat, None).ready()
+        staged: Union[Snapshot, BaseException] = snapshot(flat, None).ready()
     except Exception as e:  # noqa: BLE001 - reported to the other ranks in the write step
         staged = e
     return finish_or_redo(prepared, staged, comm)
@@ -229,10 +229,11 @@ def _plan(gathered: List[Dict[str, Any]], meta: Dict[str, Any], comm: Communicat
                        chunk_bytes=options.chunk_bytes, alignment=options.alignment)
 
 
-def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], comm: Communicator):
+def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], comm: Communicator):
     """Collective, steps 2 and 3 (write, commit), over ``comm`` (the plan's ranks, e.g. a
-    background duplicate). ``staged`` is this rank's data (a snapshot of its share, or
-    the flat state), or the error the snapshot failed with. Returns the location."""
+    background duplicate). ``staged`` is this rank's data (a snapshot of its share, or of
+    every array: ``Snapshot(flat)`` writes host arrays in place), or the error the snapshot
+    failed with. Returns the location."""
     sink, gp, start = p.sink, p.plan, time.perf_counter()
     where = p.store.location(p.name)
     file, size = gp.plan.file_sizes[comm.rank]
@@ -245,7 +246,7 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
                 mine = gp.plan.for_rank(comm.rank)
                 file_image = staged.file_images.get(file)
                 if p.baseline is None:
-                    chunk_of = write_data_file(sink, file, size, mine, staged.arrays,
+                    chunk_of = write_data_file(sink, file, size, mine, staged.flat.arrays,
                                                file_image=file_image, starts=gp.starts,
                                                compression=p.options.codec,
                                                alignment=p.options.alignment)
@@ -253,8 +254,9 @@ def finish_collective(p: PreparedSave, staged: Union[FlatState, BaseException], 
                 else:
                     baseline = used["baseline"] = p.baseline()
                     check_bases(p.store, p.name, baseline)
-                    chunks = write_changed(sink, file, mine, staged.arrays, file_image, gp.starts,
-                                           baseline, p.options.codec, p.options.alignment)
+                    chunks = write_changed(sink, file, mine, staged.flat.arrays, file_image,
+                                           gp.starts, baseline, p.options.codec,
+                                           p.options.alignment)
             except BaseException as e:
                 raise_save_failure(e, f"{p.what}: writing {file}", where,
                                    f" ({size} bytes)")
@@ -389,7 +391,7 @@ def _to_committer(comm: Communicator, write: Callable[[], Dict[str, Any]], p: Pr
     return gathered, several, _Sizes(comm, wanted and not several)
 
 
-def finish_or_redo(p: PreparedSave, staged: Union[FlatState, BaseException], comm: Communicator):
+def finish_or_redo(p: PreparedSave, staged: Union[Snapshot, BaseException], comm: Communicator):
     """:func:`finish_collective`; in one process, an incremental save that was committed
     referring to bytes found damaged meanwhile (:class:`~uckpt.errors.DamagedBaseError`,
     raised by ``on_commit``) is saved again over itself, from the same ``staged`` data;
@@ -400,7 +402,7 @@ def finish_or_redo(p: PreparedSave, staged: Union[FlatState, BaseException], com
         if comm.size > 1 or isinstance(staged, BaseException):
             raise
         log.warning("%s; saving it again, in full", e)
-        again = prepare_collective(p.store, p.name, staged, comm, step=p.step,
+        again = prepare_collective(p.store, p.name, staged.flat, comm, step=p.step,
                                    metadata=p.metadata, overwrite=True, what=p.what,
                                    options=p.options, baseline=p.baseline,
                                    on_commit=p.on_commit)

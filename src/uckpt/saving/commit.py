@@ -48,16 +48,16 @@ def write_checkpoint(directory, flat: FlatState, *, step: Optional[int] = None,
                      metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                      storage_options=None, options: SaveOptions = DEFAULT,
                      read_chunk: Optional[Callable[[WriteItem], Any]] = None):
-    """Write every data file of ``flat``'s plan (default: one file, laid out as ``options``
-    say) from this process, its chunks compressed as they say, and commit; returns the checkpoint's
+    """Write every data file of ``flat`` (one file, laid out as ``options`` say) from this
+    process, its chunks compressed as they say, and commit; returns the checkpoint's
     location (a Path, or a URL). With ``read_chunk(item) -> raw bytes`` each item's bytes
     are fetched only when it is written (a few at a time); ``flat.arrays`` then need only
     ``dtype`` and ``shape``."""
     metadata = check_metadata(metadata)
     check_step(step)
     store, name = locate(directory, storage_options)
-    plan = flat.plan or plan_save(metas(flat.arrays), chunk_bytes=options.chunk_bytes,
-                                  alignment=options.alignment)
+    plan = plan_save(metas(flat.arrays), chunk_bytes=options.chunk_bytes,
+                     alignment=options.alignment)
     compression = options.codec
     where = store.location(name)
     sink = None
@@ -70,7 +70,6 @@ def write_checkpoint(directory, flat: FlatState, *, step: Optional[int] = None,
                                             compression, options.alignment)
             else:
                 written = write_data_file(sink, file, size, plan.for_rank(rank), flat.arrays,
-                                          file_image=flat.file_images.get(file),
                                           compression=compression, alignment=options.alignment)
             chunks.update(written)
             sizes.append(size if compression is None and read_chunk is None

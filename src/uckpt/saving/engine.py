@@ -124,9 +124,10 @@ class AsyncSaver:
         self._handles: list = []
         self._lock = threading.Lock()
 
-    def submit(self, flat: FlatState, job: Callable[[FlatState], Any], description: str,
+    def submit(self, flat: FlatState, job: Callable[[Snapshot], Any], description: str,
                make_snapshot: Optional[Callable[[StagingPool], Snapshot]] = None) -> SaveHandle:
-        """``make_snapshot(pool)``, if given, makes the snapshot (default: every array of
+        """Snapshot ``flat`` and run ``job(snapshot)`` on the background runner;
+        ``make_snapshot(pool)``, if given, makes the snapshot (default: every array of
         ``flat``)."""
         snap: Snapshot = make_snapshot(self.pool) if make_snapshot else \
             snapshot(flat, self.pool)  # the only blocking part

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -128,20 +128,28 @@ def _layout(flat: FlatState, plan: SavePlan) -> Tuple[Dict[str, int], int, bool]
 
 
 class Snapshot:
-    """A flattened state whose arrays live in an arena (or in fresh host memory)."""
+    """A flattened state whose arrays live in an arena (or in fresh host memory).
 
-    def __init__(self, flat: FlatState, waits: List[Any], arena: Optional[Arena], pool) -> None:
+    ``flat`` is the flat state with its arrays replaced by their staged copies;
+    ``file_images``: data file name -> the arena laid out byte for byte as that file
+    under ``plan`` (empty where the arena is not a data file's image)."""
+
+    def __init__(self, flat: FlatState, plan: Optional[SavePlan] = None,
+                 file_images: Optional[Dict[str, np.ndarray]] = None, waits: Sequence[Any] = (),
+                 arena: Optional[Arena] = None, pool: Optional[StagingPool] = None) -> None:
         self.flat = flat
-        self._waits = waits
+        self.plan = plan
+        self.file_images: Dict[str, np.ndarray] = dict(file_images or {})
+        self._waits = list(waits)
         self._arena = arena
         self._pool = pool
 
-    def ready(self) -> FlatState:
+    def ready(self) -> "Snapshot":
         """Wait for asynchronous device copies; then the arrays may be read."""
         for w in self._waits:
             w.synchronize()
         self._waits = []
-        return self.flat
+        return self
 
     def release(self) -> None:
         if self._pool is not None:
@@ -157,7 +165,7 @@ def snapshot(flat: FlatState, pool: Optional[StagingPool], guard=None) -> Snapsh
     """
     if pool is None:
         return _materialize(flat)
-    plan = flat.plan or plan_save(metas(flat.arrays))
+    plan = plan_save(metas(flat.arrays))
     offsets, size, is_file_image = _layout(flat, plan)
     allocator = next((a.allocator for a in flat.arrays.values()
                       if isinstance(a, DeviceArray) and a.allocator is not None), None)
@@ -171,8 +179,8 @@ def snapshot(flat: FlatState, pool: Optional[StagingPool], guard=None) -> Snapsh
         pool.release(arena)
         raise
     file_images = {data_file_name(0): buf[:round_up(size)]} if is_file_image else {}
-    return Snapshot(dataclasses.replace(flat, arrays=dict(zip(paths, views)), plan=plan,
-                                        file_images=file_images), waits, arena, pool)
+    return Snapshot(dataclasses.replace(flat, arrays=dict(zip(paths, views))), plan, file_images,
+                    waits, arena, pool)
 
 
 def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str, tuple],
@@ -183,7 +191,7 @@ def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str,
     :class:`uckpt.saving.late.LateGuard`) defers the copies of the arrays it covers."""
     if any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
         snap = snapshot(flat, pool, guard)
-        snap.flat = dataclasses.replace(snap.flat, file_images={}, plan=None)
+        snap.plan, snap.file_images = None, {}  # every array, not the share's data file
         return snap
     file, size = plan.file_sizes[rank]
     arena = pool.acquire(round_up(size))
@@ -199,8 +207,7 @@ def snapshot_share(flat: FlatState, plan: SavePlan, rank: int, starts: Dict[str,
     except BaseException:
         pool.release(arena)
         raise
-    staged = dataclasses.replace(flat, plan=plan, file_images={file: buf[:round_up(size)]})
-    return Snapshot(staged, waits, arena, pool)
+    return Snapshot(flat, plan, {file: buf[:round_up(size)]}, waits, arena, pool)
 
 
 def _fill(buf: np.ndarray, size: int, places, guard=None) -> Tuple[List[np.ndarray], List[Any]]:
@@ -224,14 +231,14 @@ def _fill(buf: np.ndarray, size: int, places, guard=None) -> Tuple[List[np.ndarr
 def _materialize(flat: FlatState) -> Snapshot:
     """Synchronous saves write straight from live host memory; device arrays are copied."""
     if not any(isinstance(a, DeviceArray) for a in flat.arrays.values()):
-        return Snapshot(flat, [], None, None)
+        return Snapshot(flat)
     arrays, jobs = dict(flat.arrays), []
     for path, arr in flat.arrays.items():
         if isinstance(arr, DeviceArray):
             arrays[path] = np.empty(arr.shape, arr.dtype)
             jobs.append((arr, arrays[path]))
     waits = _copy_all(jobs)
-    return Snapshot(dataclasses.replace(flat, arrays=arrays), waits, None, None)
+    return Snapshot(dataclasses.replace(flat, arrays=arrays), waits=waits)
 
 
 def _copy_all(jobs, guard=None) -> List[Any]:

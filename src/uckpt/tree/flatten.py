@@ -46,9 +46,6 @@ def _where(path_keys: List[str]) -> str:
 class FlatState:
     skeleton: Dict[str, Any]
     arrays: Dict[str, Any] = field(default_factory=dict)  # ndarray, or DeviceArray until staged
-    #: set by a snapshot: the save plan, and each data file's exact bytes (staging arena)
-    plan: Any = None
-    file_images: Dict[str, np.ndarray] = field(default_factory=dict)
     #: sharded leaves (:class:`~uckpt.tree.shard.Shard`): path -> (start, global shape) of the
     #: local array in ``arrays``; every other array is whole
     placements: Dict[str, Any] = field(default_factory=dict)
