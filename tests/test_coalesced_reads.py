@@ -107,7 +107,7 @@ def test_compressed_and_partial_chunks_still_load(tmp_path):
     assert len(uckpt.manifest(path).arrays["rows"].chunks) > 1
     box = np.zeros((10, 256), dtype=np.int32)
     with CheckpointReader(path) as reader:
-        got = reader.read_arrays({"rows": (box, (30, 0)), "t001": None})
+        got = reader.read_arrays({"rows": uckpt.Shard(box, (64, 256), (30, 0)), "t001": None})
     np.testing.assert_array_equal(box, state["rows"][30:40])
     np.testing.assert_array_equal(got["t001"], state["t001"])
     zpath = uckpt.save(tmp_path / "z", state,

@@ -136,7 +136,7 @@ def test_a_load_on_the_same_world_reads_only_its_own_part(tmp_path):
     assert read == {0: 1, 1: 1, 2: 1, 3: 1}
     with CheckpointReader(path, rank=(2, 4)) as reader:  # the reader's own accounting
         box = np.zeros((12, COLS), np.float32)
-        reader.read_arrays({"w": (box, (24, 0)), "bias": None})
+        reader.read_arrays({"w": uckpt.Shard(box, FULL["w"].shape, (24, 0)), "bias": None})
         assert reader.parts_read == ["manifest.part-00002.json"]
         np.testing.assert_array_equal(box, FULL["w"][24:36])
         reader.read_arrays({"bias": None})  # replicated: in the root, no part needed

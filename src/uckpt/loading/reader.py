@@ -38,6 +38,7 @@ from ..format.cover import attach_covering
 from ..format.manifest import MAX_RATIO
 from ..format import part_roots
 from ..runtime.parallel import parallel_map
+from ..tree.shard import Shard
 from .readruns import ChunkRead, flat_chunks, plan_runs, split_whole
 from ..storage import open_source
 from ..storage.base import wrong_size
@@ -149,12 +150,12 @@ class CheckpointReader:
         return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
-    def read_arrays(self, wanted: Mapping[str, "np.ndarray | Tuple[np.ndarray, tuple] | None"]
+    def read_arrays(self, wanted: Mapping[str, "np.ndarray | Shard | None"]
                     ) -> Dict[str, np.ndarray]:
         """Read the arrays named in ``wanted``: path -> an in-place target, None (a new
-        array), or ``(target, start)``: the box of the global array at ``start`` with
-        the target's shape. Only chunks that intersect a wanted box are read (whole, so
-        that their checksums can be verified)."""
+        array), or a :class:`~uckpt.tree.shard.Shard` to read its box into its array (the
+        caller has checked its global shape against the manifest). Only chunks that
+        intersect a wanted box are read (whole, so that their checksums can be verified)."""
         if self.manifest.parts_pending:
             self._attach_parts(wanted)
         plan = []  # (entry, target or None, target_start (None: the whole array), chunks to read)
@@ -165,9 +166,8 @@ class CheckpointReader:
                 plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
                 continue
             target_start = None
-            if isinstance(target, tuple):
-                target, target_start = target
-                target_start = tuple(target_start)
+            if isinstance(target, Shard):
+                target, target_start = target.array, target.offsets
             if target is not None and target_start is None and target.shape != entry.shape:
                 target_start = (0,) * len(entry.shape)
             if target_start is not None and not any(target_start) and target.shape == entry.shape:
@@ -194,8 +194,8 @@ class CheckpointReader:
         m = self.manifest
         boxes: Dict[str, Any] = {}
         for path, target in wanted.items():
-            if isinstance(target, tuple):
-                boxes[path] = (tuple(target[1]), tuple(target[0].shape))
+            if isinstance(target, Shard):
+                boxes[path] = target.box
             elif target is not None and target.shape != m.arrays[path].shape:
                 boxes[path] = ((0,) * len(target.shape), tuple(target.shape))
             else:

@@ -52,7 +52,7 @@ class _Matcher:
     def __init__(self, manifest: Manifest, rank: int = 0) -> None:
         self.m = manifest
         self.rank = rank
-        self.targets: Dict[str, Any] = {}  # path -> array, or (array, start) for a box
+        self.targets: Dict[str, Any] = {}  # path -> array, or a Shard for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
@@ -159,7 +159,7 @@ class _Matcher:
                                      leaf=path)
         check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), path)
         if _writable(obj.array):
-            self.targets[node["path"]] = (obj.array, obj.offsets)
+            self.targets[node["path"]] = obj
         else:
             raise StateMismatchError(f"{path!r}: a Shard's array must be writable and "
                                      "C-contiguous to be loaded into", leaf=path)
@@ -181,7 +181,7 @@ class _Matcher:
             if node["path"] not in self.targets and _writable(targets.array) and \
                     tuple(targets.global_shape) == entry.shape and \
                     targets.array.dtype == dtypes.to_numpy(entry.dtype):
-                self.targets[node["path"]] = (targets.array, targets.offsets)
+                self.targets[node["path"]] = targets
             return
         if kind == "array" and isinstance(targets, np.ndarray):
             self.take(node["path"], targets)

@@ -24,6 +24,7 @@ from ..options import SaveOptions
 from .plan import WriteItem
 from ..loading.reader import CheckpointReader
 from ..tree.flatten import FlatState
+from ..tree.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class _Pieces:
         entry = self.reader.manifest.arrays[item.path]
         out = np.empty(item.shape, dtype=dtypes.to_numpy(entry.dtype))
         with self.lock:  # one source chunk decoded at a time
-            self.reader.read_arrays({item.path: (out, item.start)})
+            self.reader.read_arrays({item.path: Shard(out, entry.shape, item.start)})
         return out.reshape(-1).view(np.uint8)
 
 
