@@ -16,6 +16,8 @@ import chainer.links as L  # noqa: E402
 from chainer import optimizer_hooks, training  # noqa: E402
 from chainer.iterators import SerialIterator  # noqa: E402
 from chainer.training import extensions  # noqa: E402
+import uckpt_chainer.checks  # noqa: E402  (the submodules the tests use by name, imported
+import uckpt_chainer.optim  # noqa: E402  here, not by whichever test happened to run first)
 
 pytestmark = pytest.mark.filterwarnings("ignore:pkg_resources is deprecated")
 
