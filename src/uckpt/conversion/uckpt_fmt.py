@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from typing import Any, Dict, List, Tuple
+from dataclasses import replace
+from functools import partial
+from typing import Any, Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -62,11 +64,14 @@ def check_held(m: Manifest, where: str, limits: Limits) -> None:
 
 
 def read(path, fmt: str = "uckpt", *, streaming: bool = False) -> Tree:
-    """The checkpoint at ``path`` as a tree of lazy leaves. ``streaming``: leaves whose
-    chunks tile them in flat order (:func:`uckpt.loading.readruns.flat_chunks`) can also stream
-    (``Leaf.stream``), and the ``max_ratio`` check is made when an array is read whole,
-    not when the checkpoint is opened (streaming holds a constant, whatever the ratio)."""
-    reader = CheckpointReader(path)
+    """The checkpoint at ``path`` as a tree of lazy leaves. Only the root manifest is read
+    at open (the ``max_ratio`` check needs only its sizes); a leaf's read reads the
+    manifest parts that hold that array (:meth:`CheckpointReader.entry`). ``streaming``:
+    leaves whose chunks tile them in flat order (:func:`uckpt.loading.readruns.flat_chunks`)
+    stream (``Leaf.stream``; any other is read whole and cut), and the ``max_ratio`` check
+    is made when an array is read whole, not when the checkpoint is opened (streaming
+    holds a constant, whatever the ratio)."""
+    reader = CheckpointReader(path, on_demand=True)
     with reading(fmt, reader.close) as tree:
         m = reader.manifest
         where, limits = str(reader.directory), current()
@@ -80,13 +85,18 @@ def read(path, fmt: str = "uckpt", *, streaming: bool = False) -> Tree:
                             limits)
             return reader.read_arrays({name: None})[name]
 
+        def stream(name: str, nbytes: int) -> Iterator[np.ndarray]:
+            entry = reader.entry(name)  # its parts attached: all its chunks are known
+            if flat_chunks(entry) is not None:
+                yield from reader.stream(entry, nbytes)
+                return
+            yield from replace(cache[name], stream=None).blocks(nbytes)  # read whole, cut
+
         def leaf_of(name: str) -> Leaf:
             if name not in cache:
-                entry = m.arrays[name]
-                stream = (lambda nbytes, e=entry: reader.stream(e, nbytes)) \
-                    if streaming and flat_chunks(entry) is not None else None
+                entry = m.arrays[name]  # (dtype and shape: the root's; chunks: maybe pending)
                 cache[name] = Leaf(entry.dtype, entry.shape, lambda p=name: whole(p),
-                                   stream=stream)
+                                   stream=partial(stream, name) if streaming else None)
             return cache[name]
 
         metadata = dict(m.metadata)

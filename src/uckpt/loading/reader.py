@@ -68,13 +68,15 @@ class CheckpointReader:
 
     def __init__(self, directory, manifest: Optional[Manifest] = None, *,
                  storage_options=None, max_bytes: Optional[int] = None,
-                 rank: Optional[Tuple[int, int]] = None) -> None:
+                 rank: Optional[Tuple[int, int]] = None, on_demand: bool = False) -> None:
         """``manifest``: one already read (e.g. the source's, for a copy not yet committed);
         ``max_bytes``: the most bytes of new arrays :meth:`read_arrays` allocates (None: the
         memory available, :mod:`uckpt.runtime.memory`); ``rank``: ``(rank, world size)`` of a
         reader that loads only its share: the manifest's parts are then read on demand,
         only those that cover what :meth:`read_arrays` reads (its own part first), and
-        ``parts_read`` lists them."""
+        ``parts_read`` lists them. ``on_demand``: the same for a reader that is no rank of a
+        job (the lazy reader): the root alone is read at open, and the parts holding an
+        array when it is read (:meth:`read_arrays`, :meth:`entry`)."""
         self.max_bytes = max_bytes
         self.rank = rank
         self.parts_read: List[str] = []
@@ -85,7 +87,7 @@ class CheckpointReader:
         self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:
             self.manifest = manifest if manifest is not None else \
-                manifest_io.read_root(self.source) if rank is not None else \
+                manifest_io.read_root(self.source) if rank is not None or on_demand else \
                 manifest_io.read(self.source)
         except BaseException:
             self.close()
@@ -150,6 +152,13 @@ class CheckpointReader:
         return (min(cut)[1], min(cut)[0]) if cut else None
 
     # -- reading -------------------------------------------------------------------------------
+    def entry(self, path: str) -> ArrayEntry:
+        """Array ``path``'s entry with all its chunks: the pending manifest parts that hold
+        it are read first (its dtype and shape, in the root, need none)."""
+        if self.manifest.parts_pending:
+            self._attach_parts({path: None})
+        return self.manifest.arrays[path]
+
     def read_arrays(self, wanted: Mapping[str, "np.ndarray | Shard | None"]
                     ) -> Dict[str, np.ndarray]:
         """Read the arrays named in ``wanted``: path -> an in-place target, None (a new
@@ -204,9 +213,9 @@ class CheckpointReader:
         read = attach_covering(m, boxes, lambda e: manifest_io.part_bytes(self.source, e),
                                rank, world)
         self.parts_read += [m.parts[k].file for k in read]
-        log.info("rank %d of %d read %d of %d manifest part(s) of %s (%d bytes) for %d "
-                 "array(s)", rank, world, len(read), len(m.parts), self.source.where,
-                 sum(m.parts[k].size for k in read), len(boxes))
+        log.info("%s read %d of %d manifest part(s) of %s (%d bytes) for %d array(s)",
+                 f"rank {rank} of {world}" if self.rank else "an on-demand reader", len(read),
+                 len(m.parts), self.source.where, sum(m.parts[k].size for k in read), len(boxes))
 
     def _read_planned(self, plan: list) -> Dict[str, np.ndarray]:
         """Allocate the new arrays of ``plan`` (checked by :meth:`read_arrays`) and read."""
