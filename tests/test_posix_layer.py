@@ -308,3 +308,42 @@ def test_a_base_whose_manifest_is_a_symlink_is_not_committed(tmp_path):
                              r"committed: manifest '.*step_1/manifest\.json' is a symbolic link "
                              r"\(to '.*real\.json'\), not a regular file"):
         layer(tmp_path).source("step_2").sibling("step_1")
+
+
+def test_a_listing_names_symlinked_steps_and_odd_entries_as_local_roots_did(tmp_path):
+    """A symlink named like a step is a LINK entry (never followed); a checkpoint whose
+    manifest or data file is a FIFO, or whose manifest is a directory, is a damaged
+    checkpoint naming what stands there, not a save in progress."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    for ck in (root / "step_00000001", root / "step_00000002", outside):
+        uckpt.save(ck, {"w": np.arange(4, dtype=np.float32)})
+    os.symlink(outside, root / "step_00000005")
+    data = root / "step_00000001" / "data-00000.bin"
+    data.unlink()
+    os.mkfifo(data)
+    manifest = root / "step_00000002" / "manifest.json"
+    manifest.unlink()
+    manifest.mkdir()
+    store = layer(root)
+    entries = {e.name: e for e in store.entries()}
+    link = entries["step_00000005"]
+    assert link.kind == "link" and link.step == 5
+    assert link.reason == (f"a symbolic link (to {str(outside)!r}), not a checkpoint "
+                           "directory: not followed")
+    assert entries["step_00000001"].kind == "checkpoint"
+    assert entries["step_00000001"].not_plain == {"data-00000.bin": "a FIFO (named pipe)"}
+    assert entries["step_00000002"].kind == "checkpoint"
+    assert entries["step_00000002"].not_plain == {"manifest.json": "a directory"}
+    assert store.has("step_00000002") and store.steps() == [1, 2]
+
+
+def test_a_listing_walks_a_tree_deeper_than_pythons_recursion_limit(tmp_path):
+    deep = tmp_path
+    for _ in range(sys.getrecursionlimit() + 100):
+        deep = deep / "d"
+        deep.mkdir()  # relative to its parent: no path grows past PATH_MAX
+    (deep / "x").write_bytes(b"12345")
+    ((key, size),) = PosixStore(tmp_path).list()
+    assert key.endswith("/d/x") and key.count("d/") == sys.getrecursionlimit() + 100
+    assert size == 5
+

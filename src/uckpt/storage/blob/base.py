@@ -385,6 +385,13 @@ class BlobStore(abc.ABC):
     def list_dir(self, prefix: str = "") -> Listing:
         """The keys and sub-prefixes directly below ``prefix``."""
 
+    def others(self, prefix: str = "") -> dict[str, str]:
+        """What else stands directly below ``prefix`` (neither an object nor a prefix), by
+        full key, said in words: on a store of local files ``"a FIFO (named pipe)"``,
+        ``"a symbolic link (to 'x')"``; never read nor followed. This default: nothing (a
+        store that holds only objects)."""
+        return {}
+
     # --- writing ------------------------------------------------------------------------
     @abc.abstractmethod
     def open_writer(self, key: str) -> BlobWriter:

@@ -210,6 +210,19 @@ class PosixStore(BlobStore):
             os.close(fd)
         return Listing(sorted(keys), sorted(prefixes))
 
+    def others(self, prefix: str = "") -> dict[str, str]:
+        """Symbolic links, FIFOs, devices, sockets: each named as it is, none followed."""
+        prefix = check_prefix(prefix)
+        fd = self._prefix_dir(prefix)
+        if fd is None:
+            return {}
+        try:
+            return {prefix + e.name: _kind(e, fd) for e in entries(fd)
+                    if not e.is_file(follow_symlinks=False)
+                    and not e.is_dir(follow_symlinks=False)}
+        finally:
+            os.close(fd)
+
     # --- writing ----------------------------------------------------------------------------
     def open_writer(self, key: str) -> BlobWriter:
         return _Writer(self, key)
@@ -409,6 +422,16 @@ def _linked(fd: int, dir_fd: int, name: str) -> bool:
         return False
     mine = os.fstat(fd)
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _kind(entry: os.DirEntry[str], dir_fd: int) -> str:
+    """What ``entry`` (neither a regular file nor a directory) is, in words."""
+    if entry.is_symlink():
+        return fsutil.link_kind(entry.name, dir_fd)
+    try:
+        return fsutil.kind_of(entry.stat(follow_symlinks=False).st_mode)
+    except OSError:
+        return "an entry that could not be examined"
 
 
 def _hidden(what: str) -> str:

@@ -109,20 +109,38 @@ def entries(fd: int) -> list[os.DirEntry[str]]:
 
 def walk(fd: int, prefix: str) -> Iterator[tuple[str, int]]:
     """Every regular file below the directory ``fd`` (closed when done) as ``(key, size)``,
-    keys starting with ``prefix``; symbolic links and other entries are left out."""
+    keys starting with ``prefix``; symbolic links and other entries are left out. A stack,
+    not recursion: a tree however deep cannot exhaust Python's stack (one descriptor per
+    level is open, as recursion held)."""
+    stack = [(fd, prefix, _level(fd))]
     try:
-        for entry in entries(fd):
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue  # removed since the directory was read
-            if stat.S_ISREG(st.st_mode):
-                yield prefix + entry.name, st.st_size
-            elif stat.S_ISDIR(st.st_mode):
+        while stack:
+            fd, prefix, names = stack[-1]
+            for name, size in names:
+                if size is not None:
+                    yield prefix + name, size
+                    continue
                 try:
-                    sub = fsutil.open_dir(entry.name, dir_fd=fd, follow_symlinks=False)
+                    sub = fsutil.open_dir(name, dir_fd=fd, follow_symlinks=False)
                 except (CheckpointNotFoundError, NotACheckpointError):
                     continue  # removed or replaced meanwhile
-                yield from walk(sub, prefix + entry.name + "/")
+                stack.append((sub, prefix + name + "/", _level(sub)))
+                break
+            else:
+                os.close(stack.pop()[0])
     finally:
-        os.close(fd)
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _level(fd: int) -> Iterator[tuple[str, int | None]]:
+    """The regular files (name, size) and directories (name, None) in directory ``fd``."""
+    for entry in entries(fd):
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # removed since the directory was read
+        if stat.S_ISREG(st.st_mode):
+            yield entry.name, st.st_size
+        elif stat.S_ISDIR(st.st_mode):
+            yield entry.name, None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, List, Optional
 
-from ..base import CHECKPOINT, STALE, TEMPORARY, Entry, step_of
+from ..base import CHECKPOINT, LINK, STALE, TEMPORARY, Entry, step_of
 from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
 
 if TYPE_CHECKING:
@@ -19,20 +19,25 @@ def is_prefix(blob: BlobStore, prefix: str) -> bool:
     return prefix in blob.list_dir(parent + "/" if parent else "").prefixes
 
 
-def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int]) -> Entry:
-    """The entry of child ``name`` whose keys below it are ``keys`` (relative: size)."""
+def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int], sub: str) -> Entry:
+    """The entry of child ``name`` (at prefix ``sub``) whose keys below it are ``keys``
+    (relative: size)."""
     files = {k: n for k, n in keys.items() if "/" not in k}
     below = {k.partition("/")[0] for k in keys if "/" in k}
+    if store.blob.local_files:  # directories, even empty, and entries that are no objects
+        not_plain = {p[len(sub):-1]: "a directory" for p in store.blob.list_dir(sub).prefixes}
+        not_plain.update((k[len(sub):], kind) for k, kind in store.blob.others(sub).items())
+    else:
+        not_plain = {b: "a prefix holding further objects" for b in sorted(below)}
     entry = Entry(name, CHECKPOINT, store.at(name), step=step_of(name),
-                  size=sum(keys.values()), files=files,
-                  not_plain={b: "a prefix holding further objects" for b in sorted(below)})
+                  size=sum(keys.values()), files=files, not_plain=not_plain)
     m = HIDDEN.match(name)
     if m:
         entry.step = step_of(m.group(1))
         entry.kind = TEMPORARY if m.group(2) == TMP_MARK else STALE
         entry.reason = ("what a save in progress or interrupted wrote" if entry.kind == TEMPORARY
                         else "what an interrupted deletion or overwrite left")
-    elif MANIFEST_NAME not in files:
+    elif MANIFEST_NAME not in files and MANIFEST_NAME not in not_plain:
         entry.kind = TEMPORARY  # the manifest is the commit (docs/format.md section 2)
         entry.reason = "objects of a save in progress or interrupted (no manifest)"
     return entry
@@ -47,10 +52,25 @@ def entries(store: BlobCheckpointStore) -> List[Entry]:
         if step_of(name) is None and not HIDDEN.match(name) and not store.has(name):
             continue
         keys = {k[len(sub):]: n for k, n in store.blob.list(sub)}
-        entry = _entry(store, name, keys)
+        entry = _entry(store, name, keys, sub)
         if entry.kind == CHECKPOINT or entry.step is not None:
             out.append(entry)
-    return out
+    for key, kind in store.blob.others(store.prefix).items():
+        link = _link(store, key[len(store.prefix):], kind)
+        if link is not None:
+            out.append(link)
+    return sorted(out, key=lambda e: e.name)
+
+
+def _link(store: BlobCheckpointStore, name: str, kind: str) -> Optional[Entry]:
+    """A symbolic link named like a checkpoint: listed, never followed (what else is
+    not a directory in a root is no checkpoint: left out)."""
+    m = HIDDEN.match(name)
+    step = step_of(m.group(1) if m else name)
+    if not kind.startswith("a symbolic link") or (step is None and not m):
+        return None
+    return Entry(name, LINK, store.at(name), step=step,
+                 reason=f"{kind}, not a checkpoint directory: not followed")
 
 
 def itself(store: BlobCheckpointStore) -> Optional[Entry]:
@@ -58,7 +78,7 @@ def itself(store: BlobCheckpointStore) -> Optional[Entry]:
         return None
     keys = {k[len(store.prefix):]: n for k, n in store.blob.list(store.prefix)}
     name = (store.prefix[:-1] or store.where).rpartition("/")[2]
-    entry = _entry(store, name, keys)
+    entry = _entry(store, name, keys, store.prefix)
     entry.where = store.where
     return entry
 

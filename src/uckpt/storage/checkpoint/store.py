@@ -97,10 +97,15 @@ class BlobCheckpointStore(base.Store):
         return [s for s in steps if s not in hidden_] if hidden_ else steps
 
     def has(self, name: str) -> bool:
+        """Also where something else stands at the manifest's name (a FIFO, a symlink, a
+        directory of local files): a damaged checkpoint, which loading names as such."""
+        key = self.key(name, MANIFEST_NAME)
         try:
-            return self.blob.exists(self.key(name, MANIFEST_NAME))
+            if self.blob.exists(key):
+                return True
         except NotRegularFileError:
-            return True  # a damaged checkpoint: loading it names what stands there
+            return True
+        return self.blob.local_files and listing.is_prefix(self.blob, key + "/")
 
     def files_present(self, name: str, files: Sequence[str]) -> bool:
         """Without a rename every rank sees the same objects; else ask for each."""
