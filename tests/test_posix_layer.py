@@ -17,6 +17,7 @@ import pytest
 import uckpt
 from uckpt import errors
 from uckpt.codecs.checksum import crc32c, format_checksum
+from uckpt.loading.reader import CheckpointReader
 from uckpt.storage.blob.posix import PosixStore
 from uckpt.storage.checkpoint import BlobCheckpointStore
 from uckpt.storage.readback import block_buffer, stored_checksum
@@ -347,3 +348,8 @@ def test_a_listing_walks_a_tree_deeper_than_pythons_recursion_limit(tmp_path):
     assert key.endswith("/d/x") and key.count("d/") == sys.getrecursionlimit() + 100
     assert size == 5
 
+
+def test_a_reader_of_a_local_checkpoint_names_it_by_a_path(tmp_path):
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(4, dtype=np.float32)})
+    with CheckpointReader(layer(tmp_path).source("step_1")) as reader:
+        assert reader.directory == tmp_path / "step_1"

@@ -81,8 +81,7 @@ class CheckpointReader:
         self.rank = rank
         self.parts_read: List[str] = []
         self.source = open_source(directory, storage_options)
-        self.directory = self.source.directory if hasattr(self.source, "directory") \
-            else self.source.where
+        self.directory = self.source.location
         self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
         self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
         try:

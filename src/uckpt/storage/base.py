@@ -99,6 +99,12 @@ class CheckpointSource:
     read_threads: int = 1
     verify_threads: int = 1
 
+    @property
+    def location(self) -> Union[Path, str]:
+        """Where the checkpoint is, as :meth:`Store.location` says it: a
+        :class:`~pathlib.Path` in the local file system, else its URL."""
+        return self.where
+
     def manifest_bytes(self) -> bytes:
         """The manifest's exact bytes, read up to the manifest size cap (+1 byte to tell).
         Raises NotACheckpointError if there is none, ManifestError if it is too large."""

@@ -96,6 +96,10 @@ class LocalSource(CheckpointSource):
         self._fds: Dict[str, int] = {}
         self.dir_fd = fsutil.open_dir(self.directory) if dir_fd is None else dir_fd
 
+    @property
+    def location(self) -> Path:
+        return self.directory
+
     def sibling(self, name: str) -> "LocalSource":
         """The checkpoint directory ``name`` beside this one (a base of an incremental
         checkpoint): opened relative to the parent directory, never through a symlink."""

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Dict, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Dict, Sequence, Union
 
 from ... import knobs
 from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
@@ -27,6 +28,10 @@ class BlobSource(base.CheckpointSource):
         self.coalesce = blob.vectored_reads
         self._readers: Dict[str, BlobReader] = {}
         self._lock = threading.Lock()
+
+    @property
+    def location(self) -> Union[Path, str]:
+        return Path(self.where) if self.blob.local_files else self.where
 
     def _missing(self) -> NotACheckpointError:
         return NotACheckpointError(
