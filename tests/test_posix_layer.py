@@ -353,3 +353,23 @@ def test_a_reader_of_a_local_checkpoint_names_it_by_a_path(tmp_path):
     uckpt.save(tmp_path / "step_1", {"w": np.arange(4, dtype=np.float32)})
     with CheckpointReader(layer(tmp_path).source("step_1")) as reader:
         assert reader.directory == tmp_path / "step_1"
+
+
+@pytest.fixture
+def tiny_fs(tmp_path):
+    from conftest import mount_tmpfs
+
+    yield from mount_tmpfs(tmp_path / "tiny", "1m")
+
+
+def test_a_held_writer_lock_lets_its_file_system_be_remounted_read_only(tiny_fs):
+    """The lock keeps no file open for writing (its holder's record was written and the
+    file closed again): a tier remounted read-only under a live writer is not "busy"."""
+    lock = layer(tiny_fs / "root").writer_lock("job1", shared=False)
+    assert lock.try_acquire() is None
+    try:
+        assert json.loads((tiny_fs / "root" / ".uckpt-writer.lock").read_bytes())["job"] == "job1"
+        subprocess.run(["mount", "-o", "remount,ro", str(tiny_fs)], check=True)
+        subprocess.run(["mount", "-o", "remount,rw", str(tiny_fs)], check=True)
+    finally:
+        lock.release()

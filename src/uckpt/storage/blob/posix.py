@@ -393,7 +393,9 @@ class PosixStore(BlobStore):
         dir_fd, name = self._parent(key, create=True)
         try:
             while True:
-                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                # read-only: a held lock keeps no file open for writing (a file system
+                # remounted read-only under a live writer would be "busy")
+                fd = os.open(name, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
                              | os.O_NONBLOCK, 0o644, dir_fd=dir_fd)
                 try:
                     fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
@@ -408,7 +410,7 @@ class PosixStore(BlobStore):
                                           path=self.where(key),
                                           hint="wait for its holder to release it") from None
                 if _linked(fd, dir_fd, name):
-                    return _Lock(fd)
+                    return _Lock(fd, os.dup(dir_fd), name)
                 os.close(fd)  # removed between the open and the lock: open it anew
         finally:
             os.close(dir_fd)
@@ -543,17 +545,28 @@ class _CutShort(Exception):
 
 
 class _Lock(BlobLock):
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    """The ``flock`` held on the read-only descriptor ``fd`` of file ``name`` in the
+    directory ``dir_fd`` (both owned)."""
+
+    def __init__(self, fd: int, dir_fd: int, name: str) -> None:
+        self._fd, self._dir_fd, self._name = fd, dir_fd, name
 
     def release(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)  # drops the flock
-            self._fd = -1
+            os.close(self._dir_fd)
+            self._fd = self._dir_fd = -1
 
     def note(self, data: bytes) -> None:
         """One ``pwrite`` into the locked file itself (a new file renamed over it would
-        not be the locked one), then cut to its length."""
-        if self._fd >= 0:
-            os.pwrite(self._fd, data, 0)
-            os.ftruncate(self._fd, len(data))
+        not be the locked one), then cut to its length; opened for writing only for it."""
+        if self._fd < 0:
+            return
+        out = os.open(self._name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                      dir_fd=self._dir_fd)
+        try:
+            if os.path.sameopenfile(out, self._fd):
+                os.pwrite(out, data, 0)
+                os.ftruncate(out, len(data))
+        finally:
+            os.close(out)
