@@ -373,3 +373,29 @@ def test_a_held_writer_lock_lets_its_file_system_be_remounted_read_only(tiny_fs)
         subprocess.run(["mount", "-o", "remount,rw", str(tiny_fs)], check=True)
     finally:
         lock.release()
+
+
+def _moved_away(base):
+    away = base.parent.parent / "elsewhere"
+    shutil.move(base, away)
+    os.symlink(away, base)
+
+
+@pytest.mark.parametrize("damage, error, message", [
+    (shutil.rmtree, errors.CheckpointNotFoundError,
+     r"base checkpoint '.*/step_00000001' does not exist"),
+    (_moved_away, errors.NotACheckpointError,
+     r"'.*/step_00000001' is a symbolic link \(to '.*elsewhere'\), not a base checkpoint "
+     "directory"),
+], ids=["deleted", "symlink"])
+def test_a_missing_or_symlinked_base_is_named_as_local_roots_named_it(tmp_path, damage, error,
+                                                                      message):
+    root = tmp_path / "root"
+    w = {"w": np.arange(4096, dtype=np.float32)}
+    with uckpt.CheckpointManager(root, incremental=True) as mgr:
+        mgr.save(1, w)
+        mgr.save(2, dict(w, b=np.ones(3)))
+    assert uckpt.manifest(root / "step_00000002").bases
+    damage(root / "step_00000001")
+    with pytest.raises(error, match=message):
+        uckpt.load(layer(root).source("step_00000002"))

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Sequence, Union
 
 from ... import knobs
-from ...errors import (CheckpointNotFoundError, ManifestError, NotACheckpointError,
-                       NotRegularFileError, StoreNotFoundError)
+from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, ManifestError,
+                       NotACheckpointError, NotRegularFileError, StoreNotFoundError)
 from .. import base, fsutil
 from .listing import is_prefix
 from .names import MANIFEST_NAME
@@ -131,7 +131,14 @@ class BlobSource(base.CheckpointSource):
         except NotRegularFileError as e:
             raise base.uncommitted_base(where, f"manifest {where + '/' + MANIFEST_NAME!r} is "
                                                f"{e.kind}, not a regular file") from None
+        except CorruptCheckpointError:  # local files: the base itself is no directory
+            kind = self.blob.others(prefix[:-len(name) - 1]).get(prefix[:-1], "not reachable")
+            raise NotACheckpointError(f"{where!r} is {kind}, not a base checkpoint directory",
+                                      path=where) from None
         if not there:
+            if self.blob.local_files and not is_prefix(self.blob, prefix):
+                raise CheckpointNotFoundError(f"base checkpoint {where!r} does not exist",
+                                              path=where)
             raise base.uncommitted_base(where, f"it has no {MANIFEST_NAME}")
         return BlobSource(self.blob, prefix, where)
 
