@@ -340,13 +340,20 @@ def test_a_listing_names_symlinked_steps_and_odd_entries_as_local_roots_did(tmp_
 
 def test_a_listing_walks_a_tree_deeper_than_pythons_recursion_limit(tmp_path):
     deep = tmp_path
-    for _ in range(sys.getrecursionlimit() + 100):
-        deep = deep / "d"
-        deep.mkdir()  # relative to its parent: no path grows past PATH_MAX
-    (deep / "x").write_bytes(b"12345")
-    ((key, size),) = PosixStore(tmp_path).list()
-    assert key.endswith("/d/x") and key.count("d/") == sys.getrecursionlimit() + 100
-    assert size == 5
+    try:
+        for _ in range(sys.getrecursionlimit() + 100):
+            deep = deep / "d"
+            deep.mkdir()
+        (deep / "x").write_bytes(b"12345")
+        ((key, size),) = PosixStore(tmp_path).list()
+        assert key.endswith("/d/x") and key.count("d/") == sys.getrecursionlimit() + 100
+        assert size == 5
+    finally:  # bottom up: pytest's own clean-up (shutil.rmtree) recurses and would fail
+        (deep / "x").unlink(missing_ok=True)
+        while deep != tmp_path:
+            if deep.is_dir():
+                deep.rmdir()
+            deep = deep.parent
 
 
 def test_a_reader_of_a_local_checkpoint_names_it_by_a_path(tmp_path):
@@ -399,3 +406,28 @@ def test_a_missing_or_symlinked_base_is_named_as_local_roots_named_it(tmp_path, 
     damage(root / "step_00000001")
     with pytest.raises(error, match=message):
         uckpt.load(layer(root).source("step_00000002"))
+
+
+def test_ranks_sharing_a_node_local_root_are_one_replica(tmp_path):
+    """Ranks whose checkpoint directories differ (node-local storage) each make their own
+    temporary prefix; those that share one directory, through separate store objects,
+    are one replica (else each would commit it: "two savers wrote the same step")."""
+    coordinator = layer(tmp_path / "node0").sink("c", shared=True)
+    joined = [layer(tmp_path / "node1").join_sink("c", coordinator.token) for _ in range(2)]
+    try:
+        assert coordinator.replica() == "coordinator"
+        first, second = (sink.replica() for sink in joined)
+        assert first == second != "coordinator"
+        assert layer(tmp_path / "node0").join_sink("c", coordinator.token).replica() \
+            == "coordinator"
+    finally:
+        for sink in [coordinator] + joined:
+            sink.abort()
+
+
+def test_an_oversized_manifest_is_refused_by_its_size_unread(tmp_path):
+    uckpt.save(tmp_path / "c", {"w": np.arange(4, dtype=np.float32)})
+    os.truncate(tmp_path / "c" / "manifest.json", 2 << 30)  # sparse: 2 GiB of zeros
+    with pytest.raises(errors.ManifestError, match=r"manifest '.*/c/manifest\.json' holds "
+                       rf"{2 << 30} bytes, more than {1 << 30} bytes, the most uckpt reads"):
+        uckpt.load(layer(tmp_path).source("c"))

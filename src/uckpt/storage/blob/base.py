@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import os
+import socket
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
@@ -339,6 +341,12 @@ class BlobStore(abc.ABC):
         store holds whatever is put under it); a store whose root is a directory says
         whether it exists, for it is made by the first write, never by a read."""
         return True
+
+    def copy_of(self, prefix: str) -> str:
+        """A name of the copy of the store that holds ``prefix``, the same for every
+        process and store object that sees that copy (ranks sharing a node-local
+        directory). This default: this store object's own (a copy in this process)."""
+        return f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
 
     def exists(self, key: str) -> bool:
         try:

@@ -17,6 +17,7 @@ import logging
 import mmap
 import os
 import shutil
+import socket
 import stat
 import uuid
 from collections.abc import Callable, Iterator
@@ -71,6 +72,17 @@ class PosixStore(BlobStore):
 
     def root_exists(self) -> bool:
         return self.root.is_dir()
+
+    def copy_of(self, prefix: str) -> str:
+        """This host and the (device, inode) of the directory that holds ``prefix`` (made
+        or not yet): shared by all who see that directory."""
+        parts = [p for p in check_prefix(prefix).split("/") if p][:-1]
+        fd = self._dir(parts, prefix)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        return f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
 
     # --- walking the tree ----------------------------------------------------------------
     def _dir(self, parts: list[str], key: str, create: bool = False) -> int:

@@ -12,8 +12,6 @@ and its commit, chosen by the store's capabilities (docs/format.md section 2):
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Iterable, List, Optional, Tuple
 
@@ -92,7 +90,7 @@ class BlobSink(base.CheckpointSink):
                 self._take_lease()
             except RootLockedError:
                 pass  # another rank of this copy holds it
-        return f"{socket.gethostname()}:{os.getpid()}:{id(self.blob)}"
+        return self.blob.copy_of(self.prefix)
 
     def _key(self, name: str) -> str:
         key = self.prefix + name

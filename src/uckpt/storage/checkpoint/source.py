@@ -43,7 +43,12 @@ class BlobSource(base.CheckpointSource):
     def manifest_bytes(self) -> bytes:
         key, cap = self.prefix + MANIFEST_NAME, base.MAX_MANIFEST_BYTES
         try:
-            buf = bytearray(min(self.blob.size(key), cap) + 1)
+            size = self.blob.size(key)
+            if size > cap:  # refused unread
+                where = self.file_where(MANIFEST_NAME)
+                raise ManifestError(f"manifest {where!r} holds {size} bytes, more than {cap} "
+                                    "bytes, the most uckpt reads for a manifest", path=where)
+            buf = bytearray(size + 1)
             n = self.blob.read_into(key, 0, buf)
         except StoreNotFoundError:
             raise
