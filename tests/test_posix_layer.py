@@ -22,6 +22,8 @@ from uckpt.storage.blob.posix import PosixStore
 from uckpt.storage.checkpoint import BlobCheckpointStore
 from uckpt.storage.readback import block_buffer, stored_checksum
 
+from deep_tree import deep_directory
+
 
 def layer(root):
     return BlobCheckpointStore(PosixStore(root), "", str(root))
@@ -339,21 +341,12 @@ def test_a_listing_names_symlinked_steps_and_odd_entries_as_local_roots_did(tmp_
 
 
 def test_a_listing_walks_a_tree_deeper_than_pythons_recursion_limit(tmp_path):
-    deep = tmp_path
-    try:
-        for _ in range(sys.getrecursionlimit() + 100):
-            deep = deep / "d"
-            deep.mkdir()
-        (deep / "x").write_bytes(b"12345")
+    with deep_directory(str(tmp_path), sys.getrecursionlimit() + 100) as deep:
+        with open(os.path.join(deep, "x"), "wb") as f:
+            f.write(b"12345")
         ((key, size),) = PosixStore(tmp_path).list()
         assert key.endswith("/d/x") and key.count("d/") == sys.getrecursionlimit() + 100
         assert size == 5
-    finally:  # bottom up: pytest's own clean-up (shutil.rmtree) recurses and would fail
-        (deep / "x").unlink(missing_ok=True)
-        while deep != tmp_path:
-            if deep.is_dir():
-                deep.rmdir()
-            deep = deep.parent
 
 
 def test_a_reader_of_a_local_checkpoint_names_it_by_a_path(tmp_path):
