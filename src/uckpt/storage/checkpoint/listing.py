@@ -2,7 +2,7 @@
 :meth:`Store.itself`), from one listing of its keys; nothing is read or changed."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from ..base import CHECKPOINT, LINK, STALE, TEMPORARY, Entry, step_of
 from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
@@ -43,15 +43,33 @@ def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int], sub: str
     return entry
 
 
+def children(store: BlobCheckpointStore) -> Iterator[Tuple[str, str, Dict[str, int]]]:
+    """``(name, prefix, {key below it: size})`` of the root's children that may be
+    checkpoints. Local files: one listing of the root's own entries, then only the
+    children named like a step, hidden by uckpt or holding a manifest are walked (a root
+    may sit beside a large unrelated tree). An object store: one listing of every key
+    below the root, grouped (a request per 1,000 keys; a request per child costs more)."""
+    if store.blob.local_files:
+        for sub in store.blob.list_dir(store.prefix).prefixes:
+            name = sub[len(store.prefix):-1]
+            if step_of(name) is None and not HIDDEN.match(name) and not store.has(name):
+                continue
+            yield name, sub, {k[len(sub):]: n for k, n in store.blob.list(sub)}
+        return
+    grouped: Dict[str, Dict[str, int]] = {}
+    for key, size in store.blob.list(store.prefix):
+        name, sep, rest = key[len(store.prefix):].partition("/")
+        if sep:
+            grouped.setdefault(name, {})[rest] = size
+    for name, keys in sorted(grouped.items()):
+        yield name, f"{store.prefix}{name}/", keys
+
+
 def entries(store: BlobCheckpointStore) -> List[Entry]:
-    """One listing of the root's own entries; below it, only those that may be
-    checkpoints (named like a step, hidden by uckpt, or holding a manifest) are walked."""
+    """The root's checkpoints and uckpt's hidden entries (:func:`children`), and the
+    symbolic links named like a step."""
     out = []
-    for sub in store.blob.list_dir(store.prefix).prefixes:
-        name = sub[len(store.prefix):-1]
-        if step_of(name) is None and not HIDDEN.match(name) and not store.has(name):
-            continue
-        keys = {k[len(sub):]: n for k, n in store.blob.list(sub)}
+    for name, sub, keys in children(store):
         entry = _entry(store, name, keys, sub)
         if entry.kind == CHECKPOINT or entry.step is not None:
             out.append(entry)

@@ -84,14 +84,15 @@ class BlobCheckpointStore(base.Store):
 
     # -- reading -------------------------------------------------------------------------
     def steps(self) -> List[int]:
-        """From one listing of the root's own entries (nothing below them is walked) and
-        a look at each ``step_N``'s manifest."""
-        found = []
-        for sub in self.blob.list_dir(self.prefix).prefixes:
-            name = sub[len(self.prefix):-1]
-            step = base.step_of(name)
-            if step is not None and self.has(name):
-                found.append(step)
+        """The committed ``step_N`` children: on local files from one listing of the
+        root's own entries and a look at each step's manifest; on an object store from one
+        listing of every key below the root (:func:`listing.children`)."""
+        if self.blob.local_files:
+            names = [sub[len(self.prefix):-1] for sub in self.blob.list_dir(self.prefix).prefixes]
+            found = [s for n in names if (s := base.step_of(n)) is not None and self.has(n)]
+        else:
+            found = [s for n, _, keys in listing.children(self)
+                     if (s := base.step_of(n)) is not None and MANIFEST_NAME in keys]
         steps = sorted(found)
         hidden_ = hidden_steps(self) if steps else ()
         return [s for s in steps if s not in hidden_] if hidden_ else steps
