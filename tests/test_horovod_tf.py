@@ -35,6 +35,9 @@ def _horovod_tf_built() -> bool:
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(3600),  # the module's launches run inside its first test
+    # one worker runs the whole module: its module-scoped launches (4 TensorFlow ranks)
+    # were otherwise made once per pytest-xdist worker
+    pytest.mark.xdist_group("horovod_tf"),
     pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec"),
     pytest.mark.skipif(not _horovod_tf_built(),
                        reason="horovod.tensorflow is not built (or tf_keras is missing): "
