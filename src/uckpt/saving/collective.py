@@ -318,8 +318,7 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
                 return  # the lowest rank of this replica commits
             parts: List[Tuple[str, bytes]] = []
             if split:
-                data = own_parts.encode_root_of(manifest(), gp.plan, written, replicated,
-                                                codecs)
+                data = own_parts.encode_root_of(manifest(), written, codecs)
             else:
                 data, parts = encode_manifest_files(manifest())
             try:

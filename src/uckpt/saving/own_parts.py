@@ -88,12 +88,11 @@ def own_record(items: Sequence[WriteItem], chunks: Sequence[Chunk], replicated: 
     return {"part": part, "rows": root_rows}
 
 
-def encode_root_of(head: Manifest, plan: SavePlan, records: Sequence[Dict[str, Any]],
-                   replicated: Set[str], used: Dict[Pipeline, int]) -> bytes:
+def encode_root_of(head: Manifest, records: Sequence[Dict[str, Any]],
+                   used: Dict[Pipeline, int]) -> bytes:
     """The root manifest of ``head`` (tree, array table, files, step, metadata) from the
     ranks' records (:func:`own_record`, in rank order): O(ranks) records and the rows of
-    the replicated arrays, not the plan's items (``plan`` and ``replicated`` are no
-    longer needed; kept for the callers)."""
+    the replicated arrays, not the plan's items."""
     index = _index(head.arrays)
     file_of = {f.rank: f.name for f in head.files.values()}
     root_rows: List[Tuple[int, Chunk]] = []
