@@ -10,7 +10,10 @@ from uckpt.format import FORMAT_VERSION
 from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
 
 WORKER = Path(__file__).with_name("dist_worker.py")
-pytestmark = [pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing"),
+# one pytest-xdist worker runs the whole module: its module-scoped launch ran once per
+# worker otherwise (see docs/testing.md)
+pytestmark = [pytest.mark.xdist_group("compress_distributed"),
+              pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing"),
               pytest.mark.skipif(not HAVE_TORCH, reason="torch missing")]
 
 

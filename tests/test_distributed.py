@@ -15,6 +15,10 @@ import uckpt
 from conftest import entries
 from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
 
+# one pytest-xdist worker runs the whole module: its module-scoped launches ran once per
+# worker otherwise (see docs/testing.md)
+pytestmark = pytest.mark.xdist_group("distributed")
+
 WORKER = Path(__file__).with_name("dist_worker.py")
 needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch missing")

@@ -30,7 +30,10 @@ from tf_resume import weights_digest
 import uckpt  # noqa: E402
 import uckpt.keras  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec")
+# one pytest-xdist worker runs the whole module: its module-scoped launches ran once per
+# worker otherwise (see docs/testing.md)
+pytestmark = [pytest.mark.xdist_group("keras_distributed"),
+              pytest.mark.skipif(not HAVE_MPI, reason="needs mpi4py and mpiexec")]
 
 WORKER = Path(__file__).with_name("keras_dist_worker.py")
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "UCKPT_COMM_TIMEOUT": "30"}

@@ -12,6 +12,10 @@ import pytest
 
 import uckpt
 
+# one pytest-xdist worker runs the whole module: its module-scoped launch ran once per
+# worker otherwise (see docs/testing.md)
+pytestmark = pytest.mark.xdist_group("lightning")
+
 HERE = Path(__file__).resolve().parent
 
 

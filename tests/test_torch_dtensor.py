@@ -14,7 +14,10 @@ import pytest
 import uckpt
 from multiproc import HAVE_TORCH, run_torch
 
-pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch missing")
+# one pytest-xdist worker runs the whole module: its module-scoped launch ran once per
+# worker otherwise (see docs/testing.md)
+pytestmark = [pytest.mark.xdist_group("torch_dtensor"),
+              pytest.mark.skipif(not HAVE_TORCH, reason="torch missing")]
 
 WORKER = Path(__file__).with_name("dtensor_worker.py")
 
