@@ -34,6 +34,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 from . import rollback as _rollback
 from ..loading.collective import damage_behind, load_from
 from ..saving.commit import check_metadata
+from ..saving.committed import Committed
 from ..saving.collective import (copy_collective, flatten_shared, prepare_collective,
                                  save_collective, submit_async_share)
 from ..comm import get_communicator
@@ -415,15 +416,16 @@ class CheckpointManager:
             options=self.options.save.compressed(self.tiers[0].codec(self.compression)),
             cache=self._plans)
         if retains:  # retention learns of the new checkpoint without parsing it back
-            options.update(on_commit=lambda m: self._learn(0, step, m))
+            options.update(on_commit=lambda c: self._learn(0, step, c))
         if self.incremental:
             if overwrite:
                 self._refuse_overwriting_a_base(step)
 
-            def on_commit(m: Manifest) -> None:
+            def on_commit(c: Committed) -> None:
                 if retains:
-                    self._learn(0, step, m)
-                self._committed_baseline(m, name)
+                    self._learn(0, step, c)
+                assert c.manifest is not None  # (an incremental save: every rank has it)
+                self._committed_baseline(c.manifest, name)
 
             options.update(baseline=lambda: self._next_baseline(overwrite), on_commit=on_commit)
         try:
@@ -508,7 +510,7 @@ class CheckpointManager:
         key = (tier, step)
         if key not in self._bases:
             try:
-                self._learn(tier, step, self.manifest(step, tier))
+                self._learn(tier, step, Committed.of(self.manifest(step, tier)))
             except UckptError:
                 return None  # not cached: it may read back later
         return self._bases[key]
@@ -663,24 +665,25 @@ class CheckpointManager:
         key = (tier, step)
         if key not in self._info_cache:
             try:
-                self._learn(tier, step, self.manifest(step, tier))
+                self._learn(tier, step, Committed.of(self.manifest(step, tier)))
             except UckptError:  # a damaged checkpoint has no metrics; retention may drop it
                 self._info_cache[key] = CheckpointInfo(step=step, metrics={}, created=0.0)
         return self._info_cache[key]
 
-    def _learn(self, tier: int, step: int, m: Manifest) -> None:
-        """Cache what retention needs of checkpoint ``step`` on ``tier`` from its manifest
-        (read once, or the one this manager just committed: never parsed back)."""
+    def _learn(self, tier: int, step: int, c: Committed) -> None:
+        """Cache what retention needs of checkpoint ``step`` on ``tier`` from its facts
+        (of its manifest read once, or of the save this manager just committed: never
+        parsed back)."""
         key = (tier, step)
-        self._nbytes[key] = sum(f.size for f in m.files.values())
-        metrics = m.metadata["metrics"] if isinstance(m.metadata.get("metrics"), dict) else {}
+        self._nbytes[key] = c.nbytes
+        metrics = c.metadata["metrics"] if isinstance(c.metadata.get("metrics"), dict) else {}
         try:
-            created = _dt.datetime.strptime(m.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
+            created = _dt.datetime.strptime(c.created[:19], "%Y-%m-%dT%H:%M:%S").replace(
                 tzinfo=_dt.timezone.utc).timestamp()
         except ValueError:
             created = 0.0
         self._info_cache[key] = CheckpointInfo(step=step, metrics=metrics, created=created)
-        self._bases[key] = sorted(s for s in map(step_of, m.bases) if s is not None)
+        self._bases[key] = sorted(s for s in map(step_of, c.bases) if s is not None)
 
     def _retain(self, tier: int) -> None:
         store = self.tiers[tier].store

@@ -42,6 +42,7 @@ from ..loading import manifest_io
 from . import own_parts
 from ..comm import Communicator
 from .commit import assemble_manifest, check_metadata, check_step
+from .committed import Committed
 from .engine import submit_collective
 from ..errors import CheckpointExistsError, CheckpointNotFoundError, DamagedBaseError
 from ..format import Chunk, Manifest
@@ -67,7 +68,7 @@ def save_collective(store: Store, name: str, flat: Union[FlatState, BaseExceptio
                     metadata: Optional[Dict[str, Any]] = None, overwrite: bool = False,
                     what: Optional[str] = None, options: SaveOptions = DEFAULT,
                     baseline: Optional[Callable[[], Baseline]] = None,
-                    on_commit: Optional[Callable[[Manifest], None]] = None,
+                    on_commit: Optional[Callable[[Committed], None]] = None,
                     cache: Optional[PlanCache] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``, laid
     out (and compressed) as ``options`` say; returns its location.
@@ -116,8 +117,10 @@ class PreparedSave:
     #: incremental: gives, when this rank writes, the previous checkpoint's chunks
     #: (unchanged chunks refer to them)
     baseline: Optional[Callable[[], Baseline]] = None
-    #: called on every rank with the manifest, once it is committed
-    on_commit: Optional[Callable[[Manifest], None]] = None
+    #: called on every rank once the checkpoint is committed, with its facts
+    #: (:class:`~uckpt.saving.committed.Committed`; the whole manifest only where the
+    #: rank has it)
+    on_commit: Optional[Callable[[Committed], None]] = None
 
 
 def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseException],
@@ -126,7 +129,7 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
                        what: Optional[str] = None,
                        options: SaveOptions = DEFAULT,
                        baseline: Optional[Callable[[], Baseline]] = None,
-                       on_commit: Optional[Callable[[Manifest], None]] = None,
+                       on_commit: Optional[Callable[[Committed], None]] = None,
                        cache: Optional[PlanCache] = None) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
 
@@ -134,6 +137,10 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
     ``options.incremental_chunk_bytes``, and those equal to a chunk of ``baseline()``
     (called when this rank writes, after the saves before it committed) refer to it;
     every checkpoint it refers to is first checked to be committed.
+
+    ``on_commit``: called on every rank once the checkpoint is committed, with its
+    :class:`~uckpt.saving.committed.Committed` facts (a rank of a split save never holds
+    the whole manifest: the committer broadcasts a constant-size record).
 
     ``cache``: this rank's :class:`~uckpt.saving.plan_cache.PlanCache` of the saves before,
     over ``comm``: while the structure of the state is unchanged on every rank, the
@@ -282,11 +289,11 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
         own: Dict[str, bytes] = {}
         used: Dict[str, Baseline] = {}
         if split:  # records to the committer only (but for node-local storage)
-            written, several, sizes = _to_committer(comm, write, p)
+            written, several, told = _to_committer(comm, write, p)
         else:
-            written, sizes = comm.gather_outcomes(write, f"{p.what} (writing)"), None
+            written, told = comm.gather_outcomes(write, f"{p.what} (writing)"), None
             several = len({w["replica"] for w in written}) > 1
-        built: Dict[str, Manifest] = {}
+        built: Dict[str, Any] = {}
         replicas = [w["replica"] for w in written or ()]
         foreign: List[Optional[str]] = []
         if split and several:  # node-local: every replica gets every part (their
@@ -295,14 +302,14 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
                                            f"{p.what} (exchanging manifest parts)")
 
         def manifest() -> Manifest:
+            """The manifest (split: its root-level content), where ``written`` is known:
+            the committer; without a split manifest or with several replicas, every rank."""
+            assert written is not None
             if "m" not in built and split:
                 built["m"] = own_parts.head_manifest(
                     merged_tree(p.flat.skeleton, p.gathered), gp.metas, gp.plan,
-                    [w["size"] for w in written] if written is not None else
-                    sizes.got if sizes is not None and sizes.got is not None else
-                    _unknown_sizes(), p.step, p.metadata)
+                    [w["size"] for w in written], p.step, p.metadata)
             if "m" not in built:
-                assert written is not None  # (every rank's, without a split manifest)
                 # the order the ranks' chunks arrived in
                 ordered = sorted(gp.plan.items, key=lambda it: it.rank)
                 found = [c for w in written for c in w["chunks"]]
@@ -312,6 +319,22 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
                     p.metadata, sizes=[w["size"] for w in written],
                     bases=bases_of(chunks.values(), used.get("baseline")))
             return built["m"]
+
+        def facts() -> Committed:
+            """What ``on_commit`` receives: without a split manifest, the manifest; else
+            the facts of the root the committer wrote (where ``written`` is not known
+            here: as the committer broadcast them)."""
+            if "c" not in built:
+                if not split:
+                    built["c"] = Committed.of(manifest())
+                elif written is not None:
+                    head = manifest()
+                    built["c"] = Committed(p.step, sum(f.size for f in head.files.values()),
+                                           head.created, p.metadata)
+                else:
+                    assert told is not None and told.got is not None
+                    built["c"] = Committed.from_record(told.got, p.step, p.metadata)
+            return built["c"]
 
         def commit() -> None:
             if written is None or replicas.index(replicas[comm.rank]) != comm.rank:
@@ -338,41 +361,38 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
             comm.gather_outcomes_to(commit, 0, f"{p.what} (commit)")
         else:
             comm.gather_outcomes(commit, f"{p.what} (commit)")
-        if sizes is not None and sizes.wanted:
-            sizes.share(written)
+        if told is not None and told.wanted:
+            told.share(facts() if written is not None else None)
     except BaseException:
         sink.abort()
         raise
     sink.release()  # a rank that made its node's copy but did not commit it
     if p.on_commit is not None:
-        p.on_commit(manifest())
+        p.on_commit(facts())
     return where
 
 
-class _Sizes:
-    """The data files' sizes, for a rank other than the committer that builds the
-    manifest for ``on_commit``: broadcast by the committer after the commit, only when
-    some such rank has an ``on_commit`` (``wanted``, the same on every rank)."""
+class _Told:
+    """The committed checkpoint's facts (:meth:`Committed.record`, a constant size), for
+    the ranks other than the committer of a split save: broadcast by the committer after
+    the commit, only when some such rank has an ``on_commit`` (``wanted``, the same on
+    every rank). They never build the manifest, nor receive the data files' sizes."""
 
     def __init__(self, comm: Communicator, wanted: bool) -> None:
         self.comm, self.wanted = comm, wanted
-        self.got: Optional[List[int]] = None
+        self.got: Optional[Dict[str, Any]] = None
 
-    def share(self, written: Optional[List[Dict[str, Any]]]) -> None:
-        self.got = self.comm.broadcast(
-            None if written is None else [w["size"] for w in written], 0)
-
-
-def _unknown_sizes() -> List[int]:
-    raise AssertionError("a manifest wanted on a rank that the committer sent no sizes")
+    def share(self, mine: Optional[Committed]) -> None:
+        self.got = self.comm.broadcast(None if mine is None else mine.record(), 0)
 
 
 def _to_committer(comm: Communicator, write: Callable[[], Dict[str, Any]], p: PreparedSave
-                  ) -> Tuple[Optional[List[Dict[str, Any]]], bool, _Sizes]:
+                  ) -> Tuple[Optional[List[Dict[str, Any]]], bool, _Told]:
     """The write step of a split save: ``write()`` on every rank, its record gathered to
     rank 0 only (:meth:`~uckpt.comm.Communicator.gather_outcomes_to`), which then
     broadcasts whether the ranks wrote into several replicas (node-local storage) and
-    whether a rank other than it builds the manifest (an ``on_commit``). Several
+    whether a rank other than it wants the committed checkpoint's facts (an
+    ``on_commit``; :class:`_Told`). Several
     replicas: every rank gets every record (an all-gather, as every replica's lowest
     rank commits). Returns (the records, on rank 0 or everywhere; several; sizes)."""
     mine: Dict[str, Any] = {}
@@ -387,7 +407,7 @@ def _to_committer(comm: Communicator, write: Callable[[], Dict[str, Any]], p: Pr
     several, wanted = decided
     if several:
         gathered = comm.all_gather(mine)
-    return gathered, several, _Sizes(comm, wanted and not several)
+    return gathered, several, _Told(comm, wanted and not several)
 
 
 def finish_or_redo(p: PreparedSave, staged: Union[Snapshot, BaseException], comm: Communicator):

@@ -135,8 +135,8 @@ def write_foreign_parts(sink: Any, parts: Sequence[Optional[str]], replicas: Seq
 def head_manifest(tree: Dict[str, Any], metas: Dict[str, ArrayMeta], plan: SavePlan,
                   sizes: Sequence[int], step: Optional[int], metadata: Dict[str, Any]
                   ) -> Manifest:
-    """The manifest's root-level content (arrays without chunks), as every rank knows it
-    once the ranks' data files' sizes are known: what ``on_commit`` receives."""
+    """The manifest's root-level content (arrays without chunks), as the committer knows
+    it once the ranks' data files' sizes are known (what it encodes the root of)."""
     arrays = {p: ArrayEntry(p, m.dtype, tuple(m.shape), ()) for p, m in metas.items()}
     files = {f: FileEntry(f, r, sizes[r]) for r, (f, _) in enumerate(plan.file_sizes)}
     return Manifest(world_size=plan.world_size, tree=tree, arrays=arrays, files=files,
