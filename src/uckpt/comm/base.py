@@ -75,10 +75,10 @@ class Communicator:
     back as lists.)
 
     What a rank receives: :meth:`all_gather` every rank's object (grows with the
-    ranks); :meth:`gather` only at its root; :meth:`broadcast` and
-    :meth:`all_reduce_minmax` a constant. Coordination whose cost per rank must not
-    grow with the job (a later save) uses the last three: :meth:`gather_outcomes_to`
-    and :meth:`agree_outcomes`.
+    ranks); :meth:`gather` only at its root; :meth:`scatter` its own object;
+    :meth:`broadcast` and :meth:`all_reduce_minmax` a constant. Coordination whose cost
+    per rank must not grow with the job (a later save) uses the last four:
+    :meth:`gather_outcomes_to` and :meth:`agree_outcomes`.
 
     Failure reporting: a rank whose work failed still calls :meth:`check` (or
     :meth:`failures`) with its exception; every rank then raises the same
@@ -126,6 +126,15 @@ class Communicator:
         got = self.all_gather(obj)
         return got if self.rank == root else None
 
+    def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
+        """Collective: ``root`` gives ``objs``, one object per rank (indexed by rank; the
+        others pass None); every rank returns its own.
+
+        The default broadcasts the whole list (every rank receives everything); backends
+        send each rank its own object only."""
+        got = self.broadcast(None if objs is None else list(objs), root)
+        return got[self.rank]
+
     def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
         """Collective: the elementwise minima and maxima over the ranks of ``values`` (a
         few ints in int64's range, as many on every rank), returned on every rank.
@@ -157,7 +166,7 @@ class Communicator:
         The message names each failed rank and its exception text; on a failed
         rank the local exception is chained as ``__cause__``.
         """
-        _raise_failed(self._failures(error), self.size, error, what)
+        raise_failed(self._failures(error), self.size, error, what)
 
     def gather_outcomes(self, fn: Callable[[], Any], what: str = "operation") -> List[Any]:
         """Collective: run ``fn()`` here, then return every rank's result, indexed by rank.
@@ -173,7 +182,7 @@ class Communicator:
         except DistributedError as e:  # a rank died or hangs: say what was interrupted
             e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
             raise
-        _raise_failed([(r, p["error"], p["kinds"]) for r, p in enumerate(out) if "error" in p],
+        raise_failed([(r, p["error"], p["kinds"]) for r, p in enumerate(out) if "error" in p],
                       self.size, error, what)
         return [p["ok"] for p in out]
 
@@ -198,7 +207,7 @@ class Communicator:
         except DistributedError as e:  # a rank died or hangs: say what was interrupted
             e.args = (f"{what}: {e.args[0]}",) + e.args[1:]
             raise
-        _raise_failed([(r, e, k) for r, e, k in failed], self.size, error, what)
+        raise_failed([(r, e, k) for r, e, k in failed], self.size, error, what)
         return None if got is None else [p["ok"] for p in got]
 
     def agree_outcomes(self, fn: Callable[[], Sequence[int]], width: int,
@@ -240,7 +249,9 @@ def _outcome(fn: Callable[[], Any]) -> Tuple[Optional[BaseException], Dict[str, 
         return e, {"error": describe_exception(e), "kinds": exception_kinds(e)}
 
 
-def _raise_failed(failed: List[Failure], size: int, error: Any, what: str) -> None:
+def raise_failed(failed: List[Failure], size: int, error: Any, what: str) -> None:
+    """Raise the :class:`DistributedError` naming the ``failed`` ranks of ``size`` (from
+    ``error``, this rank's own exception, if any); nothing when none failed."""
     if not failed:
         return
     lines = [f"{what} failed on {len(failed)} of {size} rank(s): "
@@ -296,7 +307,19 @@ class SingleProcess(Communicator):
         _root_zero(root)
         return decode(encode(obj))
 
+    def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
+        _root_zero(root)
+        return decode(encode(one_each(objs, 1)[0]))
+
 
 def _root_zero(root: int) -> None:
     if root != 0:
         raise ValueError(f"root must be 0 in a single process, got {root}")
+
+
+def one_each(objs: Optional[Sequence[Any]], size: int) -> Sequence[Any]:
+    """The root's ``objs`` of :meth:`Communicator.scatter`, checked: one per rank."""
+    if objs is None or len(objs) != size:
+        raise ValueError(f"scatter: the root must give one object per rank ({size}), got "
+                         f"{None if objs is None else len(objs)}")
+    return objs

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
-from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s
+from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s, one_each
 from ..errors import CollectiveTimeoutError, CommunicationError
 
 _TAG_BASE = 7100
@@ -138,6 +138,11 @@ class MPICommunicator(Communicator):
             raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
         return self._wrap("gather", self._gather_to, obj, root)
 
+    def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
+        if not 0 <= root < self._size:
+            raise ValueError(f"root must be a rank in [0, {self._size}), got {root}")
+        return self._wrap("scatter", self._scatter, objs, root)
+
     def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
         return self._wrap("all_reduce_minmax", self._minmax, int64s(values))
 
@@ -213,6 +218,27 @@ class MPICommunicator(Communicator):
                                          detail="reported by rank 0")
         self._flush_sends(op, start + self.timeout + self._grace)
         return decode(msg[1:])
+
+    def _scatter(self, objs: Optional[Sequence[Any]], root: int) -> Any:
+        """As :meth:`_broadcast`, but the root sends each rank its own object."""
+        if self._rank == root:
+            objs = one_each(objs, self._size)
+        if self._size == 1:
+            return decode(encode(objs[0]))  # type: ignore[index]
+        tag = self._next_tag()
+        start = time.monotonic()
+        if self._rank == root:
+            assert objs is not None
+            for r in range(self._size):
+                if r != root:
+                    self._send(r, tag, b"D" + encode(objs[r]))
+            self._flush_sends("scatter", start + self.timeout)
+            return decode(encode(objs[root]))
+        got, missing = self._recv([root], tag, start + self.timeout)
+        if missing:
+            raise CollectiveTimeoutError("scatter", self.timeout, missing=[root],
+                                         detail=f"the root, rank {root}, sent nothing")
+        return decode(got[root][1:])
 
     def _broadcast(self, obj: Any, root: int) -> Any:
         if self._size == 1:

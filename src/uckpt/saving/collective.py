@@ -50,7 +50,8 @@ from ..format import encode_manifest_files
 from .incremental import Baseline, bases_of, write_changed
 from .global_plan import GlobalPlan, compact, expand, global_plan, local_metadata, merged_tree
 from ..options import DEFAULT, SaveOptions
-from .plan_cache import VOTE_WIDTH, PlanCache, structure_key, values_check
+from .plan_cache import VOTE_WIDTH, PlanCache, plan_id, structure_key, values_check
+from . import root_plan
 from ..loading.reader import CheckpointReader
 from .recode import recode_files, recoded_manifest, target_bases
 from ..storage.save_errors import raise_save_failure
@@ -149,7 +150,10 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
     opened: Dict[str, CheckpointSink] = {}
     meta: Dict[str, Any] = {}
     exact_chunk_bytes = options.incremental_chunk_bytes if baseline is not None else 0
-    layout = [exact_chunk_bytes, options.chunk_bytes, options.alignment]
+    # several ranks, no base: a manifest split by rank, planned by rank 0 alone, each
+    # rank keeping its own share of the plan (uckpt.saving.root_plan)
+    at_root = comm.size > 1 and baseline is None
+    layout = [exact_chunk_bytes, options.chunk_bytes, options.alignment, int(at_root)]
 
     def plan() -> Dict[str, Any]:
         """This rank's full record (rank 0: having opened the sink)."""
@@ -189,21 +193,34 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
 
     try:
         gp: Optional[GlobalPlan] = None
+        why: Optional[str] = None
+        got: Optional[List[Dict[str, Any]]]
         if cache is None:
-            gathered = comm.gather_outcomes(plan, f"{what} (planning)")
+            got = comm.gather_outcomes_to(plan, 0, f"{what} (planning)") if at_root else \
+                comm.gather_outcomes(plan, f"{what} (planning)")
         else:  # one reduction; while the plan holds, no rank receives any rank's metadata
             mins, maxs = comm.agree_outcomes(local, VOTE_WIDTH + 1, f"{what} (planning)")
             gp = cache.agreed(mins[:-1], maxs[:-1], what)
             if gp is not None:
-                gathered = _lean_records(comm, meta, head(), any_per_rank=maxs[-1] == 1)
+                got = _lean_records(comm, meta, head(), any_per_rank=maxs[-1] == 1)
             else:
-                gathered = comm.all_gather(full())
-                cache.why(gathered, what)
+                got = comm.gather(full(), 0) if at_root else comm.all_gather(full())
+                why = None if got is None else cache.why(got)
         assert isinstance(flat, FlatState)
-        if gp is None:
-            gp = _plan(gathered, meta, comm, exact_chunk_bytes, options)
-            if cache is not None:
-                cache.keep(meta["key"], [g["key"] for g in gathered], gp)
+        if gp is None and at_root:
+            gp, got, pid, why = root_plan.plan_at_root(comm, got, meta, head(),
+                                                       exact_chunk_bytes, options, cache, why,
+                                                       what)
+        elif gp is None:
+            assert got is not None
+            if cache is not None and why is not None:
+                cache.planning(what, why)
+            gp, pid = _plan(got, meta, comm, exact_chunk_bytes, options), \
+                plan_id([g["key"] for g in got])
+        if cache is not None and why is not None:
+            cache.keep(meta["key"], pid, comm.size, gp)
+        assert got is not None
+        gathered = got
     except BaseException:
         if "sink" in opened:
             opened["sink"].abort()

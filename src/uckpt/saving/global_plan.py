@@ -196,9 +196,14 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, exact_chunk_bytes: in
         exact_chunk_bytes = chunk_bytes if world == 1 else \
             min(chunk_bytes, max(1 << 20, total // (8 * world)))
     plan = plan_holdings(metas, holders, world, exact_chunk_bytes, alignment)
-    starts = {path: tuple(start) for path, dtype, gshape, start, shape, small
-              in gathered[rank]["own"] if tuple(shape) != tuple(gshape)}
-    return GlobalPlan(plan, metas, starts)
+    return GlobalPlan(plan, metas, own_starts(gathered[rank]["own"]))
+
+
+def own_starts(own: List[List[Any]]) -> Dict[str, Tuple[int, ...]]:
+    """Where each of a rank's sharded leaves starts in its global array, from its
+    metadata's ``own`` entries (:func:`local_metadata`)."""
+    return {path: tuple(start) for path, dtype, gshape, start, shape, small in own
+            if tuple(shape) != tuple(gshape)}
 
 
 def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tuple]]) -> None:

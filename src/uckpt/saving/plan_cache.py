@@ -73,13 +73,13 @@ class PlanCache:
     (a :class:`~uckpt.CheckpointManager` holds one). Used by the thread that plans.
 
     Call order, per save on every rank: :meth:`vote` (before the reduction), then
-    :meth:`agreed` on its result; when it gives None, :meth:`why` on every rank's full
-    record (with :meth:`kept_for` and :func:`values_check` in it), plan, then
-    :meth:`keep` the plan made."""
+    :meth:`agreed` on its result; when it gives None, :meth:`planning` with :meth:`why`
+    of every rank's full record (with :meth:`kept_for` and :func:`values_check` in it;
+    computed where those records are), plan, then :meth:`keep` the plan made."""
 
     def __init__(self) -> None:
         self._kept: Optional[_Kept] = None
-        self._ranks: List[str] = []
+        self._world = 0
 
     def kept_for(self, key: str) -> Optional[str]:
         """The id of the plan kept, if it was made with this rank's structure ``key``."""
@@ -100,23 +100,29 @@ class PlanCache:
                 or mins[1:3] != as_ints(self._kept.id):
             return None
         log.debug("%s: plan reused (structure unchanged on all %d rank(s))", what,
-                  len(self._ranks))
+                  self._world)
         return self._kept.plan
 
-    def why(self, gathered: List[Dict[str, Any]], what: str) -> None:
-        """Log why the ranks plan again, from every rank's full record (its ``kept``: the
-        id of the plan it kept for its structure, or None; its ``check``)."""
+    @staticmethod
+    def why(gathered: List[Dict[str, Any]]) -> str:
+        """Why the ranks plan again, from every rank's full record (its ``kept``: the id
+        of the plan it kept for its structure, or None; its ``check``): for
+        :meth:`planning` (computed where every record is: rank 0, or every rank)."""
         changed = [r for r, g in enumerate(gathered) if g.get("kept") is None]
         checks = {g.get("check") for g in gathered}
-        why = "first save" if self._kept is None else \
-            f"structure changed on rank(s) {', '.join(map(str, changed))}" if changed else \
-            "values differ between ranks" if len(checks) != 1 else "ranks kept other plans"
-        log.debug("%s: planning (%s)", what, why)
+        return f"structure changed on rank(s) {', '.join(map(str, changed))}" if changed \
+            else "values differ between ranks" if len(checks) != 1 else "ranks kept other plans"
 
-    def keep(self, key: str, keys: List[str], plan: GlobalPlan) -> None:
-        """Keep ``plan``, made from ranks whose structure keys are ``keys``."""
-        self._kept = _Kept(key, plan_id(keys), plan)
-        self._ranks = keys
+    def planning(self, what: str, why: str) -> None:
+        """Log that the ranks plan again, and why: this rank's first save, else ``why``
+        (:meth:`why`)."""
+        log.debug("%s: planning (%s)", what, "first save" if self._kept is None else why)
+
+    def keep(self, key: str, id: str, world: int, plan: GlobalPlan) -> None:
+        """Keep ``plan`` (this rank's view of it), made by ``world`` ranks; ``id``: the
+        :func:`plan_id` of their structure keys."""
+        self._kept = _Kept(key, id, plan)
+        self._world = world
 
 
 def _hash(obj: Any) -> str:

@@ -23,7 +23,7 @@ import itertools
 import threading
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..comm.base import Communicator, decode, encode, int64s, minmax
+from ..comm.base import Communicator, decode, encode, int64s, minmax, one_each
 from ..errors import CollectiveTimeoutError
 
 __all__ = ["ThreadCommunicator", "ThreadWorld", "run_ranks"]
@@ -122,6 +122,22 @@ class ThreadCommunicator(Communicator):
         got = self.world.exchange(self.group, next(self._calls), self._rank,
                                   f"gather(root={root})", encode(obj))
         return [decode(p) for p in got] if self._rank == root else None
+
+    def scatter(self, objs: Optional[Sequence[Any]], root: int = 0) -> Any:
+        """The root's payload: the pieces' offsets, a newline, the pieces; each rank
+        decodes its own piece only."""
+        if not 0 <= root < self.size:
+            raise ValueError(f"root must be a rank below {self.size}, got {root}")
+        payload = b""
+        if self._rank == root:
+            pieces = [encode(o) for o in one_each(objs, self.size)]
+            ends = list(itertools.accumulate(map(len, pieces)))
+            payload = encode(ends) + b"\n" + b"".join(pieces)
+        got = self.world.exchange(self.group, next(self._calls), self._rank,
+                                  f"scatter(root={root})", payload)[root]
+        head = got.index(b"\n")
+        ends = [0] + decode(got[:head])
+        return decode(got[head + 1 + ends[self._rank]:head + 1 + ends[self._rank + 1]])
 
     def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
         return minmax(self._exchange("all_reduce_minmax", int64s(values)))
