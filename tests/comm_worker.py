@@ -62,7 +62,9 @@ def main():
         out = {"gathered": c.gather({"rank": rank, "s": "é" * rank}, root=1),
                "minmax": c.all_reduce_minmax([rank, -rank, 7, 2 ** 62 * (rank % 2)]),
                "outcomes": c.gather_outcomes_to(lambda: rank * 10, root=3, what="write"),
-               "agreed": c.agree_outcomes(lambda: [rank, 5], 2, what="plan")}
+               "agreed": c.agree_outcomes(lambda: [rank, 5], 2, what="plan"),
+               "scattered": c.scatter([{"to": r, "s": "é" * r} for r in range(c.size)]
+                                      if rank == 2 else None, root=2)}
         for name, call in (("to_failed", lambda: c.gather_outcomes_to(failing(rank), 0, "save")),
                            ("agree_failed", lambda: c.agree_outcomes(failing([rank]), 1, "save"))):
             try:

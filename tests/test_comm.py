@@ -46,8 +46,9 @@ def test_failure_on_rank_2_is_raised_on_every_rank(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_gather_to_a_root_and_agree_by_reduction(backend):
-    """gather (root 1 only), all_reduce_minmax, gather_outcomes_to (root 3 only) and
-    agree_outcomes, natively; a failure on rank 2 raises the same error on every rank."""
+    """gather (root 1 only), all_reduce_minmax, gather_outcomes_to (root 3 only),
+    agree_outcomes and scatter (from root 2), natively; a failure on rank 2 raises the
+    same error on every rank."""
     r = RUNNERS[backend](N, WORKER, backend, "to_root", 20, timeout=60).check()
     assert sorted(r.results) == list(range(N))
     for rank, res in r.results.items():
@@ -56,6 +57,7 @@ def test_gather_to_a_root_and_agree_by_reduction(backend):
         assert res["minmax"] == [[0, -(N - 1), 7, 0], [N - 1, 0, 7, 2 ** 62]]
         assert res["outcomes"] == ([10 * i for i in range(N)] if rank == 3 else None)
         assert res["agreed"] == [[0, 5], [N - 1, 5]]
+        assert res["scattered"] == {"to": rank, "s": "é" * rank}
         for name in ("to_failed", "agree_failed"):
             failed = res[name]
             assert failed["raised"] == "DistributedError", (name, failed)
@@ -136,6 +138,9 @@ def test_single_process():
     assert c.all_reduce_minmax([3, -4]) == ([3, -4], [3, -4])
     assert c.gather_outcomes_to(lambda: 5) == [5]
     assert c.agree_outcomes(lambda: [6], 1) == ([6], [6])
+    assert c.scatter([{"a": (7,)}]) == {"a": [7]}
+    with pytest.raises(ValueError, match=r"one object per rank \(1\), got 2"):
+        c.scatter([1, 2])
     with pytest.raises(OSError, match="boom"):  # one process: the error itself
         c.gather_outcomes_to(lambda: (_ for _ in ()).throw(OSError("boom")))
     with pytest.raises(ValueError, match="root must be 0 in a single process, got 1"):

@@ -31,6 +31,16 @@ def test_gather_reaches_the_root_only_and_minmax_every_rank():
         assert minmax == ([0, -3, 9], [3, 0, 9])
 
 
+def test_scatter_gives_each_rank_its_own_object():
+    def body(comm):
+        return comm.scatter([{"to": r, "s": "é\n" * r} for r in range(3)]
+                            if comm.rank == 1 else None, root=1)
+
+    assert values(run_ranks(3, body)) == [{"to": r, "s": "é\n" * r} for r in range(3)]
+    with pytest.raises(ValueError, match=r"one object per rank \(3\), got 2"):
+        values(run_ranks(3, lambda comm: comm.scatter([1, 2] if comm.rank == 0 else None)))
+
+
 def test_outcomes_to_the_root_and_agreement():
     def body(comm):
         return (comm.gather_outcomes_to(lambda: comm.rank ** 2, root=1, what="write"),
