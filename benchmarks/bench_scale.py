@@ -70,6 +70,7 @@ PROBES: List[Tuple[str, str, str]] = [
     # the module paths since issue 26's layout (saving/, loading/) ...
     ("uckpt.saving.collective", "local_metadata", "local metadata"),
     ("uckpt.saving.collective", "global_plan", "global plan"),
+    ("uckpt.saving.root_plan", "global_plan", "global plan"),  # a first save, on rank 0
     ("uckpt.saving.collective", "assemble_manifest", "manifest assemble"),
     ("uckpt.saving.collective", "encode_manifest_files", "manifest encode"),
     ("uckpt.saving.own_parts", "write_own_part", "manifest own part"),
@@ -197,6 +198,11 @@ class CountingWorld(ThreadWorld):
         if operation.startswith("broadcast"):
             root = int(operation.split("=")[1].rstrip(")"))
             received = len(got[root])
+        elif operation.startswith("scatter("):  # each rank its own piece (the root's
+            # payload: the pieces' ends, a newline, the pieces: uckpt.testing.threads)
+            data = got[int(operation.split("=")[1].rstrip(")"))]
+            ends = [0] + json.loads(data[:data.index(b"\n")])
+            received = ends[rank + 1] - ends[rank]
         elif operation.startswith("gather("):  # only the root receives
             root = int(operation.split("=")[1].rstrip(")"))
             received = sum(len(p) for p in got) if rank == root else 0

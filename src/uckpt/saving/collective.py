@@ -10,9 +10,11 @@ error itself) and nothing is committed:
 1. *plan*: rank 0 checks the target and opens the save's sink
    (:meth:`~uckpt.storage.base.Store.sink`: a locked temporary directory, or a prefix of
    an object store); every rank sends its metadata
-   (:func:`~uckpt.saving.global_plan.local_metadata`); every rank computes the same
+   (:func:`~uckpt.saving.global_plan.local_metadata`) to rank 0, which computes the
    :class:`~uckpt.saving.global_plan.GlobalPlan` (which checks, in one process too, that
-   :class:`~uckpt.Shard` boxes tile their arrays). With a plan kept from the save before
+   :class:`~uckpt.Shard` boxes tile their arrays) and sends each rank its share
+   (:mod:`uckpt.saving.root_plan`); an incremental save all-gathers the metadata and
+   every rank computes the whole plan. With a plan kept from the save before
    (:mod:`uckpt.saving.plan_cache`) the ranks first agree by one reduction whether it
    still serves; then no rank sends its metadata;
 2. *write*: every rank joins the sink (node-local storage: its own copy of the
