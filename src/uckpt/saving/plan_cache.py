@@ -3,8 +3,8 @@
 The global plan (:func:`uckpt.saving.global_plan.global_plan`) depends only on the state's
 *structure* on every rank: each array leaf's path, dtype, global shape and box, in order,
 the world and the options that shape the layout. Each rank digests its share of that
-(:func:`structure_key`, 16 bytes) every save. Once a plan is made, every rank keeps it in
-its :class:`PlanCache` with the digest of every rank's key (the plan's *id*).
+(:func:`structure_key`, 16 bytes) every save. Once a plan is made, every rank keeps its
+view of it in its :class:`PlanCache` with the digest of every rank's key (the plan's *id*).
 
 A later save (:func:`uckpt.saving.collective.prepare_collective`) agrees by one reduction
 (:meth:`~uckpt.comm.Communicator.agree_outcomes`, a constant per rank): each rank
@@ -13,9 +13,10 @@ plan it kept and a digest of what must be equal on every rank at each save (the 
 tree with its plain values, the replicated leaves with their checksums:
 :func:`values_check`), the digests as int64s. A hit (:meth:`PlanCache.agreed`) iff every
 rank hit and the minimum and maximum of each digest are equal: every rank reuses the plan.
-Otherwise every rank plans again, together, from every rank's full metadata (which
-carries the same three fields, so that the log says why: :meth:`PlanCache.why`), and
-gets today's errors for an inconsistent state.
+Otherwise the ranks plan again as for a first save, from every rank's full metadata
+(which carries the same three fields, so that the log says why: :meth:`PlanCache.why`):
+rank 0 alone, each rank keeping its own share (:mod:`uckpt.saving.root_plan`), or, for
+an incremental save, every rank; with today's errors for an inconsistent state.
 
 A new process (a resumed job) starts with an empty cache and plans once.
 """
