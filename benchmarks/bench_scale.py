@@ -71,6 +71,7 @@ PROBES: List[Tuple[str, str, str]] = [
     ("uckpt.saving.collective", "local_metadata", "local metadata"),
     ("uckpt.saving.collective", "global_plan", "global plan"),
     ("uckpt.saving.root_plan", "global_plan", "global plan"),  # a first save, on rank 0
+    ("uckpt.saving.root_plan", "global_columns", "global plan"),  # ... in columns
     ("uckpt.saving.collective", "assemble_manifest", "manifest assemble"),
     ("uckpt.saving.collective", "encode_manifest_files", "manifest encode"),
     ("uckpt.saving.own_parts", "write_own_part", "manifest own part"),

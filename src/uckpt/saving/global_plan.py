@@ -7,7 +7,7 @@ runs :func:`global_plan` on the same gathered list and gets the same result:
 the state is checked to be consistent across ranks (same tree, same leaves,
 boxes that tile each array exactly, equal small replicated leaves) and every
 box is split into pieces given to the ranks holding it, balanced by bytes
-(:func:`uckpt.saving.plan.plan_holdings`).
+(:func:`uckpt.saving.plan_columns.plan_holdings`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from ..codecs.checksum import crc32c
 from ..errors import StateMismatchError
 from ..format.tiling import find_defect
 from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
-from .plan import ArrayMeta, SavePlan, plan_holdings
+from .plan import ArrayMeta, BoxHolders, SavePlan
+from .plan_columns import Columns, plan_columns
 from ..tree.flatten import FlatState, unescape
 
 #: replicated arrays up to this size are compared across ranks whole (by checksum),
@@ -134,6 +135,15 @@ class GlobalPlan:
 def global_plan(gathered: List[Dict[str, Any]], rank: int, exact_chunk_bytes: int = 0, *,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                 alignment: int = DEFAULT_ALIGNMENT) -> GlobalPlan:
+    """:func:`global_columns`' plan, with ``rank``'s starts of its sharded leaves."""
+    metas, columns = global_columns(gathered, exact_chunk_bytes, chunk_bytes=chunk_bytes,
+                                    alignment=alignment)
+    return GlobalPlan(columns.plan(), metas, own_starts(gathered[rank]["own"]))
+
+
+def global_columns(gathered: List[Dict[str, Any]], exact_chunk_bytes: int = 0, *,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   alignment: int = DEFAULT_ALIGNMENT) -> Tuple[Dict[str, ArrayMeta], Columns]:
     """Check the ranks' metadata against each other and plan the save (same on every rank).
 
     Arrays are cut into chunks of ``exact_chunk_bytes`` when given (incremental saves), else of
@@ -154,31 +164,34 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, exact_chunk_bytes: in
                  "epoch, hyper-parameters); wrap state that differs by rank, such as "
                  "uckpt.RandomState(), in uckpt.PerRank(...)")
     metas: Dict[str, ArrayMeta] = {}
-    boxes: Dict[str, Dict[Tuple[Tuple[int, ...], Tuple[int, ...]], List[int]]] = {}
+    held: Dict[str, Tuple[Any, List[Any], List[Any], List[int]]] = {}  # shape, starts, ...
     sums: Dict[str, Dict[int, List[int]]] = {}
-    shared: List[List[int]] = []  # the lists rank 0's replicated leaves add each rank to
+    sharing = [r for r, g in enumerate(gathered)  # ranks whose replicated leaves are rank 0's
+               if r and g["replicated"] is gathered[0]["replicated"]]  # (expand)
+    shares_zeros = set(sharing)
     for r, g in enumerate(gathered):
-        if r and g["replicated"] is gathered[0]["replicated"]:  # as rank 0's (expand)
-            for ranks in shared:
-                ranks.append(r)
-            entries = g["own"]
-        else:
-            entries = g["replicated"] + g["own"]
-        for i, (path, dtype, gshape, start, shape, small) in enumerate(entries):
-            meta = metas.get(path)
-            if meta is None:
-                meta = metas[path] = ArrayMeta(dtype, tuple(gshape))
-            elif meta.dtype != dtype or list(meta.shape) != list(gshape):
+        entries = g["own"] if r in shares_zeros else g["replicated"] + g["own"]
+        for path, dtype, gshape, start, shape, small in entries:
+            boxes = held.get(path)
+            if boxes is None:
+                metas[path] = ArrayMeta(dtype, tuple(gshape))
+                boxes = held[path] = (gshape, [], [], [])
+            elif (boxes[0] != gshape and list(boxes[0]) != list(gshape)) or \
+                    metas[path].dtype != dtype:
+                meta = metas[path]
                 raise StateMismatchError(
                     f"leaf {path!r} is {meta.dtype} {list(meta.shape)} on one rank and "
                     f"{dtype} {list(gshape)} on rank {r}", leaf=path)
-            box_ranks = boxes.setdefault(path, {}).setdefault((tuple(start), tuple(shape)), [])
-            box_ranks.append(r)
-            group = None if small is None else sums.setdefault(path, {}).setdefault(small, [])
-            if group is not None:
-                group.append(r)
-            if not r and i < len(g["replicated"]):
-                shared.extend([box_ranks] if group is None else [box_ranks, group])
+            boxes[1].append(start)
+            boxes[2].append(shape)
+            boxes[3].append(r)
+            if small is not None:
+                sums.setdefault(path, {}).setdefault(small, []).append(r)
+    shared = {entry[0]: entry[5] for entry in gathered[0]["replicated"]} if sharing else {}
+    for path, small in shared.items():  # the others sharing rank 0's list hold as rank 0
+        if small is not None:
+            group = sums[path][small]
+            group[:] = sorted(group + sharing)
     for path, by_sum in sums.items():
         if len(by_sum) > 1:
             groups = "; ".join(f"ranks {', '.join(map(str, rs))}" for rs in by_sum.values())
@@ -187,16 +200,14 @@ def global_plan(gathered: List[Dict[str, Any]], rank: int, exact_chunk_bytes: in
                 leaf=path, hint="a plain array must be equal on every rank; wrap per-rank state "
                 "(e.g. uckpt.RandomState()) in uckpt.PerRank(...), or declare slices with "
                 "uckpt.Shard(...)")
-    for path, held in boxes.items():
-        _check_tiling(path, metas[path].shape, list(held))
-    holders = {p: [(box, tuple(ranks)) for box, ranks in sorted(held.items())]
-               for p, held in boxes.items()}
+    holders = {path: _holders(path, metas[path].shape, starts, shapes, ranks,
+                              sharing if path in shared else [])
+               for path, (_, starts, shapes, ranks) in held.items()}
     total = sum(m.nbytes for m in metas.values())
     if not exact_chunk_bytes:
         exact_chunk_bytes = chunk_bytes if world == 1 else \
             min(chunk_bytes, max(1 << 20, total // (8 * world)))
-    plan = plan_holdings(metas, holders, world, exact_chunk_bytes, alignment)
-    return GlobalPlan(plan, metas, own_starts(gathered[rank]["own"]))
+    return metas, plan_columns(metas, holders, world, exact_chunk_bytes, alignment)
 
 
 def own_starts(own: List[List[Any]]) -> Dict[str, Tuple[int, ...]]:
@@ -206,19 +217,52 @@ def own_starts(own: List[List[Any]]) -> Dict[str, Tuple[int, ...]]:
             if tuple(shape) != tuple(gshape)}
 
 
-def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tuple]]) -> None:
-    """Distinct boxes must lie inside the array, not overlap, and cover it (O(n log n) for
-    the layouts ranks declare: format/tiling.py, as for a manifest's chunks)."""
-    if len(held) == 1 and tuple(held[0][1]) == tuple(shape) and not any(held[0][0]):
-        return  # the whole array in one box (every leaf of a one-rank save): tiled
-    covered = sum(math.prod(s) for _, s in held)
+def _holders(path: str, shape: Tuple[int, ...], starts: List[Any], shapes: List[Any],
+             ranks: List[int], sharing: List[int]) -> BoxHolders:
+    """Who holds which box of array ``path``, boxes sorted, each box's ranks ascending,
+    after checking that the distinct boxes tile the array (:func:`_check_tiling`); the
+    ranks ``sharing`` rank 0's replicated leaves hold what rank 0 holds."""
+    k, ndim = len(ranks), len(shape)
+    if k == 1 or not ndim:  # one box: a leaf of one rank (or rank 0's replicated), or 0-d
+        if list(shapes[0]) != list(shape) or any(starts[0]):  # else the whole array: tiled
+            _check_tiling(path, shape, starts[:1], shapes[:1])
+        return [((tuple(starts[0]), tuple(shapes[0])), tuple(sorted(ranks + sharing)))]
+    key = np.concatenate([np.array(starts, dtype=np.int64).reshape(k, ndim),
+                          np.array(shapes, dtype=np.int64).reshape(k, ndim)], axis=1)
+    rows, first, which = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    which = which.reshape(k)
+    appearing = np.argsort(first, kind="stable")  # the distinct boxes as the ranks gave them
+    _check_tiling(path, shape, rows[appearing, :ndim], rows[appearing, ndim:])
+    held = np.asarray(ranks, dtype=np.int64)
+    by_box = np.lexsort((held, which))
+    ends = np.cumsum(np.bincount(which, minlength=len(rows))).tolist()
+    grouped = held[by_box].tolist()
+    boxes = [(tuple(row[:ndim]), tuple(row[ndim:])) for row in rows.tolist()]
+    out = [(box, tuple(grouped[a:b])) for box, a, b in zip(boxes, [0] + ends[:-1], ends)]
+    if sharing:  # rank 0's box is held by the ranks sharing its list too
+        zero = int(which[ranks.index(0)])
+        out[zero] = (out[zero][0], tuple(sorted(out[zero][1] + tuple(sharing))))
+    return out
+
+
+def _check_tiling(path: str, shape: Tuple[int, ...], starts_in: Any, extents_in: Any) -> None:
+    """Distinct boxes (``starts_in``, ``extents_in``: one row each) must lie inside the
+    array, not overlap, and cover it (O(n log n) for the layouts ranks declare:
+    format/tiling.py, as for a manifest's chunks)."""
+    n = len(starts_in)
+    starts = np.asarray(starts_in, dtype=np.int64).reshape(n, len(shape))
+    extents = np.asarray(extents_in, dtype=np.int64).reshape(n, len(shape))
+
+    def held(i: int) -> Tuple[List[int], List[int]]:
+        return starts[i].tolist(), extents[i].tolist()
+
+    covered = int(np.prod(extents, axis=1).sum()) if n else 0
     total = math.prod(shape)
     full = np.asarray(shape, dtype=np.int64).reshape(1, -1)
-    starts = np.array([b[0] for b in held], dtype=np.int64).reshape(len(held), -1)
-    ends = starts + np.array([b[1] for b in held], dtype=np.int64).reshape(len(held), -1)
+    ends = starts + extents
     outside = np.flatnonzero(np.any((starts < 0) | (ends > full) | (ends < starts), axis=1))
     if outside.size:
-        start, extent = held[int(outside[0])]
+        start, extent = held(int(outside[0]))
         raise StateMismatchError(
             f"sharded leaf {path!r}: the box at {list(start)} (shape {list(extent)}) is not "
             f"inside its global shape {list(shape)}", leaf=path,
@@ -226,7 +270,7 @@ def _check_tiling(path: str, shape: Tuple[int, ...], held: List[Tuple[tuple, tup
     nonempty = np.flatnonzero(np.all(ends > starts, axis=1))
     defect = find_defect(starts[nonempty], ends[nonempty], shape) if nonempty.size > 1 else None
     if defect is not None and defect.boxes:
-        (si, ei), (sj, ej) = (held[int(nonempty[b])] for b in defect.boxes)
+        (si, ei), (sj, ej) = (held(int(nonempty[b])) for b in defect.boxes)
         raise StateMismatchError(
             f"sharded leaf {path!r}: the boxes at {list(si)} (shape {list(ei)}) and at "
             f"{list(sj)} (shape {list(ej)}) overlap (both hold element "

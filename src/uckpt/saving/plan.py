@@ -13,8 +13,6 @@ single-rank file is exactly the arrays' bytes laid out like a staging arena
 """
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
@@ -95,52 +93,10 @@ def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
               chunk_bytes: int = DEFAULT_CHUNK_BYTES,
               alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
     """The plan for replicated arrays: every rank holds all of each array."""
+    from .plan_columns import plan_holdings  # it builds on this module's types
     everyone = tuple(range(world_size))
     holders = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
     return plan_holdings(arrays, holders, world_size, chunk_bytes, alignment)
-
-
-def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolders],
-                  world_size: int, chunk_bytes: int,
-                  alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
-    """Split each held box into chunks of about ``chunk_bytes`` and give each chunk to one
-    of the ranks holding it: largest chunks first, each to the holder with the fewest
-    bytes so far (ties to the lowest rank). Every held byte is written exactly once."""
-    everyone = tuple(range(world_size))
-    chunks: List[Tuple[str, Tuple[int, ...], Tuple[int, ...], Tuple[int, ...], int]] = []
-    for p, m in arrays.items():
-        size = dtypes.itemsize(m.dtype)
-        for (bstart, bshape), ranks in holders[p]:
-            nbytes = size * math.prod(bshape)
-            if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one chunk (split_box)
-                chunks.append((p, tuple(bstart), tuple(bshape), tuple(ranks), nbytes))
-            elif nbytes:
-                chunks.extend((p, start, shape, tuple(ranks), size * math.prod(shape))
-                              for start, shape in split_box(m.dtype, bstart, bshape,
-                                                            chunk_bytes))
-    order = {p: i for i, p in enumerate(arrays)}
-    keys = [(-x[4], order[x[0]], x[1]) for x in chunks]  # largest first, then array, start
-    ranked = sorted(range(len(chunks)), key=keys.__getitem__)
-    load = [0] * world_size
-    lightest = [(0, r) for r in everyone]  # (load, rank), some stale: loads only grow
-    owner = [0] * len(chunks)
-    for i in ranked:
-        ranks, length = chunks[i][3], chunks[i][4]
-        if len(ranks) == 1:
-            rank = ranks[0]
-        elif ranks == everyone:  # replicated: the least loaded rank of all, from a heap
-            while lightest[0][0] != load[lightest[0][1]]:
-                heapq.heapreplace(lightest, (load[lightest[0][1]], lightest[0][1]))
-            rank = lightest[0][1]
-        else:
-            rank = min(ranks, key=lambda r: (load[r], r))
-        owner[i] = rank
-        load[rank] += length
-        if ranks == everyone:
-            heapq.heapreplace(lightest, (load[rank], rank))
-    return layout([(p, start, shape, owner[i], length)
-                   for i, (p, start, shape, _, length) in enumerate(chunks)],
-                  world_size, alignment)
 
 
 def layout(chunks: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],

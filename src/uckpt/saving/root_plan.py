@@ -32,7 +32,7 @@ from ..comm.base import describe_exception, exception_kinds, raise_failed
 from ..errors import StateMismatchError
 from ..format import data_file_name
 from ..options import SaveOptions
-from .global_plan import GlobalPlan, expand, global_plan, own_starts
+from .global_plan import GlobalPlan, expand, global_columns, own_starts
 from .plan import ArrayMeta, SavePlan, WriteItem
 from .plan_cache import PlanCache, plan_id
 
@@ -60,15 +60,14 @@ def plan_at_root(comm: Communicator, gathered: Optional[List[Dict[str, Any]]],
     shares: Optional[List[List[Any]]] = None
     if gathered is not None:
         try:
-            gp = global_plan(gathered, 0, exact_chunk_bytes, chunk_bytes=options.chunk_bytes,
-                             alignment=options.alignment)
-            common = {"metas": [[p, m.dtype, m.shape] for p, m in gp.metas.items()],
-                      "sizes": [size for _, size in gp.plan.file_sizes],
+            metas, columns = global_columns(gathered, exact_chunk_bytes,
+                                            chunk_bytes=options.chunk_bytes,
+                                            alignment=options.alignment)
+            common = {"metas": [[p, m.dtype, m.shape] for p, m in metas.items()],
+                      "sizes": list(columns.sizes),
                       "id": plan_id([g["key"] for g in gathered]), "why": why, "head": head,
                       "per_rank": any(g["per_rank"] for g in gathered)}
-            shares = [[] for _ in range(comm.size)]
-            for it in gp.plan.items:
-                shares[it.rank].append([it.path, it.start, it.shape, it.offset, it.length])
+            shares = columns.shares()  # no WriteItem per chunk of the whole plan
         except Exception as e:  # noqa: BLE001 - told to every rank, then raised everywhere
             mine, common = e, {"error": _told(e), "why": why}
     common = comm.broadcast(common, 0)
