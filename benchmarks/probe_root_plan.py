@@ -49,7 +49,7 @@ def plan_at_root(gathered: List[Dict[str, Any]]) -> int:
     """Rank 0's planning; returns the number of chunks."""
     if hasattr(G, "global_columns"):
         _, columns = G.global_columns(gathered)
-        return sum(len(s) for s in columns.shares())
+        return sum(len(paths) for paths, *_ in columns.shares())
     gp = G.global_plan(gathered, 0)
     shares: List[List[Any]] = [[] for _ in gathered]
     for it in gp.plan.items:

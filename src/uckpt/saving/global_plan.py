@@ -26,8 +26,8 @@ from ..codecs.checksum import crc32c
 from ..errors import StateMismatchError
 from ..format.tiling import find_defect
 from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
-from .plan import ArrayMeta, BoxHolders, SavePlan
-from .plan_columns import Columns, plan_columns
+from .plan import ArrayMeta, SavePlan
+from .plan_columns import Columns, Held, plan_columns
 from ..tree.flatten import FlatState, unescape
 
 #: replicated arrays up to this size are compared across ranks whole (by checksum),
@@ -218,31 +218,37 @@ def own_starts(own: List[List[Any]]) -> Dict[str, Tuple[int, ...]]:
 
 
 def _holders(path: str, shape: Tuple[int, ...], starts: List[Any], shapes: List[Any],
-             ranks: List[int], sharing: List[int]) -> BoxHolders:
-    """Who holds which box of array ``path``, boxes sorted, each box's ranks ascending,
+             ranks: List[int], sharing: List[int]) -> Held:
+    """Who holds which box of array ``path`` (:class:`~uckpt.saving.plan_columns.Held`),
     after checking that the distinct boxes tile the array (:func:`_check_tiling`); the
     ranks ``sharing`` rank 0's replicated leaves hold what rank 0 holds."""
     k, ndim = len(ranks), len(shape)
     if k == 1 or not ndim:  # one box: a leaf of one rank (or rank 0's replicated), or 0-d
         if list(shapes[0]) != list(shape) or any(starts[0]):  # else the whole array: tiled
             _check_tiling(path, shape, starts[:1], shapes[:1])
-        return [((tuple(starts[0]), tuple(shapes[0])), tuple(sorted(ranks + sharing)))]
+        return Held(np.array(starts[:1], dtype=np.int64).reshape(1, ndim),
+                    np.array(shapes[:1], dtype=np.int64).reshape(1, ndim),
+                    [tuple(sorted(ranks + sharing))])
     key = np.concatenate([np.array(starts, dtype=np.int64).reshape(k, ndim),
                           np.array(shapes, dtype=np.int64).reshape(k, ndim)], axis=1)
-    rows, first, which = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    which = which.reshape(k)
+    order = np.lexsort(key.T[::-1])  # by start, then shape; a box's ranks ascending
+    key = key[order]
+    distinct = np.ones(k, dtype=bool)
+    distinct[1:] = np.any(key[1:] != key[:-1], axis=1)
+    rows = key[distinct]
+    first = order[distinct]  # where each distinct box first came
     appearing = np.argsort(first, kind="stable")  # the distinct boxes as the ranks gave them
     _check_tiling(path, shape, rows[appearing, :ndim], rows[appearing, ndim:])
-    held = np.asarray(ranks, dtype=np.int64)
-    by_box = np.lexsort((held, which))
-    ends = np.cumsum(np.bincount(which, minlength=len(rows))).tolist()
-    grouped = held[by_box].tolist()
-    boxes = [(tuple(row[:ndim]), tuple(row[ndim:])) for row in rows.tolist()]
-    out = [(box, tuple(grouped[a:b])) for box, a, b in zip(boxes, [0] + ends[:-1], ends)]
+    grouped = np.asarray(ranks, dtype=np.int64)[order].tolist()
+    if len(rows) == k:
+        held = [(r,) for r in grouped]
+    else:
+        bounds = np.flatnonzero(distinct).tolist() + [k]
+        held = [tuple(grouped[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
     if sharing:  # rank 0's box is held by the ranks sharing its list too
-        zero = int(which[ranks.index(0)])
-        out[zero] = (out[zero][0], tuple(sorted(out[zero][1] + tuple(sharing))))
-    return out
+        zero = int(np.cumsum(distinct)[int(np.flatnonzero(order == ranks.index(0))[0])]) - 1
+        held[zero] = tuple(sorted(held[zero] + tuple(sharing)))
+    return Held(rows[:, :ndim], rows[:, ndim:], held)
 
 
 def _check_tiling(path: str, shape: Tuple[int, ...], starts_in: Any, extents_in: Any) -> None:

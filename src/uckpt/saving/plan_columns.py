@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Sequence, Tuple
+from typing import Any, List, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -47,15 +47,33 @@ class Columns:
         return SavePlan(self.world_size, items, tuple(zip(names, self.sizes)))
 
     def shares(self) -> List[List[List[Any]]]:
-        """Each rank's chunks ``[path, start, shape, offset, length]``, in the plan's order."""
+        """Each rank's chunks, in the plan's order, as five columns: paths, starts, shapes,
+        offsets and lengths (no object per chunk beyond what the columns hold)."""
         by_rank = np.argsort(self.owner, kind="stable")
-        rows = list(map(list, zip(map(self.paths.__getitem__, by_rank.tolist()),
-                                  map(self.starts.__getitem__, by_rank.tolist()),
-                                  map(self.shapes.__getitem__, by_rank.tolist()),
-                                  self.offset[by_rank].tolist(),
-                                  self.length[by_rank].tolist())))
+        order = by_rank.tolist()
+        columns = ([self.paths[i] for i in order], [self.starts[i] for i in order],
+                   [self.shapes[i] for i in order], self.offset[by_rank].tolist(),
+                   self.length[by_rank].tolist())
         ends = np.cumsum(np.bincount(self.owner, minlength=self.world_size)).tolist()
-        return [rows[a:b] for a, b in zip([0] + ends[:-1], ends)]
+        return [[column[a:b] for column in columns] for a, b in zip([0] + ends[:-1], ends)]
+
+
+@dataclass(frozen=True)
+class Held:
+    """An array's distinct boxes, sorted by start then shape, and the ranks holding each
+    (ascending): :data:`~uckpt.saving.plan.BoxHolders` as columns."""
+
+    starts: np.ndarray  # int64, (boxes, ndim)
+    shapes: np.ndarray  # int64, (boxes, ndim)
+    ranks: Sequence[Tuple[int, ...]]
+
+
+def held_of(boxes: BoxHolders, ndim: int) -> Held:
+    """:class:`Held` from ``[((start, shape), ranks), ...]``."""
+    k = len(boxes)
+    return Held(np.array([b[0][0] for b in boxes], dtype=np.int64).reshape(k, ndim),
+                np.array([b[0][1] for b in boxes], dtype=np.int64).reshape(k, ndim),
+                [tuple(b[1]) for b in boxes])
 
 
 def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolders],
@@ -68,7 +86,8 @@ def plan_holdings(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHold
     return plan_columns(arrays, holders, world_size, chunk_bytes, alignment).plan()
 
 
-def plan_columns(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolders],
+def plan_columns(arrays: Mapping[str, ArrayMeta],
+                 holders: Mapping[str, Union[BoxHolders, Held]],
                  world_size: int, chunk_bytes: int,
                  alignment: int = DEFAULT_ALIGNMENT) -> Columns:
     """:func:`plan_holdings`'s plan, as :class:`Columns`."""
@@ -82,7 +101,23 @@ def plan_columns(arrays: Mapping[str, ArrayMeta], holders: Mapping[str, BoxHolde
     for a, (p, m) in enumerate(arrays.items()):
         size = dtypes.itemsize(m.dtype)
         first = len(paths)
-        for (bstart, bshape), ranks in holders[p]:
+        held = holders[p]
+        if not isinstance(held, Held):
+            held = held_of(held, len(m.shape))
+        nbytes_of = size * np.prod(held.shapes, axis=1)
+        if np.all((nbytes_of > 0) & (nbytes_of < 2 * chunk_bytes)):  # each box one chunk
+            k = len(held.ranks)
+            paths.extend([p] * k)
+            starts.extend(map(tuple, held.starts.tolist()))
+            shapes.extend(map(tuple, held.shapes.tolist()))
+            holding.extend(held.ranks)
+            lengths.extend(nbytes_of.tolist())
+            index.extend([a] * k)
+            if k > 1:
+                spans.append((first, len(paths)))
+            continue
+        for bstart, bshape, ranks in zip(held.starts.tolist(), held.shapes.tolist(),
+                                         held.ranks):
             nbytes = size * math.prod(bshape)
             if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one chunk (split_box)
                 boxes: Sequence[Box] = ((tuple(bstart), tuple(bshape)),)

@@ -13,7 +13,8 @@ only its own write items, the array table and the data files' sizes; so
    what every rank needs: the array table, the data files' sizes, the plan's id, its
    token and metadata, why it planned; or the error it raised, which every rank raises
    (a :class:`~uckpt.errors.StateMismatchError` as itself);
-3. rank 0 scatters each rank its write items (:meth:`~uckpt.comm.Communicator.scatter`);
+3. rank 0 scatters each rank its write items, as columns
+   (:meth:`~uckpt.comm.Communicator.scatter`, :meth:`~uckpt.saving.plan_columns.Columns.shares`);
 4. if some rank has ``PerRank`` state, the ranks all-gather those subtrees (for the
    manifest's tree, as a later save does).
 
@@ -80,7 +81,7 @@ def plan_at_root(comm: Communicator, gathered: Optional[List[Dict[str, Any]]],
     names = [data_file_name(r) for r in range(comm.size)]
     plan = SavePlan(comm.size, tuple(WriteItem(p, tuple(start), tuple(shape), comm.rank,
                                                names[comm.rank], offset, length)
-                                     for p, start, shape, offset, length in items),
+                                     for p, start, shape, offset, length in zip(*items)),
                     tuple(zip(names, common["sizes"])))
     metas = {p: ArrayMeta(dtype, tuple(shape)) for p, dtype, shape in common["metas"]}
     per_rank = comm.all_gather(meta["per_rank"]) if common["per_rank"] else [[]] * comm.size
