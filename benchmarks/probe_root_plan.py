@@ -14,6 +14,7 @@ loop that made the shares from its items.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import os
 import pickle
@@ -25,6 +26,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 import uckpt
+from uckpt.runtime.gcpause import paused
 from uckpt.saving import global_plan as G
 from uckpt.saving.global_plan import compact, expand, local_metadata
 from uckpt.tree.flatten import flatten
@@ -64,6 +66,10 @@ def main() -> int:
     p.add_argument("--replicated", type=int, default=100)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--collector", choices=("paused", "running"), default="paused",
+                   help="Python's garbage collector during the planning: paused, as in a "
+                        "save by uckpt.save or a CheckpointManager (uckpt.runtime.gcpause), "
+                        "or running (default paused)")
     p.add_argument("--cache", metavar="DIR",
                    help="keep the gathered metadata in DIR (pickles made by this script), so "
                         "that runs of two trees plan the very same input without rebuilding it")
@@ -81,11 +87,13 @@ def main() -> int:
                     pickle.dump(gathered, f)
         times = []
         for _ in range(args.repeat):
-            t = time.process_time()
-            chunks = plan_at_root(gathered)
-            times.append(time.process_time() - t)
+            with paused() if args.collector == "paused" else contextlib.nullcontext():
+                t = time.process_time()
+                chunks = plan_at_root(gathered)
+                times.append(time.process_time() - t)
         print(f"ranks {world}: rank 0's planning, CPU s median {statistics.median(times):.3f} "
-              f"(runs {', '.join(f'{x:.3f}' for x in times)}; {chunks} chunks; "
+              f"(runs {', '.join(f'{x:.3f}' for x in times)}; {chunks} chunks; collector "
+              f"{args.collector}; "
               f"load average {os.getloadavg()[0]:.1f})", flush=True)
     if args.profile:
         prof = cProfile.Profile()

@@ -9,7 +9,7 @@ import pytest
 
 from uckpt.format import data_file_name
 from uckpt.saving.plan import ArrayMeta, SavePlan, WriteItem, split_box
-from uckpt.saving.plan_columns import plan_holdings
+from uckpt.saving.plan_columns import plan_columns, plan_holdings
 from uckpt import dtypes
 
 
@@ -132,3 +132,18 @@ def test_plan_of_nothing():
     assert plan_holdings(arrays, holders, 2, 1 << 20, 4096) == \
         reference_plan(arrays, holders, 2, 1 << 20, 4096) == \
         SavePlan(2, (), ((data_file_name(0), 0), (data_file_name(1), 0)))
+
+
+@pytest.mark.parametrize("world", [1, 3, 16])
+def test_shares_are_each_ranks_items(world):
+    """What rank 0 scatters: each rank's items of the whole plan, in order, as columns."""
+    arrays, holders = state(world, 5, uneven=True)
+    columns = plan_columns(arrays, holders, world, 100, 64)
+    plan = columns.plan()
+    shares = columns.shares()
+    assert len(shares) == world
+    for rank, (paths, starts, shapes, offsets, lengths) in enumerate(shares):
+        assert [(it.path, it.start, it.shape, it.offset, it.length)
+                for it in plan.for_rank(rank)] == list(zip(paths, starts, shapes, offsets,
+                                                           lengths))
+    assert sum(len(paths) for paths, *_ in shares) == len(plan.items)
