@@ -204,8 +204,10 @@ def test_reads_refuse_what_is_not_a_regular_file_naming_it_as_local_did(tmp_path
 def test_a_reader_never_creates_a_missing_root_and_a_writer_does(tmp_path):
     missing = tmp_path / "no" / "root"
     store = layer(missing)
-    assert not store.exists() and store.steps() == [] and store.entries() == []
-    assert store.itself() is None and not store.has("step_1")
+    assert not store.exists() and store.steps() == [] and not store.has("step_1")
+    for listed in (store.entries, store.itself):  # as Store says: the root is missing
+        with pytest.raises(errors.CheckpointNotFoundError, match="/no/root' does not exist"):
+            listed()
     with pytest.raises(errors.CheckpointNotFoundError, match="checkpoint '.*/step_1' does not "
                                                               "exist"):
         uckpt.load(store.source("step_1"))

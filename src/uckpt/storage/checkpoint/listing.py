@@ -2,8 +2,11 @@
 :meth:`Store.itself`), from one listing of its keys; nothing is read or changed."""
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
+from ...errors import CheckpointNotFoundError, NotACheckpointError
+from ..fsutil import kind_of
 from ..base import CHECKPOINT, LINK, STALE, TEMPORARY, Entry, step_of
 from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
 
@@ -30,17 +33,52 @@ def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int], sub: str
     else:
         not_plain = {b: "a prefix holding further objects" for b in sorted(below)}
     entry = Entry(name, CHECKPOINT, store.at(name), step=step_of(name),
-                  size=sum(keys.values()), files=files, not_plain=not_plain)
+                  size=sum(keys.values()), files=files, not_plain=not_plain,
+                  token=identity(store, name))
     m = HIDDEN.match(name)
     if m:
         entry.step = step_of(m.group(1))
         entry.kind = TEMPORARY if m.group(2) == TMP_MARK else STALE
-        entry.reason = ("what a save in progress or interrupted wrote" if entry.kind == TEMPORARY
-                        else "what an interrupted deletion or overwrite left")
-    elif MANIFEST_NAME not in files and MANIFEST_NAME not in not_plain:
-        entry.kind = TEMPORARY  # the manifest is the commit (docs/format.md section 2)
+        what = "directory" if store.blob.local_files else "prefix"
+        entry.reason = (f"temporary {what} of a save in progress or interrupted"
+                        if entry.kind == TEMPORARY
+                        else "left by an interrupted delete or overwrite")
+    elif (not store.blob.atomic_rename and MANIFEST_NAME not in files
+          and MANIFEST_NAME not in not_plain):
+        # without a rename a save writes in place and its manifest is the commit
+        # (docs/format.md section 2); with one it writes under a hidden name, so a
+        # checkpoint's name without a manifest is a damaged checkpoint
+        entry.kind = TEMPORARY
         entry.reason = "objects of a save in progress or interrupted (no manifest)"
     return entry
+
+
+def identity(store: BlobCheckpointStore, name: str) -> Optional[Tuple[int, int]]:
+    """Where the store keeps local files, the (device, inode) of child ``name`` (not
+    followed): what tells the directory listed from one put in its place since; else (or
+    where it is gone) None."""
+    if not store.blob.local_files:
+        return None
+    try:
+        st = os.stat(store.at(name), follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_root(store: BlobCheckpointStore) -> None:
+    """Where the store keeps local files, CheckpointNotFoundError if the root directory is
+    missing and NotACheckpointError if something else stands there (a symlink to a
+    directory is followed: it was given). A prefix of an object store always exists."""
+    if not store.blob.local_files or store.exists():
+        return
+    where = store.where
+    try:
+        mode = os.stat(where).st_mode
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(f"{where!r} does not exist", path=where) from None
+    raise NotACheckpointError(f"{where!r} is {kind_of(mode)}, not a directory of checkpoints",
+                              path=where)
 
 
 def children(store: BlobCheckpointStore) -> Iterator[Tuple[str, str, Dict[str, int]]]:
@@ -68,6 +106,7 @@ def children(store: BlobCheckpointStore) -> Iterator[Tuple[str, str, Dict[str, i
 def entries(store: BlobCheckpointStore) -> List[Entry]:
     """The root's checkpoints and uckpt's hidden entries (:func:`children`), and the
     symbolic links named like a step."""
+    check_root(store)
     out = []
     for name, sub, keys in children(store):
         entry = _entry(store, name, keys, sub)
@@ -92,6 +131,7 @@ def _link(store: BlobCheckpointStore, name: str, kind: str) -> Optional[Entry]:
 
 
 def itself(store: BlobCheckpointStore) -> Optional[Entry]:
+    check_root(store)
     if not store.blob.exists(store.prefix + MANIFEST_NAME):
         return None
     keys = {k[len(store.prefix):]: n for k, n in store.blob.list(store.prefix)}
@@ -101,4 +141,4 @@ def itself(store: BlobCheckpointStore) -> Optional[Entry]:
     return entry
 
 
-__all__ = ["entries", "is_prefix", "itself"]
+__all__ = ["check_root", "entries", "identity", "is_prefix", "itself"]

@@ -62,7 +62,12 @@ class BlobCheckpointStore(base.Store):
         return listing.entries(self)
 
     def still_there(self, entry: Entry) -> bool:
-        return self.has(entry.name)  # a deletion hides or un-commits it first
+        """The same directory at its name, where the store keeps local files (a deletion
+        renames it away, an overwrite puts another in its place); else its manifest (a
+        deletion un-commits it first)."""
+        if entry.token is not None:
+            return listing.identity(self, entry.name) == entry.token
+        return self.has(entry.name)
 
     def key(self, *names: str) -> str:
         return self.prefix + "/".join(names)
