@@ -11,12 +11,9 @@ import numpy as np
 import pytest
 
 import uckpt
-import uckpt.storage.fsutil as fsutil
-import uckpt.storage.local as local
 from uckpt import errors
 from uckpt.storage.blob import posix
 from uckpt.storage.blob.posix import PosixStore
-from uckpt.storage.checkpoint import BlobCheckpointStore
 from conftest import mount_tmpfs
 from test_bad_inputs import digest
 
@@ -69,18 +66,6 @@ def test_disk_full_at_the_manifest_leaves_no_debris(tiny_fs):
     m.close()
 
 
-def _fail_once(monkeypatch, module, name, err, when=lambda *a: True):
-    real = getattr(module, name)
-
-    def failing(*args, **kw):
-        if when(*args):
-            monkeypatch.setattr(module, name, real)
-            raise OSError(err, os.strerror(err), str(args[0]) if args else None)
-        return real(*args, **kw)
-
-    monkeypatch.setattr(module, name, failing)
-
-
 def _is_tmp(path, *_):
     return ".uckpt-tmp-" in os.fspath(path)
 
@@ -101,44 +86,8 @@ def _second_save_fails_cleanly(m, root, first, before, err, message, met=lambda:
     m.close()
 
 
-@pytest.mark.parametrize("where, err, message", [
-    ("fsync of the directory", errno.EIO, r"save of step 2 \(commit\) failed: .*Input/output"),
-    ("rename into place", errno.EIO, r"could not commit .*step_00000002.*Input/output"),
-    ("manifest write", errno.EDQUOT, r"no space left .* save of step 2 \(commit\)"),
-], ids=["fsync-EIO", "rename-EIO", "write-EDQUOT"])
-def test_commit_failure_removes_its_temporary_directory(tmp_path, monkeypatch, where, err,
-                                                        message):
-    """Every way out of the commit after the manifest was (partly) written: the error is
-    uckpt's, the save's temporary directory is gone, the checkpoint before it intact."""
-    root = tmp_path / "root"
-    m = uckpt.CheckpointManager(root, keep=uckpt.KeepLast(3))
-    first = m.save(1, FIRST)
-    before = digest(first)
-    if where == "fsync of the directory":
-        _fail_once(monkeypatch, fsutil, "fsync_dir", err, _is_tmp)
-    elif where == "rename into place":
-        _fail_once(monkeypatch, os, "rename", err, _is_tmp)
-    else:
-        _fail_once(monkeypatch, fsutil, "write_all", err)  # the manifest's bytes
-    _second_save_fails_cleanly(m, root, first, before, err, message)
-
-
-def test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path, monkeypatch):
-    """Without an atomic exchange, an overwrite renames the committed checkpoint aside
-    first; when moving the new one in then fails, the old one is put back at once."""
-    first = uckpt.save(tmp_path / "ck", FIRST)
-    before = digest(first)
-    monkeypatch.setattr(fsutil, "exchange", lambda a, b: False)
-    _fail_once(monkeypatch, os, "rename", errno.EIO, _is_tmp)
-    with pytest.raises(errors.SaveError, match="Input/output error"):
-        uckpt.save(tmp_path / "ck", SECOND, overwrite=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
-    assert digest(first) == before
-    np.testing.assert_array_equal(uckpt.load(first)["w"], FIRST["w"])
-
-
-# -- the same properties for a local root on the checkpoint layer (PosixStore): the faults
-# are injected at the blob seam, where the layer's commit calls the store -----------------
+# -- faults injected at the blob seam (PosixStore), where the checkpoint layer's commit
+# calls the store ------------------------------------------------------------------------
 class _Faulty(PosixStore):
     """A PosixStore whose next call named by ``fail`` raises ``err``: ``"manifest"`` (its
     write), ``"manifest fsync"`` (the fsync of the directory it was written into) or
@@ -192,17 +141,12 @@ def _fsync_fails_once(err):
 ], ids=["fsync-EIO", "rename-EIO", "write-EDQUOT"])
 def test_layer_commit_failure_removes_its_temporary_prefix(tmp_path, monkeypatch, fail, err,
                                                           message):
-    """test_commit_failure_removes_its_temporary_directory's properties, for a local root
-    on the checkpoint layer (until open_store gives it for every local path, the test
-    routes this root there itself)."""
+    """Every way out of the commit after the manifest was (partly) written: the error is
+    uckpt's, the save's temporary directory is gone, the checkpoint before it intact."""
     root = tmp_path / "root"
     blob = _Faulty(root)
-
-    def store(where):
-        where = Path(where).absolute()
-        return BlobCheckpointStore(blob if where == root else PosixStore(where), "",
-                                   str(where))
-    monkeypatch.setattr(local, "LocalStore", store)
+    monkeypatch.setattr(posix, "PosixStore",
+                        lambda where: blob if Path(where) == root else PosixStore(where))
     m = uckpt.CheckpointManager(root, keep=uckpt.KeepLast(3))
     first = m.save(1, FIRST)
     before = digest(first)
@@ -213,13 +157,11 @@ def test_layer_commit_failure_removes_its_temporary_prefix(tmp_path, monkeypatch
 
 def test_layer_overwrite_whose_rename_fails_keeps_the_committed_checkpoint(tmp_path,
                                                                            monkeypatch):
-    """As test_overwrite_whose_rename_fails_keeps_the_committed_checkpoint, on the layer:
-    where the file system takes no exchange the old checkpoint goes aside, and comes back
-    when moving the new one in fails."""
+    """Where the file system takes no exchange the old checkpoint goes aside first, and
+    comes back at once when moving the new one in fails."""
     blob = _Faulty(tmp_path)
     monkeypatch.setattr(blob, "exchange_prefix", lambda a, b: False)
-    monkeypatch.setattr(local, "LocalStore", lambda where: BlobCheckpointStore(
-        blob, "", str(tmp_path)))
+    monkeypatch.setattr(posix, "PosixStore", lambda where: blob)
     first = uckpt.save(tmp_path / "ck", FIRST)
     before = digest(first)
     blob.fail, blob.err = "rename", errno.EIO

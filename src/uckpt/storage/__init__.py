@@ -14,6 +14,7 @@ beyond the standard library and uckpt's core.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple, TypeGuard, Union
 
@@ -75,9 +76,15 @@ def open_store(root: Union[Store, PathOrUrl], storage_options: Optional[Options]
     if is_remote(root):
         bucket, prefix = parse_url(root)
         return _s3_root(bucket, prefix, storage_options)
-    from .local import LocalStore
+    return _posix_root(Path(root))
 
-    return LocalStore(root)
+
+def _posix_root(path: Path) -> Store:
+    """The local root directory ``path``: the checkpoint layer on a POSIX blob store."""
+    from .blob.posix import PosixStore
+    from .checkpoint import BlobCheckpointStore
+
+    return BlobCheckpointStore(PosixStore(path), "", os.fspath(path))
 
 
 def _blob_root(url: str, storage_options: Optional[Options]) -> Store:
@@ -115,10 +122,8 @@ def locate(target: PathOrUrl, storage_options: Optional[Options] = None) -> Tupl
                                      path=target, hint="write s3://bucket/name")
         parent, _, name = prefix.rpartition("/")
         return _s3_root(bucket, parent, storage_options), name
-    from .local import LocalStore
-
     path = Path(target).absolute()
-    return LocalStore(path.parent), path.name
+    return _posix_root(path.parent), path.name
 
 
 def open_source(target: Union[CheckpointSource, PathOrUrl],
@@ -130,6 +135,22 @@ def open_source(target: Union[CheckpointSource, PathOrUrl],
         store, name = locate(target, storage_options)
         return store.source(name)
     _check_options(target, storage_options)
-    from .local import LocalSource
+    store, name = locate(_named_directory(Path(target)))
+    return store.source(name)
 
-    return LocalSource(target)
+
+def _named_directory(path: Path) -> Path:
+    """The checkpoint directory the user named by ``path``: a symlink there is followed
+    (the user's choice; entries inside it never are), and what is there but not a
+    directory (a FIFO, a file) is refused as NotACheckpointError naming what it is."""
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        is_dir = stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return path  # missing (or unreachable): named as such by the first read
+    if not is_dir:
+        from .fsutil import open_dir
+
+        os.close(open_dir(path))  # raises NotACheckpointError: "... is a FIFO, not a ..."
+    return path
