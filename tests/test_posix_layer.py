@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -426,3 +427,40 @@ def test_an_oversized_manifest_is_refused_by_its_size_unread(tmp_path):
     with pytest.raises(errors.ManifestError, match=r"manifest '.*/c/manifest\.json' holds "
                        rf"{2 << 30} bytes, more than {1 << 30} bytes, the most uckpt reads"):
         uckpt.load(layer(tmp_path).source("c"))
+
+
+def test_delete_prefix_counts_what_others_removed_meanwhile_as_removed(tmp_path):
+    """Ranks sharing a directory remove their own files while one rank deletes the prefix
+    (an error reaching every rank of a save): a file gone before it is unlinked is
+    removed, not an error, and the directory moved aside for the removal is gone too."""
+    store = PosixStore(tmp_path)
+    files = [f"data-{i:05d}.bin" for i in range(2000)]
+    os.mkdir(tmp_path / "tmp")
+    for name in files:
+        (tmp_path / "tmp" / name).touch()
+    dir_fd = os.open(tmp_path / "tmp", os.O_RDONLY | os.O_DIRECTORY)  # a rank's, held on
+    started, failures = threading.Event(), []
+
+    def other_rank():
+        try:
+            for i, name in enumerate(reversed(files)):
+                if i == 100:
+                    started.set()
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            failures.append(e)
+        finally:
+            started.set()
+
+    other = threading.Thread(target=other_rank)
+    other.start()
+    try:
+        started.wait()
+        store.delete_prefix("tmp/")
+    finally:
+        other.join()
+        os.close(dir_fd)
+    assert failures == [] and os.listdir(tmp_path) == []

@@ -16,7 +16,6 @@ import fcntl
 import logging
 import mmap
 import os
-import shutil
 import socket
 import stat
 import uuid
@@ -34,6 +33,7 @@ from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listin
                    flat, writable_view)
 from .posix_io import DirectFile
 from .posix_read import MediumFileReader, PosixReader, entries, walk
+from .posix_remove import remove_tree
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -327,10 +327,7 @@ class PosixStore(BlobStore):
                 os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except FileNotFoundError:
                 return
-            if stat.S_ISDIR(os.stat(aside, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-                shutil.rmtree(aside, dir_fd=dir_fd)
-            else:
-                os.unlink(aside, dir_fd=dir_fd)
+            remove_tree(aside, dir_fd)  # also a file: unlinked
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
