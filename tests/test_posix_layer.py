@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt import errors
+from uckpt import errors, knobs
 from uckpt.codecs.checksum import crc32c, format_checksum
 from uckpt.loading.reader import CheckpointReader
 from uckpt.storage.blob.posix import PosixStore
@@ -464,3 +464,24 @@ def test_delete_prefix_counts_what_others_removed_meanwhile_as_removed(tmp_path)
         other.join()
         os.close(dir_fd)
     assert failures == [] and os.listdir(tmp_path) == []
+
+
+def test_what_killed_deletions_and_writes_left_is_the_writers_debris(tmp_path):
+    """A deletion killed between moving a directory aside and removing it, or a write
+    killed before its file was moved into place, left a name no listing shows, for
+    good: the root's writer removes them with the debris (a write's file once it is
+    older than knobs.debris_expiry_s: it may be live)."""
+    m = uckpt.CheckpointManager(tmp_path)
+    m.save(1, {"w": np.arange(4)})
+    m.close()
+    aside = tmp_path / ".uckpt-part-del-0badf00d"
+    aside.mkdir()
+    (aside / "manifest.json").write_bytes(b"{}")
+    dead, live = tmp_path / ".uckpt-part-w-0badf00d", tmp_path / ".uckpt-part-w-0000cafe"
+    dead.write_bytes(b"x")
+    live.write_bytes(b"y")
+    os.utime(dead, (time.time() - knobs.debris_expiry_s - 60,) * 2)
+    m = uckpt.CheckpointManager(tmp_path, role="writer")  # removes debris
+    assert m.steps() == [1]
+    m.close()
+    assert sorted(p.name for p in tmp_path.glob(".uckpt-part-*")) == [live.name]

@@ -18,8 +18,9 @@ import mmap
 import os
 import socket
 import stat
+import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, NoReturn, TypeVar
 
@@ -45,6 +46,8 @@ log = logging.getLogger("uckpt.storage.blob.posix")
 T = TypeVar("T")
 _RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 _NOT_SUPPORTED = (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP)
+#: a directory ``delete_prefix`` moved aside to remove it (never read again)
+_ASIDE = f"{RESERVED}del-"
 
 
 class PosixStore(BlobStore):
@@ -322,7 +325,7 @@ class PosixStore(BlobStore):
         except CheckpointNotFoundError:
             return
         try:
-            aside = _hidden("del")
+            aside = _ASIDE + uuid.uuid4().hex
             try:  # out of sight at once, then removed
                 os.rename(name, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except FileNotFoundError:
@@ -331,6 +334,37 @@ class PosixStore(BlobStore):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def abort_incomplete(self, prefix: str, older_than_s: float,
+                         keep: Iterable[str] = ()) -> int:
+        """Remove what killed operations of this store left in ``prefix``'s own directory
+        (``keep`` is for stores whose unfinished writes lie below a prefix; here none
+        do): directories a deletion moved aside (dead: nothing reads them, so whatever
+        their age; another deletion removing one at once is no error) and temporary
+        files of writes started at least ``older_than_s`` ago."""
+        fd = self._prefix_dir(check_prefix(prefix))
+        if fd is None:
+            return 0
+        try:
+            with os.scandir(fd) as it:
+                found = [e for e in it if e.name.startswith(RESERVED)]
+            now, removed = time.time(), 0
+            for e in found:
+                try:
+                    if not e.name.startswith(_ASIDE) and \
+                            now - e.stat(follow_symlinks=False).st_mtime < older_than_s:
+                        continue
+                except FileNotFoundError:
+                    continue
+                remove_tree(e.name, fd)
+                log.info("removed %s: left by a killed %s", self.where(prefix + e.name),
+                         "deletion" if e.name.startswith(_ASIDE) else "write")
+                removed += 1
+            if removed:
+                os.fsync(fd)
+            return removed
+        finally:
+            os.close(fd)
 
     def rename_prefix(self, src: str, dst: str) -> None:
         src_key, dst_key = (p[:-1] for p in check_rename(src, dst))

@@ -5,7 +5,9 @@
   lease is free (the store has ``advisory_locks``; else this process's live saves are
   kept and the others removed only when the root's writer starts), an overwrite's old
   checkpoint ``.<name>.uckpt-old-<token>/`` (put back if nothing took its place, else
-  removed) and a deletion's ``.<name>.uckpt-del-<token>/`` (removed);
+  removed) and a deletion's ``.<name>.uckpt-del-<token>/`` (removed), and what the
+  store's own killed operations left there (:meth:`BlobStore.abort_incomplete`: a
+  POSIX deletion's directory moved aside, a write's temporary file);
 * without it: ``step_N/`` prefixes holding data objects but no manifest, whose newest
   object is older than ``knobs.debris_expiry_s`` by the store's clock
   (:meth:`~uckpt.storage.blob.base.BlobStore.age`), and not this process's live saves.
@@ -58,6 +60,7 @@ def _dead(store: BlobCheckpointStore, prefix: str) -> bool:
 
 def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
     blob, removed = store.blob, []
+    blob.abort_incomplete(store.prefix, knobs.debris_expiry_s)  # a killed deletion's, ...
     listing = blob.list_dir(store.prefix)
     judged = set()  # temporary prefixes whose lease was judged (and, if dead, removed)
     for prefix in listing.prefixes:
