@@ -171,6 +171,23 @@ class PosixStore(BlobStore):
             os.close(dir_fd)
             raise
 
+    def exists(self, key: str) -> bool:
+        """An ``lstat`` of each directory on the key's path and of the key (a listing of
+        a root with many checkpoints asks this once for each); where any of them is
+        neither as expected nor missing (a symlink, a FIFO, a directory at the key) the
+        walk from the root's descriptor judges it and names it (:meth:`size`)."""
+        path = os.fspath(self.root)
+        *parts, name = check_key(key).split("/")
+        try:
+            for part in parts:
+                path = os.path.join(path, part)
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    return super().exists(key)
+            mode = os.lstat(os.path.join(path, name)).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        return stat.S_ISREG(mode) or super().exists(key)
+
     def size(self, key: str) -> int:
         dir_fd, name = self._parent(key)
         try:
