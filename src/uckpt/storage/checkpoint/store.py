@@ -66,7 +66,7 @@ class BlobCheckpointStore(base.Store):
         renames it away, an overwrite puts another in its place); else its manifest (a
         deletion un-commits it first)."""
         if entry.token is not None:
-            return listing.identity(self, entry.name) == entry.token
+            return bool(listing.identity(self, entry.name) == entry.token)
         return self.has(entry.name)
 
     def key(self, *names: str) -> str:
