@@ -141,7 +141,7 @@ def entries(root: Path) -> list:
     """Names under a checkpoint root, less the writer's lock file and the save-costs file
     (always there once a manager has saved to it)."""
     from uckpt.manager.costs import COSTS_NAME
-    from uckpt.storage.leases import LOCK_NAME
+    from uckpt.storage.checkpoint.lock import LOCK_NAME
 
     return sorted(p.name for p in root.iterdir() if p.name not in (LOCK_NAME, COSTS_NAME))
 

@@ -260,12 +260,12 @@ def test_medium_reads_check_unaligned_chunks_across_blocks(tmp_path, monkeypatch
     a chunk past the end of the file reads as None (truncated)."""
     from uckpt.storage import readback
     from uckpt.codecs.checksum import of
-    from uckpt.storage.local import LocalSource
+    from uckpt.storage import open_source
 
     monkeypatch.setattr(knobs, "read_block_bytes", 2 * readback.ALIGN)
     data = np.random.default_rng(0).integers(0, 256, 5 * readback.ALIGN + 123, np.uint8)
     (tmp_path / "data-00000.bin").write_bytes(data.tobytes())
-    with LocalSource(tmp_path) as source:
+    with open_source(tmp_path) as source:
         reader = source.medium_reader("data-00000.bin")
         buf = readback.block_buffer()
         try:

@@ -18,6 +18,7 @@ import pytest
 import uckpt
 from conftest import PYTHON, entries, mount_tmpfs
 from uckpt import errors
+from uckpt.storage import open_store
 
 WORKER = Path(__file__).with_name("shared_root_worker.py")
 SAVES = int(os.environ.get("UCKPT_SHARED_ROOT_SAVES", "1000"))
@@ -191,29 +192,12 @@ def test_reader_role_and_readers_create_nothing(tmp_path):
         uckpt.CheckpointManager(tmp_path, role="owner")
 
 
-def test_live_save_directory_survives_a_new_writer(tmp_path):
-    """The bug this replaces: a manager opened during a save removed its directory."""
-    from uckpt.storage.leases import make_tmp_dir, remove_debris
-
-    lease = make_tmp_dir(tmp_path / "step_00000007")  # a save in flight, this process
-    dead = tmp_path / ".step_00000008.uckpt-tmp-0badf00d"  # an interrupted one
-    dead.mkdir()
-    code = ("import sys, pathlib\nfrom uckpt.storage.leases import remove_debris\n"
-            "print(remove_debris(pathlib.Path(sys.argv[1]), 'manifest.json'))\n")
-    r = subprocess.run([PYTHON, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                       timeout=60, check=True)
-    assert dead.name in r.stdout and lease.path.name not in r.stdout
-    assert lease.path.is_dir() and not dead.exists()  # locked by a live save: kept
-    assert remove_debris(tmp_path, "manifest.json") == []  # same process: kept too
-    lease.release()
-    assert remove_debris(tmp_path, "manifest.json") == [lease.path.name]
-
-
-def test_a_costs_file_being_replaced_by_a_killed_writer_is_debris(tmp_path):
-    """CI found a killed saver's ``.uckpt-costs.json.<pid>.tmp`` left for good: the
-    costs file is now replaced through a locked temporary file the writer cleans."""
+def test_a_costs_file_being_replaced_by_a_killed_writer_is_removed(tmp_path):
+    """CI found a killed saver's temporary costs file left for good: the costs file is
+    replaced through a locked temporary file, and the next replacement removes those
+    whose lock is free (their writer died), never a live writer's."""
     from uckpt.manager.costs import COSTS_NAME
-    from uckpt.storage.leases import TMP_MARK, remove_debris, replace_file
+    from uckpt.manager.costs_file import TMP_MARK, replace_file
 
     replace_file(tmp_path, COSTS_NAME, b'{"x": 1}\n')
     assert (tmp_path / COSTS_NAME).read_bytes() == b'{"x": 1}\n' and entries(tmp_path) == []
@@ -228,52 +212,15 @@ def test_a_costs_file_being_replaced_by_a_killed_writer_is_debris(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
-        assert remove_debris(tmp_path, "manifest.json") == [dead.name]
-        assert live.exists() and (tmp_path / COSTS_NAME).exists()  # live, and not debris
+        replace_file(tmp_path, COSTS_NAME, b'{"x": 2}\n')
+        assert not dead.exists() and live.exists()  # dead removed; live, and not debris
     finally:
         holder.communicate("go\n", timeout=60)
-    assert remove_debris(tmp_path, "manifest.json") == [live.name]
-    assert entries(tmp_path) == []
-
-
-def test_a_save_directory_being_created_is_never_taken_for_debris(tmp_path):
-    """Between creating its temporary directory and locking it a save holds the root's
-    birth guard; the writer judges debris only under that guard (the race that once
-    flaked test_concurrent_writers_opt_in). Here another process is stopped inside
-    that window: the directory exists and is not locked yet."""
-    from uckpt.storage.leases import remove_debris
-
-    born = tmp_path / ".step_00000009.uckpt-tmp-00c0ffee"
-    code = ("import fcntl, os, sys\n"
-            "root = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
-            "fcntl.flock(root, fcntl.LOCK_SH)\nos.mkdir(sys.argv[2])\n"
-            "print('born', flush=True)\nsys.stdin.readline()\n"
-            "d = os.open(sys.argv[2], os.O_RDONLY | os.O_DIRECTORY)\n"
-            "fcntl.flock(d, fcntl.LOCK_EX)\nos.close(root)\n"
-            "print('leased', flush=True)\nsys.stdin.readline()\n")
-    saver = subprocess.Popen([PYTHON, "-c", code, str(tmp_path), str(born)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert saver.stdout.readline() == "born\n"
-        result = []
-        judge = threading.Thread(target=lambda: result.append(
-            remove_debris(tmp_path, "manifest.json")))
-        judge.start()
-        judge.join(0.5)
-        assert judge.is_alive() and born.is_dir()  # waits for the save to lock it
-        saver.stdin.write("go\n")
-        saver.stdin.flush()
-        assert saver.stdout.readline() == "leased\n"
-        judge.join(60)
-        assert result == [[]] and born.is_dir()  # locked by a live save: kept
-    finally:
-        saver.communicate("go\n", timeout=60)
-    assert remove_debris(tmp_path, "manifest.json") == [born.name]  # its saver died
+    replace_file(tmp_path, COSTS_NAME, b'{"x": 3}\n')
+    assert (tmp_path / COSTS_NAME).read_bytes() == b'{"x": 3}\n' and entries(tmp_path) == []
 
 
 def test_debris_symlinks_are_unlinked_not_followed(tmp_path):
-    from uckpt.storage.leases import remove_debris
-
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "precious").write_text("x")
@@ -281,7 +228,7 @@ def test_debris_symlinks_are_unlinked_not_followed(tmp_path):
     root.mkdir()
     (root / ".step_00000001.uckpt-tmp-deadbeef").symlink_to(outside)
     (root / ".step_00000002.uckpt-del-deadbeef").symlink_to(outside)
-    assert len(remove_debris(root, "manifest.json")) == 2
+    assert len(open_store(root).remove_debris()) == 2
     assert (outside / "precious").read_text() == "x" and entries(root) == []
 
 
@@ -344,8 +291,6 @@ def test_restore_racing_with_retention_falls_back(tmp_path):
 
 
 def test_two_savers_of_one_step(tmp_path):
-    from uckpt.storage.local import publish
-
     target = tmp_path / "ck"
     results = []
 
@@ -361,11 +306,6 @@ def test_two_savers_of_one_step(tmp_path):
     for t in threads:
         t.join()
     assert sum(isinstance(r, errors.CheckpointExistsError) for r in results) == 1
-    late = tmp_path / ".ck.uckpt-tmp-late0000"  # a saver that lost the race at the rename
-    late.mkdir()
-    (late / "manifest.json").write_text("{}")
-    with pytest.raises(errors.CheckpointExistsError, match="committed by another save"):
-        publish(late, target, overwrite=False)
     assert (uckpt.load(target)["w"] == 1).all()
 
 

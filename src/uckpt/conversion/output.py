@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Union
 
 from ..storage import fsutil
-from ..storage.leases import OLD_MARK, TMP_MARK
+from ..storage.checkpoint.names import OLD_MARK, TMP_MARK
 from ..errors import CheckpointExistsError
 from ..storage import CheckpointSink, locate
 

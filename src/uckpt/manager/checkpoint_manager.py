@@ -43,7 +43,7 @@ from ..saving.engine import AsyncSaver, SaveHandle, SerialRunner
 from ..errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                       DistributedError, ManifestError, MemoryLimitError, NotACheckpointError,
                       StorageError, UckptError)
-from ..storage.leases import check_leases, check_roots, claim_roots
+from ..storage.claims import check_leases, check_roots, claim_roots
 from .options import AsyncOptions, IncrementalOptions, RetentionOptions, manager_options
 from ..options import SaveOptions
 from ..saving.plan_cache import PlanCache

@@ -9,9 +9,9 @@ For every save the manager measures (monotonic clock, from the call of ``save``)
 
 The writing manager (rank 0) keeps the newest :data:`KEEP` records in
 ``<root>/.uckpt-costs.json`` of a local first tier (docs/format.md, section 15),
-replaced atomically (a temporary file renamed over it; not fsynced: losing it
-loses only measurements). ``uckpt advise`` and :class:`~uckpt.manager.interval.EveryOptimal`
-read it. The file is a JSON object::
+replaced atomically (:mod:`.costs_file`: a locked temporary file renamed over it, one a
+killed writer left removed by the next replacement). ``uckpt advise`` and
+:class:`~uckpt.manager.interval.EveryOptimal` read it. The file is a JSON object::
 
     {"kind": "uckpt-save-costs", "version": 1,
      "saves": [{"step": 100, "stall_s": 0.031, "commit_s": 0.42, "durable_s": 0.42,
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..storage import fsutil
 from ..errors import CheckpointNotFoundError, ManifestError, UckptError
-from ..storage.leases import replace_file
+from ..storage import fsutil
+from .costs_file import replace_file
 
 log = logging.getLogger("uckpt.manager.costs")
 

@@ -9,7 +9,6 @@ import fcntl
 import os
 import shutil
 import stat
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from ..errors import (CheckpointNotFoundError, CorruptCheckpointError, NotACheckpointError,
@@ -27,16 +26,6 @@ MakeError = Callable[..., BaseException]
 def fsync_dir(path: StrPath) -> None:
     fd = os.open(os.fspath(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durably(path: StrPath, data: bytes) -> None:
-    """Write ``data`` to ``path`` (new file) and fsync it."""
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -191,11 +180,6 @@ def remove_tree(path: StrPath) -> None:
 
 def is_enospc(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def dir_is_empty(path: Path) -> bool:
-    with os.scandir(path) as it:
-        return next(it, None) is None
 
 
 # -- reading a checkpoint directory safely ----------------------------------------------------

@@ -49,27 +49,6 @@ class SourceReader:
         pass
 
 
-class FileReader:
-    """Data file ``name`` of the directory open at ``dir_fd`` (the caller's), read from the
-    medium where the platform allows (see the module docstring); ``how`` says which way.
-    The reads are :class:`~uckpt.storage.blob.posix_read.MediumFileReader`'s."""
-
-    def __init__(self, dir_fd: int, name: str) -> None:
-        from .blob.posix_read import MediumFileReader
-
-        self._file = MediumFileReader(dir_fd, name, name, owns_dir=False)
-
-    @property
-    def how(self) -> str:
-        return self._file.how
-
-    def read(self, buf: Buffer, offset: int) -> int:
-        return self._file.read_into(offset, buf)
-
-    def close(self) -> None:
-        self._file.close()
-
-
 def block_buffer() -> mmap.mmap:
     """A page-aligned buffer (what O_DIRECT reads need) of ``knobs.read_block_bytes``."""
     return mmap.mmap(-1, max(ALIGN, knobs.read_block_bytes // ALIGN * ALIGN))

@@ -5,7 +5,8 @@
   lease is free (the store has ``advisory_locks``; else this process's live saves are
   kept and the others removed only when the root's writer starts), an overwrite's old
   checkpoint ``.<name>.uckpt-old-<token>/`` (put back if nothing took its place, else
-  removed) and a deletion's ``.<name>.uckpt-del-<token>/`` (removed), and what the
+  removed) and a deletion's ``.<name>.uckpt-del-<token>/`` (removed), symbolic links
+  and other entries named like them (unlinked, never followed), and what the
   store's own killed operations left there (:meth:`BlobStore.abort_incomplete`: a
   POSIX deletion's directory moved aside, a write's temporary file);
 * without it: ``step_N/`` prefixes holding data objects but no manifest, whose newest
@@ -87,6 +88,12 @@ def _hidden_debris(store: BlobCheckpointStore) -> List[str]:
             log.info("removed %s: an interrupted %s", store.at(entry),
                      "overwrite" if mark == OLD_MARK else "deletion")
         removed.append(entry)
+    for key, kind in blob.others(store.prefix).items():  # never followed: unlinked
+        entry = key[len(store.prefix):]
+        if HIDDEN.match(entry):
+            blob.delete(key)
+            log.info("removed %s: %s named like uckpt's debris", store.at(entry), kind)
+            removed.append(entry)
     for key in listing.keys:  # leases of dead saves (_dead removes them)
         entry = key[len(store.prefix):]
         if entry.endswith(LEASE_SUFFIX) and HIDDEN.match(entry[:-len(LEASE_SUFFIX)]) and \
