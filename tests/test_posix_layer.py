@@ -284,8 +284,9 @@ def test_an_overwrite_swaps_so_readers_never_miss_the_checkpoint(tmp_path):
 
 
 def test_re_verification_reads_a_local_file_from_the_medium(tmp_path):
-    """As LocalSource: O_DIRECT where the file system takes it, else the cached pages
-    dropped first (tmpfs), never the page cache's answer alone ("store read")."""
+    """As local roots read before the layer: O_DIRECT where the file system takes it, else
+    the cached pages dropped first (tmpfs), never the page cache's answer alone ("store
+    read")."""
     uckpt.save(tmp_path / "step_1", {"w": np.arange(4096, dtype=np.float32)})
     source = layer(tmp_path).source("step_1")
     reader = source.medium_reader("data-00000.bin")
@@ -302,8 +303,8 @@ def test_re_verification_reads_a_local_file_from_the_medium(tmp_path):
 
 
 def test_a_base_whose_manifest_is_a_symlink_is_not_committed(tmp_path):
-    """As LocalSource.sibling: an incremental checkpoint's base is committed only by a
-    regular manifest; a symlinked one is named, never followed."""
+    """As local roots judged it before the layer: an incremental checkpoint's base is
+    committed only by a regular manifest; a symlinked one is named, never followed."""
     uckpt.save(tmp_path / "step_1", {"w": np.arange(4, dtype=np.float32)})
     base = tmp_path / "step_1"
     os.rename(base / "manifest.json", tmp_path / "real.json")
