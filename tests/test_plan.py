@@ -1,5 +1,6 @@
 """The save planner is pure data: deterministic, complete, balanced."""
-from uckpt.saving.plan import ArrayMeta, plan_save, split_box
+from uckpt.saving.plan import ArrayMeta, split_box
+from uckpt.saving.plan_columns import plan_save
 
 
 def split_rows(meta, chunk_bytes):

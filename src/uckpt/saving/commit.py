@@ -19,7 +19,8 @@ from .._version import __version__ as _version
 from ..errors import ManifestError
 from ..format import ArrayEntry, FileEntry, Manifest
 from ..options import DEFAULT, SaveOptions
-from .plan import SavePlan, WriteItem, metas, plan_save
+from .plan import SavePlan, WriteItem, metas
+from .plan_columns import plan_save
 from ..storage.save_errors import raise_save_failure
 from ..storage import locate
 from ..tree.flatten import FlatState

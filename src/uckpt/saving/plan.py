@@ -1,6 +1,7 @@
 """Who writes which chunk of which array, as plain data.
 
-``plan_save`` is a pure function: the same array layouts give the same plan on
+The planning itself (:func:`uckpt.saving.plan_columns.plan_save` and
+``plan_holdings``) is a pure function: the same array layouts give the same plan on
 every rank. Arrays larger than twice ``chunk_bytes`` are split along
 their first axis; chunks are given to ranks largest first, each to the rank with
 the fewest bytes so far (ties to the lowest rank), so replicated state is
@@ -18,7 +19,7 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
 from .. import dtypes
 from ..format import data_file_name
-from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
+from ..options import DEFAULT_ALIGNMENT
 
 Box = Tuple[Tuple[int, ...], Tuple[int, ...]]  # (start, shape)
 
@@ -87,16 +88,6 @@ def split_box(dtype: str, start: Sequence[int], shape: Sequence[int],
 
 #: who holds which box of an array: ``[((start, shape), (rank, ...)), ...]``
 BoxHolders = Sequence[Tuple[Box, Tuple[int, ...]]]
-
-
-def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
-              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-              alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
-    """The plan for replicated arrays: every rank holds all of each array."""
-    from .plan_columns import plan_holdings  # it builds on this module's types
-    everyone = tuple(range(world_size))
-    holders = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
-    return plan_holdings(arrays, holders, world_size, chunk_bytes, alignment)
 
 
 def layout(chunks: Sequence[Tuple[str, Tuple[int, ...], Tuple[int, ...], int, int]],

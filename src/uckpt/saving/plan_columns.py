@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import dtypes
 from ..format import data_file_name
-from ..options import DEFAULT_ALIGNMENT
+from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
 from .plan import ArrayMeta, Box, BoxHolders, SavePlan, WriteItem, split_box
 
 
@@ -212,3 +212,12 @@ def _place(paths: Sequence[str], starts: Sequence[Tuple[int, ...]],
         sizes[f[run_first[last]]] = run_start[last] + run_len[last]
     return Columns(world_size, paths, starts, shapes, owner, offset, length,
                    tuple(sizes.tolist()))
+
+
+def plan_save(arrays: Mapping[str, ArrayMeta], world_size: int = 1,
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+              alignment: int = DEFAULT_ALIGNMENT) -> SavePlan:
+    """The plan for replicated arrays: every rank holds all of each array."""
+    everyone = tuple(range(world_size))
+    holders = {p: [(((0,) * len(m.shape), m.shape), everyone)] for p, m in arrays.items()}
+    return plan_holdings(arrays, holders, world_size, chunk_bytes, alignment)

@@ -20,7 +20,8 @@ from ..adapter import DeviceArray
 from ..format import data_file_name
 from .late import defer, split_jobs
 from ..runtime.parallel import parallel_map
-from .plan import SavePlan, WriteItem, metas, plan_save
+from .plan import SavePlan, WriteItem, metas
+from .plan_columns import plan_save
 from ..tree.flatten import FlatState
 
 Allocator = Callable[[int], Tuple[np.ndarray, Any]]
