@@ -143,14 +143,12 @@ def _named_directory(path: Path) -> Path:
     """The checkpoint directory the user named by ``path``: a symlink there is followed
     (the user's choice; entries inside it never are), and what is there but not a
     directory (a FIFO, a file) is refused as NotACheckpointError naming what it is."""
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
     try:
         is_dir = stat.S_ISDIR(os.stat(path).st_mode)
     except OSError:
         return path  # missing (or unreachable): named as such by the first read
-    if not is_dir:
+    if not is_dir:  # named as the user gave it, a symlink's target as what it is
         from .fsutil import open_dir
 
         os.close(open_dir(path))  # raises NotACheckpointError: "... is a FIFO, not a ..."
-    return path
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
