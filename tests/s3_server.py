@@ -80,6 +80,7 @@ class SeaweedServer:
         self.weed = weed
         self.ports: Dict[str, int] = dict(zip(_PORTS, free_ports(len(_PORTS))))
         self.proc: Optional[subprocess.Popen] = None
+        self._started = False  # once up, its ports are known to clients: kept
         self.log_path = self.data_dir / "weed.log"
 
     @property
@@ -107,21 +108,33 @@ class SeaweedServer:
                 *(f"-{name}={port}" for name, port in p.items() if ".grpc" in name)]
 
     def start(self, timeout: float = START_TIMEOUT_S) -> "SeaweedServer":
-        """Starts the server (in its own process group) and waits until it stores objects."""
+        """Starts the server (in its own process group) and waits until it stores objects.
+        A first start whose ports another process took between :func:`free_ports` and the
+        server's bind ("address already in use") is tried again on new ports, twice at
+        most; a restart keeps its ports (clients know them)."""
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, cwd=self.data_dir,
-                                         start_new_session=True)
-        finally:
-            log.close()
-        try:
-            self._wait_ready(time.monotonic() + timeout)
-        except BaseException:
-            self.kill()
-            raise
-        return self
+        for attempt in range(3):
+            log = open(self.log_path, "ab")
+            try:
+                self.proc = subprocess.Popen(self.command(), stdout=log,
+                                             stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, cwd=self.data_dir,
+                                             start_new_session=True)
+            finally:
+                log.close()
+            try:
+                self._wait_ready(time.monotonic() + timeout)
+                self._started = True
+                return self
+            except RuntimeError as e:
+                self.kill()
+                if self._started or attempt == 2 or "address already in use" not in str(e):
+                    raise
+                self.ports = dict(zip(_PORTS, free_ports(len(_PORTS))))
+            except BaseException:
+                self.kill()
+                raise
+        raise AssertionError("unreachable")
 
     def _wait_ready(self, deadline: float) -> None:
         """Polls until a bucket can be made and an object written and read: the S3
