@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Iterator
 
 from ..storage import fsutil
+from ..storage.checkpoint.names import TMP_MARK
 
 log = logging.getLogger("uckpt.manager.costs")
 
-TMP_MARK = ".uckpt-tmp-"
 _UNSUPPORTED = (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
