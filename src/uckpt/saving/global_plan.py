@@ -16,7 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from ..codecs.checksum import crc32c
 from ..errors import StateMismatchError
 from ..format.tiling import find_defect
 from ..options import DEFAULT_ALIGNMENT, DEFAULT_CHUNK_BYTES
-from .plan import ArrayMeta, SavePlan
+from .plan import ArrayMeta, BoxHolders, SavePlan
 from .plan_columns import Columns, Held, plan_columns
 from ..tree.flatten import FlatState, unescape
 
@@ -218,17 +218,16 @@ def own_starts(own: List[List[Any]]) -> Dict[str, Tuple[int, ...]]:
 
 
 def _holders(path: str, shape: Tuple[int, ...], starts: List[Any], shapes: List[Any],
-             ranks: List[int], sharing: List[int]) -> Held:
-    """Who holds which box of array ``path`` (:class:`~uckpt.saving.plan_columns.Held`),
+             ranks: List[int], sharing: List[int]) -> Union[BoxHolders, Held]:
+    """Who holds which box of array ``path`` (:class:`~uckpt.saving.plan_columns.Held`; one
+    box as :data:`~uckpt.saving.plan.BoxHolders`, which is cheaper to plan),
     after checking that the distinct boxes tile the array (:func:`_check_tiling`); the
     ranks ``sharing`` rank 0's replicated leaves hold what rank 0 holds."""
     k, ndim = len(ranks), len(shape)
     if k == 1 or not ndim:  # one box: a leaf of one rank (or rank 0's replicated), or 0-d
         if list(shapes[0]) != list(shape) or any(starts[0]):  # else the whole array: tiled
             _check_tiling(path, shape, starts[:1], shapes[:1])
-        return Held(np.array(starts[:1], dtype=np.int64).reshape(1, ndim),
-                    np.array(shapes[:1], dtype=np.int64).reshape(1, ndim),
-                    [tuple(sorted(ranks + sharing))])
+        return [((tuple(starts[0]), tuple(shapes[0])), tuple(sorted(ranks + sharing)))]
     key = np.concatenate([np.array(starts, dtype=np.int64).reshape(k, ndim),
                           np.array(shapes, dtype=np.int64).reshape(k, ndim)], axis=1)
     order = np.lexsort(key.T[::-1])  # by start, then shape; a box's ranks ascending

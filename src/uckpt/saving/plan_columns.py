@@ -67,6 +67,9 @@ class Held:
     shapes: np.ndarray  # int64, (boxes, ndim)
     ranks: Sequence[Tuple[int, ...]]
 
+    def __len__(self) -> int:
+        return len(self.ranks)
+
 
 def held_of(boxes: BoxHolders, ndim: int) -> Held:
     """:class:`Held` from ``[((start, shape), ranks), ...]``."""
@@ -102,22 +105,24 @@ def plan_columns(arrays: Mapping[str, ArrayMeta],
         size = dtypes.itemsize(m.dtype)
         first = len(paths)
         held = holders[p]
-        if not isinstance(held, Held):
-            held = held_of(held, len(m.shape))
-        nbytes_of = size * np.prod(held.shapes, axis=1)
-        if np.all((nbytes_of > 0) & (nbytes_of < 2 * chunk_bytes)):  # each box one chunk
-            k = len(held.ranks)
-            paths.extend([p] * k)
-            starts.extend(map(tuple, held.starts.tolist()))
-            shapes.extend(map(tuple, held.shapes.tolist()))
-            holding.extend(held.ranks)
-            lengths.extend(nbytes_of.tolist())
-            index.extend([a] * k)
-            if k > 1:
+        if len(held) == 1:  # one box (every array of a one-rank save): plain ints are faster
+            box_list: Any = _one_box(held)
+        else:
+            if not isinstance(held, Held):
+                held = held_of(held, len(m.shape))
+            nbytes_of = size * np.prod(held.shapes, axis=1)
+            if np.all((nbytes_of > 0) & (nbytes_of < 2 * chunk_bytes)):  # each box one chunk
+                k = len(held.ranks)
+                paths.extend([p] * k)
+                starts.extend(map(tuple, held.starts.tolist()))
+                shapes.extend(map(tuple, held.shapes.tolist()))
+                holding.extend(held.ranks)
+                lengths.extend(nbytes_of.tolist())
+                index.extend([a] * k)
                 spans.append((first, len(paths)))
-            continue
-        for bstart, bshape, ranks in zip(held.starts.tolist(), held.shapes.tolist(),
-                                         held.ranks):
+                continue
+            box_list = zip(held.starts.tolist(), held.shapes.tolist(), held.ranks)
+        for bstart, bshape, ranks in box_list:
             nbytes = size * math.prod(bshape)
             if nbytes and nbytes < 2 * chunk_bytes:  # most boxes: one chunk (split_box)
                 boxes: Sequence[Box] = ((tuple(bstart), tuple(bshape)),)
@@ -147,6 +152,14 @@ def plan_columns(arrays: Mapping[str, ArrayMeta],
     owner = _owners(holding, length, ranked, world_size)
     return _place(paths, starts, shapes, np.array(index, dtype=np.int64).reshape(n), owner,
                   length, world_size, alignment)
+
+
+def _one_box(held: Union[BoxHolders, Held]) -> List[Tuple[Any, Any, Tuple[int, ...]]]:
+    """The one box of ``held`` as ``[(start, shape, ranks)]``."""
+    if isinstance(held, Held):
+        return [(held.starts[0].tolist(), held.shapes[0].tolist(), tuple(held.ranks[0]))]
+    (start, shape), ranks = held[0]
+    return [(start, shape, tuple(ranks))]
 
 
 def _owners(holding: Sequence[Tuple[int, ...]], length: np.ndarray, ranked: np.ndarray,
