@@ -399,7 +399,8 @@ class PosixStore(BlobStore):
             try:
                 _rename_noreplace(src_fd, src_name, dst_fd, dst_name)
                 os.fsync(dst_fd)
-                os.fsync(src_fd)
+                if not os.path.samestat(os.fstat(src_fd), os.fstat(dst_fd)):
+                    os.fsync(src_fd)  # (one directory: its fsync covers both names)
             finally:
                 os.close(dst_fd)
         except CheckpointNotFoundError:
