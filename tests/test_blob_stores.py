@@ -1,7 +1,8 @@
 """Every blob store passes StoreTests (uckpt.testing.store_tests): in memory, in local
-directories, through fsspec's local and memory file systems, and on S3 (the SeaweedFS
-server of tests/s3_server.py). Then what only one backend can show: a POSIX store never
-leaves its root nor blocks on what it finds there, and leaves no debris visible."""
+directories (plain, and the shared-memory store of shm:// roots), through fsspec's local
+and memory file systems, and on S3 (the SeaweedFS server of tests/s3_server.py). Then
+what only one backend can show: a POSIX store never leaves its root nor blocks on what it
+finds there, and leaves no debris visible."""
 from __future__ import annotations
 
 import os
@@ -31,6 +32,14 @@ class TestPosixStore(StoreTests):
     @pytest.fixture
     def store(self, tmp_path):
         return PosixStore(tmp_path / "root", buffer_bytes=4096)  # 3 buffers and a bit
+
+
+class TestShmStore(StoreTests):
+    @pytest.fixture
+    def store(self, tmp_path):
+        from uckpt.storage.blob.shm import ShmStore
+
+        return ShmStore(tmp_path / "root", "shm://test")
 
 
 class TestFsspecLocal(StoreTests):

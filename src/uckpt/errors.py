@@ -193,6 +193,11 @@ class StorageFullError(_OSFlavoured):
         super().__init__(message, **kw)
 
 
+class LevelFullError(StorageFullError):
+    """A save to a memory-level (``shm://``) tier would not fit in the free space of the
+    node's shared memory: refused before its data is written (``needed``, ``free``: bytes)."""
+
+
 class SaveError(UckptError, RuntimeError):
     """A save failed for a reason that is not one of the more specific errors."""
 

@@ -2,7 +2,8 @@
 
 A root or a checkpoint is named by a local path, an ``s3://bucket/prefix`` URL, or a URL
 of a store on the blob layer (:mod:`.checkpoint.urls`: ``memory://name/prefix``, a store
-in this process's memory, and ``fsspec+<protocol>://...``, any fsspec file system).
+in this process's memory, ``shm://name/prefix``, a directory in the node's shared memory
+(:mod:`.checkpoint.shm`), and ``fsspec+<protocol>://...``, any fsspec file system).
 :func:`open_store` gives the :class:`~uckpt.storage.base.Store` of a root,
 :func:`locate` the store and name of one checkpoint, :func:`open_source` a
 :class:`~uckpt.storage.base.CheckpointSource` to read one.
@@ -41,7 +42,8 @@ def is_remote(target: object) -> TypeGuard[str]:
 
 def storage_options_for(target: Any, storage_options: Optional[Options]) -> Optional[Options]:
     """The ``storage_options`` that apply to ``target``: all of them for a URL of a store
-    that takes options, None for a local path or a ``memory://`` URL (which take none)."""
+    that takes options, None for a local path or a ``memory://`` or ``shm://`` URL (which
+    take none)."""
     return storage_options if is_s3_url(target) or takes_options(target) else None
 
 
@@ -49,7 +51,8 @@ def canonical(target: PathOrUrl) -> Union[Path, str]:
     """``target`` as one spelling of it: an absolute Path for a local path, the URL without
     a trailing ``/`` for a URL."""
     if is_remote(target):
-        return str(target).rstrip("/")
+        scheme, sep, rest = str(target).partition("://")
+        return scheme + sep + rest.rstrip("/")  # "shm://" stays a URL (of no name)
     return Path(target).absolute()
 
 

@@ -18,7 +18,7 @@ def save_failure(e: BaseException, doing: str, directory: object,
                  detail: str = "") -> BaseException:
     """The uckpt error to raise for ``e``, which ended ``doing`` (``e`` itself if it is one).
     A full disk names ``directory`` and, for a local one, the bytes still free there."""
-    if fsutil.is_enospc(e):
+    if fsutil.is_enospc(e) and not isinstance(e, UckptError):
         where = str(directory)
         text = f"no space left on the device while {doing}{detail}"
         if where not in text:

@@ -18,7 +18,8 @@ rule by the store's capability flags, never by its type:
 
 Modules: :mod:`.names` (key layout, live saves), :mod:`.source`, :mod:`.sink`,
 :mod:`.store`, :mod:`.debris`, :mod:`.lock`, :mod:`.archive`, :mod:`.urls` (which blob
-store a ``memory://`` or ``fsspec+<protocol>://`` URL names).
+store a ``memory://``, ``shm://`` or ``fsspec+<protocol>://`` URL names), :mod:`.shm`
+(where ``shm://`` roots live).
 """
 from __future__ import annotations
 
