@@ -39,6 +39,7 @@ SLOW_TESTS = (
     "tests/test_async.py::test_torch_training_step_right_after_async_save",
     "tests/test_async.py::test_unreported_background_failure_is_printed_at_exit",
     "tests/test_blob_stores.py::test_posix_locks_hold_across_processes",  # two interpreters
+    "tests/test_shm_level.py::test_cli_ls_inspect_verify_an_shm_root",  # three CLI runs
     "tests/test_blob_stores.py::test_posix_writer_killed_mid_object_leaves_the_old_one_whole",
     "tests/test_cli_races.py::test_verify_all_and_ls_beside_a_real_writer",  # a writer process
     "tests/test_conformance.py::TestKerasAdapters",  # TensorFlow's import alone takes seconds

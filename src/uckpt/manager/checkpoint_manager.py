@@ -47,7 +47,9 @@ from ..storage.claims import check_leases, check_roots, claim_roots
 from .options import AsyncOptions, IncrementalOptions, RetentionOptions, manager_options
 from ..options import SaveOptions
 from ..saving.plan_cache import PlanCache
-from .policies import CheckpointInfo, Never, SavePolicy, as_retention
+from .levels import placed, retention_of
+from .policies import CheckpointInfo, Never, SavePolicy
+from ..runtime.nodes import Nodes, node_name
 from ..format import Manifest
 from ..runtime.gcpause import pausing
 from ..saving.incremental import Baseline
@@ -171,6 +173,13 @@ class CheckpointManager:
         interrupted is finished by the next writer, and readers never see it half
         done (docs/architecture.md, "Rollbacks").
 
+    node
+        this rank's node name (default: ``$UCKPT_NODE``, else the host name), put
+        in place of ``{node}`` in tier paths: ``tiers=[uckpt.Tier("shm://run1-{node}",
+        keep=1), "/shared/run1"]``. A tier ``shm://NAME`` is the memory level: a
+        directory in the node's shared memory, bounded by its ``keep`` (default 1;
+        docs/levels.md).
+
     A tier may be an ``s3://bucket/prefix`` URL of an S3-compatible object store
     (``pip install 'uckpt[s3]'``), e.g. ``tiers=["/local/nvme/run1",
     "s3://bucket/run1"]``: saves commit to the local tier and are uploaded, verified
@@ -191,7 +200,7 @@ class CheckpointManager:
                  durable_every: Optional[int] = None, max_inflight: Optional[int] = None,
                  late_snapshot: Any = None, compression: Optional[str] = None,
                  compression_level: Optional[int] = None, full_every: Optional[int] = None,
-                 reverify_every: Optional[int] = None) -> None:
+                 reverify_every: Optional[int] = None, node: Optional[str] = None) -> None:
         if (root is None) == (tiers is None):
             raise ValueError("give either root or tiers=[fast, durable, ...], not both or neither")
         self.options = o = manager_options(
@@ -210,13 +219,14 @@ class CheckpointManager:
         self.role = role
         self.concurrent_writers = bool(concurrent_writers)
         self._locks: List[Any] = []
-        self.tiers: List[Tier] = [as_tier(t, storage_options)
+        self.comm = get_communicator(comm)
+        #: which ranks share a node (one all-gather of the node names)
+        self.nodes = Nodes.gather(self.comm, node_name(node))
+        self.tiers: List[Tier] = [placed(as_tier(t, storage_options), self.nodes)
                                   for t in (tiers if tiers is not None else [root])]
         if not self.tiers:
             raise ValueError("tiers must name at least one directory")
-        default = o.retention.keep
-        self._retention = [as_retention(t.keep if t.keep is not None else default)
-                           for t in self.tiers]
+        self._retention = [retention_of(t, o.retention.keep) for t in self.tiers]
         # one retention pass per tier at a time; tiers apart, so that the local tier's
         # (run by a save, before its staging memory is released) never waits for an
         # object store's listing and deletions
@@ -225,7 +235,6 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.durable_every = o.retention.durable_every
         self.save_policy: SavePolicy = save_policy if save_policy is not None else Never()
-        self.comm = get_communicator(comm)
         distributed = self.comm.size > 1
         self._saver = AsyncSaver(o.async_save.max_inflight, "uckpt-save") if o.async_save \
             else None
@@ -541,6 +550,7 @@ class CheckpointManager:
         self.wait()
 
         def available() -> Dict[str, List[int]]:  # this rank's view: step -> tiers
+            # (as -1 - tier where this rank's copy lacks other nodes' files: node-local)
             out: Dict[str, List[int]] = {}
             for i, tier in enumerate(self.tiers):
                 try:
@@ -553,16 +563,20 @@ class CheckpointManager:
                                   stacklevel=3)
                     continue
                 for s in steps:
-                    if (step is None or s == step) and \
-                            (self.comm.size == 1 or _files_present(tier.store, step_dir_name(s))):
-                        out.setdefault(str(s), []).append(i)
+                    if step is None or s == step:
+                        whole = self.comm.size == 1 or _files_present(tier.store,
+                                                                     step_dir_name(s))
+                        out.setdefault(str(s), []).append(i if whole else -1 - i)
             return out
 
         # one path for any number of ranks: all ranks restore the same step, from the first
-        # tier that every rank sees whole, falling back together past damaged copies
+        # tier where every rank sees it committed, falling back together past damaged copies
+        # and past node-local copies where some rank's node lacks what that rank reads
         views = self.comm.gather_outcomes(available, "restore (listing checkpoints)")
-        common = set.intersection(*({(int(s), i) for s, tiers in v.items() for i in tiers}
-                                    for v in views))
+        partial = {(int(s), -1 - i) for v in views for s, tiers in v.items()
+                   for i in tiers if i < 0}
+        common = set.intersection(*({(int(s), max(i, -1 - i)) for s, tiers in v.items()
+                                     for i in tiers} for v in views))
         failures = []
         for s, i in sorted(common, key=lambda c: (-c[0], c[1])):
             tier, name = self.tiers[i], step_dir_name(s)
@@ -583,6 +597,10 @@ class CheckpointManager:
                     e = damage
                 elif isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
                     raise
+                if (s, i) in partial and _lacks_file(e):
+                    log.info("step %d on tier %r: a node's copy lacks data files its ranks "
+                             "read (node-local storage); trying the next copy", s, tier.name)
+                    continue
                 if not tier.store.has(name):  # retention deleted it meanwhile
                     log.info("step %d on tier %r was deleted while being restored; "
                              "trying the next one", s, tier.name)
@@ -756,6 +774,13 @@ def _files_present(store, name: str) -> bool:
     except UckptError:
         return True  # damaged: let the load report it and fall back
     return store.files_present(name, files)
+
+
+def _lacks_file(e: BaseException) -> bool:
+    """Whether ``e`` (on some rank) is a data file missing from its copy."""
+    if isinstance(e, DistributedError):
+        return e.failed_with(CheckpointNotFoundError)
+    return isinstance(e, CheckpointNotFoundError)
 
 
 @atexit.register
