@@ -119,10 +119,11 @@ def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeo
     return Run([p.returncode for p in procs], stdout, stderr, _parse(stdout), time.monotonic() - start)
 
 
-def run_command(cmd: Sequence[Any], timeout: float, env: Optional[Dict[str, str]] = None) -> Run:
+def run_command(cmd: Sequence[Any], timeout: float, env: Optional[Dict[str, str]] = None,
+                monitor: Optional[Callable[[], None]] = None) -> Run:
     """One command, in a session of its own: on a timeout every process it started is
-    killed too, and the output so far is in the error."""
-    return _launch([list(map(str, cmd))], [_env(env)], timeout)
+    killed too, and the output so far is in the error (``monitor``: see :func:`_launch`)."""
+    return _launch([list(map(str, cmd))], [_env(env)], timeout, monitor)
 
 
 def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
