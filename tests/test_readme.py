@@ -43,7 +43,7 @@ def stand_ins(tmp):
 
 def localized(code, root, bucket):
     """The block with its absolute paths under ``root`` and its bucket the test's."""
-    for path in ("/dev/shm/job", "/shared/job", "/local/nvme/run1", "/shared/run1",
+    for path in ("/shared/job", "/local/nvme/run1", "/shared/run1",
                  "/ckpt/run1", "/export/final"):
         code = code.replace(f'"{path}"', repr(str(root / path.strip("/"))))
     code = code.replace("s3://bucket/", f"s3://{bucket}/")
@@ -70,6 +70,8 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
     import uckpt
 
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "shm").mkdir()  # shm:// roots of the blocks: here, not in /dev/shm
+    monkeypatch.setenv("UCKPT_SHM_DIR", str(tmp_path / "shm"))
     ns = stand_ins(tmp_path)
     ns["S3_OPTIONS"] = s3_options
     managers = []
@@ -96,6 +98,8 @@ def test_every_readme_python_block_runs(tmp_path, s3_bucket, s3_options, monkeyp
         ["step_00000080", "step_00000090", "step_00000100"]
     assert uckpt.CheckpointManager(str(tmp_path / "two-tier/shared/job"),
                                    role="reader").latest_step() == 200
+    from uckpt.runtime.nodes import node_name  # the memory level of the two-tier job
+    assert uckpt.CheckpointManager(f"shm://job-{node_name()}", role="reader").steps() == [100, 200]
     assert uckpt.CheckpointManager(str(tmp_path / "shared/job"),
                                    role="reader").latest_step() == ns["step"]
     assert ns["_calls"]["evaluated"], "the evaluator's loop never restored a step"
