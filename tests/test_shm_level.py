@@ -305,3 +305,33 @@ def test_node_local_copies_lacking_what_a_rank_reads_fall_back_quietly(tmp_path,
             np.testing.assert_array_equal(outcome[1][k], full[k])
     assert any("lacks data files its ranks read" in r.getMessage() for r in caplog.records)
     assert any("from tier 'durable'" in r.getMessage() for r in caplog.records)
+
+
+def test_every_node_restores_the_newest_step_committed_on_all_of_them(tmp_path):
+    """Step 5 is committed on node 0's copy only (as when a kill came between the two
+    nodes' commits): every rank restores step 4, the newest on both, from its node."""
+    def tiers(rank):
+        return [uckpt.Tier(tmp_path / f"node{rank // 2}" / "run", keep=2), tmp_path / "durable"]
+
+    def stepped(step, rank, zero=False):
+        s = shard(rank, 4, zero)
+        s["w"].array[...] *= 0 if zero else step
+        return s
+
+    def save(c):
+        with uckpt.CheckpointManager(tiers=tiers(c.rank), comm=c) as m:
+            for step in (4, 5):
+                m.save(step, stepped(step, c.rank))
+    assert run_ranks(4, save) == [None] * 4
+    __import__("shutil").rmtree(tmp_path / "node1" / "run" / "step_00000005")
+    (tmp_path / "durable").rename(tmp_path / "away")
+
+    def restore(c):
+        got = stepped(0, c.rank, zero=True)
+        with uckpt.CheckpointManager(tiers=tiers(c.rank), comm=c) as m:
+            return m.restore(got), got
+    for rank, outcome in enumerate(run_ranks(4, restore)):
+        assert not isinstance(outcome, BaseException), outcome
+        assert outcome[0] == 4
+        np.testing.assert_array_equal(outcome[1]["w"].array, stepped(4, rank)["w"].array)
+    assert not (tmp_path / "durable").exists()
