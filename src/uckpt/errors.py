@@ -136,6 +136,13 @@ class ManifestChecksumError(ManifestError, CorruptCheckpointError):
     two checksums (None when there is no checksum to compare)."""
 
 
+class ShareLostError(CorruptCheckpointError):
+    """A node's share of a checkpoint on a level with redundancy across nodes is missing or
+    damaged and cannot be rebuilt: its redundancy is gone too (two nodes of one XOR group,
+    or a node and its partner). ``node``, ``ranks`` and ``step`` say whose share; the
+    restore falls back to another tier."""
+
+
 class MemoryLimitError(UckptError, MemoryError):
     """Reading would take more memory than the process may use: the arrays a manifest
     declares are more than ``max_bytes`` (or than the memory available, see
@@ -257,6 +264,12 @@ class StorageConfigError(UckptError, ValueError):
 
 class CompressionError(UckptError, ValueError):
     """An unknown ``compression=`` name or an invalid ``compression_level=``."""
+
+
+class RedundancyConfigError(UckptError, ValueError):
+    """A tier's ``redundancy=`` that cannot be used: not ``"partner"`` or ``"xor:G"`` (G >= 2),
+    a scheme this uckpt does not build (``"rs:K+M"``), or one the job's nodes cannot hold
+    (fewer than two nodes)."""
 
 
 class OptionsError(UckptError, ValueError):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from ..codecs.pipeline import Compression, compression_of
+from ..levels.scheme import Redundancy, parse_redundancy
 from ..storage import canonical, open_store, storage_options_for
 from ..storage.base import Store
 
@@ -38,6 +39,10 @@ class Tier:
     tier compress as they write; copies to another tier compress the raw chunks they
     copy (chunks already compressed are copied as they are; so are all chunks to a tier
     without compression).
+
+    ``redundancy`` (``"partner"``, ``"xor:G"``; None: none): the redundancy across nodes
+    this tier is to hold for a node-local level (:mod:`uckpt.levels`, docs/levels_redundancy.md),
+    checked here; saves do not write it yet.
     """
 
     path: Union[Path, str]
@@ -46,10 +51,13 @@ class Tier:
     storage_options: Optional[Mapping[str, Any]] = None
     compression: Optional[str] = None
     compression_level: Optional[int] = None
+    redundancy: Optional[str] = None
     _store: Optional[Store] = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         compression_of(self.compression, self.compression_level)  # refuse bad names now
+        scheme = parse_redundancy(self.redundancy)  # so are bad redundancy schemes
+        self.redundancy = None if scheme is None else str(scheme)
         self.path = canonical(self.path)
         if not self.name:
             self.name = (self.path.name if isinstance(self.path, Path)
@@ -60,6 +68,11 @@ class Tier:
         if self.compression is None:
             return default
         return compression_of(self.compression, self.compression_level)
+
+    @property
+    def redundancy_scheme(self) -> Optional[Redundancy]:
+        """The parsed ``redundancy`` (None: none)."""
+        return parse_redundancy(self.redundancy)
 
     @property
     def store(self) -> Store:
