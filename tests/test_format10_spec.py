@@ -374,7 +374,8 @@ def test_reference_reader_reads_what_uckpt_writes(reader, tmp_path, compression)
     assert_same(reader["decode"](m["tree"], arrays), as_read(uckpt.load(path)))
 
 
-GOLDEN_1_0 = ("all_types", "codecs", "example", "sharded", "part_roots")  # (chain: below)
+GOLDEN_1_0 = ("all_types", "codecs", "example", "sharded", "part_roots", "redundancy_xor",
+              "redundancy_partner")  # (chain: below)
 
 
 @pytest.mark.parametrize("name", GOLDEN_1_0)

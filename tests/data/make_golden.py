@@ -3,6 +3,7 @@
     .venv/bin/python tests/data/make_golden.py            # refuses to replace existing files
     .venv/bin/python tests/data/make_golden.py --force    # only when the format version changes
     .venv/bin/python tests/data/make_golden.py --add part_roots   # one added later, if absent
+    .venv/bin/python tests/data/make_golden.py --add redundancy_xor
 
 Golden files pin the on-disk format: tests/test_format.py loads them, re-saves
 the same state and requires byte-identical data files. Never regenerate them to
@@ -17,7 +18,10 @@ as 1.0 by :func:`write_as_1_0`: ``sharded`` (world size 2) as a root and two par
 ``part_roots`` (added with extension ``part-roots``, docs/format.md 13.2, after the
 others, by ``--add part_roots``) is written by ``uckpt.save`` on two thread ranks
 (:func:`write_part_roots`): a sharded array in one part per rank, a replicated one in
-the root's rows. The pre-release folders below are never made again (their writers are kept where the
+the root's rows. ``redundancy_xor`` and ``redundancy_partner`` (added with extension
+``redundancy``, docs/format.md 13.3, by ``--add``) are written by ``uckpt.save`` on four
+thread ranks, their pieces made from the section's words (:func:`write_redundancy`).
+The pre-release folders below are never made again (their writers are kept where the
 tests reproduce them by hand: ``write_sharded``, ``write_codecs``).
 
 tests/data/golden_v6/ holds the same five checkpoints in format version 6, made by this
@@ -529,8 +533,71 @@ def write_part_roots(directory: Path) -> None:
     write_manifest(directory / "manifest.json", manifest)
 
 
+#: golden_1.0/redundancy_*: four ranks on three nodes, their rows of a sharded array cut
+#: unevenly (4, 3, 2, 1 of 10)
+REDUNDANCY_CUTS = (0, 4, 7, 9, 10)
+REDUNDANCY_NODES = (("node-a", (0, 1)), ("node-b", (2,)), ("node-c", (3,)))
+
+
+def redundancy_state(rank: int):
+    """Rank ``rank``'s state of golden_1.0/redundancy_*: its rows of a sharded array and a
+    replicated one."""
+    import uckpt
+
+    w = np.arange(10 * 6, dtype=np.int32).reshape(10, 6) * 3 - 50
+    lo, hi = REDUNDANCY_CUTS[rank], REDUNDANCY_CUTS[rank + 1]
+    return {"w": uckpt.Shard(w[lo:hi].copy(), w.shape, (lo, 0)),
+            "b": np.array([1.5, -2.0, 0.25], dtype=np.float32)}
+
+
+def redundancy_expected():
+    """What golden_1.0/redundancy_* load to."""
+    return {"w": np.arange(10 * 6, dtype=np.int32).reshape(10, 6) * 3 - 50,
+            "b": np.array([1.5, -2.0, 0.25], dtype=np.float32)}
+
+
+def write_redundancy(directory: Path, scheme: str) -> None:
+    """golden_1.0/redundancy_<kind>: saved by four thread ranks, then declared extension
+    ``redundancy`` (docs/format.md 13.3) on three nodes: the pieces computed straight from
+    the section (whole shares, plain NumPy: tests/redundancy_common.spec_pieces), every
+    node's share and piece in the one directory, the root re-written indented."""
+    import uckpt
+    from uckpt.codecs.checksum import of
+    from uckpt.testing import run_ranks
+
+    sys.path.insert(0, str(HERE.parent))
+    from redundancy_common import spec_pieces
+
+    outcomes = run_ranks(4, lambda c: uckpt.save(directory, redundancy_state(c.rank),
+                                                 comm=c, step=5))
+    assert not any(isinstance(o, BaseException) for o in outcomes), outcomes
+    doc = json.loads((directory / "manifest.json").read_text("utf-8"))
+    assert doc.pop("manifest_checksum")
+    part_rank = dict(zip([p["file"] for p in doc["parts"]], doc["part-ranks:ranks"]))
+    nodes, shares = [], []
+    for name, ranks in REDUNDANCY_NODES:
+        files = sorted(f for f, e in doc["files"].items() if e["rank"] in ranks)
+        files += [p for p, r in part_rank.items() if r in ranks]
+        data = [(directory / f).read_bytes() for f in files]
+        nodes.append({"name": name, "ranks": list(ranks),
+                      "files": [{"name": f, "size": len(b), "checksum": of(b)}
+                                for f, b in zip(files, data)]})
+        shares.append(b"".join(data))
+    kind, _, g = scheme.partition(":")
+    for i, (node, piece) in enumerate(zip(nodes, spec_pieces(kind, int(g or 2), shares))):
+        (directory / f"redundancy-{i:05d}.bin").write_bytes(piece)
+        node["piece"] = {"name": f"redundancy-{i:05d}.bin", "size": len(piece),
+                         "checksum": of(piece)}
+    doc["extensions"]["redundancy"] = {"required": False}
+    at = list(doc).index("manifest_checksum") if "manifest_checksum" in doc else len(doc)
+    items = list(doc.items())[:at] + [("redundancy:scheme", scheme), ("redundancy:nodes", nodes)]
+    write_manifest(directory / "manifest.json", dict(items))
+
+
 #: checkpoints added to golden_1.0 after it was made (``--add NAME``), each made once
-ADDED = {"part_roots": write_part_roots}
+ADDED = {"part_roots": write_part_roots,
+         "redundancy_xor": lambda d: write_redundancy(d, "xor:3"),
+         "redundancy_partner": lambda d: write_redundancy(d, "partner")}
 
 
 def write_as_1_0(legacy: Path, directory: Path) -> None:

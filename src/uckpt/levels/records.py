@@ -87,8 +87,8 @@ def parse_records(doc: Mapping[str, Any], where: str = "manifest.json") -> Optio
 
     def fail(at: str, what: str) -> ManifestError:
         return ManifestError(f"{where}: {at}: {what} (docs/format.md 13.3)", path=where,
-                             field=at, hint="the checkpoint's redundancy records are damaged; "
-                             "read it from another copy, or drop the extension's members")
+                             field=at, hint="no share can be rebuilt from these records: load "
+                             "the checkpoint where every file is present, or from another tier")
 
     if doc["extensions"][NAME] != {"required": False}:
         raise fail(f"extensions[{NAME!r}]", 'must be {"required": false}')
