@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import json
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .. import knobs
 from ..errors import DistributedError
+
+#: what :meth:`Communicator.exchange` sends and returns: a contiguous bytes-like object
+Buffer = Union[bytes, bytearray, memoryview]
 
 #: Seconds a collective waits before raising :class:`CollectiveTimeoutError`
 #: (``uckpt.knobs.comm_timeout``; ``UCKPT_COMM_TIMEOUT`` overrides it).
@@ -80,6 +83,9 @@ class Communicator:
     per rank must not grow with the job (a later save) uses the last four:
     :meth:`gather_outcomes_to` and :meth:`agree_outcomes`.
 
+    Point to point: :meth:`exchange` is the one call that is not collective: only the
+    ranks that send or receive in it take part (redundancy across nodes, docs/levels_redundancy.md).
+
     Failure reporting: a rank whose work failed still calls :meth:`check` (or
     :meth:`failures`) with its exception; every rank then raises the same
     :class:`DistributedError` naming the failed ranks and their messages. A rank
@@ -144,6 +150,19 @@ class Communicator:
         backends reduce natively."""
         got = self.gather(int64s(values), 0)
         return tuple(self.broadcast(None if got is None else minmax(got), 0))  # type: ignore
+
+    def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
+        """Point to point: send ``sends[d]`` (bytes-like) to each rank ``d``, and return the
+        one message each rank of ``sources`` sends here, by source rank (bytes-like).
+
+        Not collective: the ranks that take part call it, each naming whom it sends to
+        and whom it receives from; a message from rank ``a`` to ``b`` is matched with
+        ``b``'s next ``exchange`` that lists ``a`` in ``sources`` (messages between two
+        ranks arrive in the order sent). A rank may send to itself. Payloads are raw
+        bytes of any size, never pickled or JSON-encoded; the caller bounds them (send
+        large data in rounds). A source that sends nothing makes this raise
+        :class:`CollectiveTimeoutError` naming it within the backend's timeout."""
+        raise NotImplementedError
 
     # --- failure reporting (built on all_gather) --------------------------------------
     def failures(self, error: Optional[BaseException | str] = None) -> List[Tuple[int, str]]:
@@ -311,6 +330,10 @@ class SingleProcess(Communicator):
         _root_zero(root)
         return decode(encode(one_each(objs, 1)[0]))
 
+    def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
+        sources = check_peers(sends, sources, 1, 0)
+        return {0: bytes(sends[0])} if sources else {}
+
 
 def _root_zero(root: int) -> None:
     if root != 0:
@@ -323,3 +346,20 @@ def one_each(objs: Optional[Sequence[Any]], size: int) -> Sequence[Any]:
         raise ValueError(f"scatter: the root must give one object per rank ({size}), got "
                          f"{None if objs is None else len(objs)}")
     return objs
+
+
+def check_peers(sends: Mapping[int, Any], sources: Iterable[int], size: int,
+                rank: int) -> List[int]:
+    """The ``sources`` of :meth:`Communicator.exchange` as a sorted list, after checking
+    that they and the destinations of ``sends`` are ranks below ``size``, and that a rank
+    receiving from itself sends to itself (and the other way round)."""
+    srcs = sorted(set(sources))
+    bad = [r for r in list(sends) + srcs if isinstance(r, bool) or not isinstance(r, int)
+           or not 0 <= r < size]
+    if bad:
+        raise ValueError(f"exchange: ranks must be ints in [0, {size}), got {bad[0]!r}")
+    if (rank in srcs) != (rank in sends):
+        raise ValueError(f"exchange: rank {rank} " + ("receives from itself but sends itself "
+                         "nothing" if rank in srcs else "sends to itself but does not list "
+                         "itself in sources"))
+    return srcs

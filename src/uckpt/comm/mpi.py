@@ -19,13 +19,15 @@ there cannot name the missing ranks.
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
-from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s, one_each
+from .base import (DEFAULT_TIMEOUT, Buffer, Communicator, check_peers, decode, encode, int64s,
+                   one_each)
 from ..errors import CollectiveTimeoutError, CommunicationError
 
 _TAG_BASE = 7100
 _TAG_SPAN = 20000  # MPI guarantees tags up to 32767
+_P2P_TAG = _TAG_BASE + _TAG_SPAN + 1  # exchange(): one tag, ordered per pair of ranks
 
 
 class MPICommunicator(Communicator):
@@ -145,6 +147,45 @@ class MPICommunicator(Communicator):
 
     def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
         return self._wrap("all_reduce_minmax", self._minmax, int64s(values))
+
+    def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
+        """``Isend`` of each buffer as ``MPI.BYTE`` (no copy, no pickle) on a tag of its own;
+        each message received into a ``bytearray`` of its probed size."""
+        srcs = check_peers(sends, sources, self._size, self._rank)
+        return self._wrap("exchange", self._exchange, sends, srcs)
+
+    def _exchange(self, sends: Mapping[int, Buffer], srcs: List[int]) -> Dict[int, Buffer]:
+        MPI = self._MPI
+        start = time.monotonic()
+        got: Dict[int, Buffer] = {}
+        if self._rank in sends:
+            got[self._rank] = bytes(sends[self._rank])
+        for dst, data in sends.items():
+            if dst != self._rank:
+                self._send(dst, _P2P_TAG, data)  # type: ignore[arg-type]
+        pending, status, sleep = [s for s in srcs if s != self._rank], MPI.Status(), 1e-5
+        while pending:
+            done = [s for s in pending
+                    if self._comm.Iprobe(source=s, tag=_P2P_TAG, status=status) and
+                    self._take(s, status, got)]
+            pending = [s for s in pending if s not in done]
+            if pending and time.monotonic() > start + self.timeout:
+                raise CollectiveTimeoutError("exchange", self.timeout, missing=pending,
+                                             detail=f"rank {self._rank} waited for their "
+                                                    "messages")
+            if pending and not done:
+                time.sleep(sleep)
+                sleep = min(2 * sleep, 2e-3)
+            elif done:
+                sleep = 1e-5
+        self._flush_sends("exchange", start + self.timeout + self._grace)
+        return got
+
+    def _take(self, src: int, status: Any, got: Dict[int, Buffer]) -> bool:
+        buf = bytearray(status.Get_count(self._MPI.BYTE))
+        self._comm.Recv([buf, self._MPI.BYTE], source=src, tag=_P2P_TAG)
+        got[src] = buf
+        return True
 
     def _gather_to(self, obj: Any, root: int) -> Optional[List[Any]]:
         payload = encode(obj)

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .base import DEFAULT_TIMEOUT, Communicator, decode, encode, int64s
+from .base import DEFAULT_TIMEOUT, Buffer, Communicator, check_peers, decode, encode, int64s
 from ..errors import CollectiveTimeoutError, CommunicationError
+
+
+_P2P_TAG = 7  # exchange(): one tag, ordered per pair of ranks
 
 
 class TorchCommunicator(Communicator):
@@ -140,6 +143,44 @@ class TorchCommunicator(Communicator):
         """The elementwise minimum over the ranks of int64 tensor ``t``."""
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MIN, group=self._group)
         return [int(v) for v in t.tolist()]
+
+    def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
+        """``isend`` of each buffer's length (int64) and bytes (a ``uint8`` tensor) to each
+        destination, then ``recv`` of each source's, over the gloo group; the process
+        group's timeout bounds a receive."""
+        srcs = check_peers(sends, sources, self._size, self._rank)
+        torch, dist = self._torch, self._dist
+        got: Dict[int, Buffer] = {}
+        if self._rank in sends:
+            got[self._rank] = bytes(sends[self._rank])
+        peer = (lambda r: r) if self._group is None else \
+            (lambda r: dist.get_global_rank(self._group, r))
+        try:
+            works = []
+            for dst, data in sends.items():
+                if dst == self._rank:
+                    continue
+                buf = data if isinstance(data, bytearray) else bytearray(data)
+                works.append(dist.isend(torch.tensor([len(buf)], dtype=torch.int64),
+                                        peer(dst), group=self._group, tag=_P2P_TAG))
+                if buf:
+                    works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8),
+                                            peer(dst), group=self._group, tag=_P2P_TAG))
+            for src in srcs:
+                if src == self._rank:
+                    continue
+                n = torch.zeros(1, dtype=torch.int64)
+                dist.recv(n, peer(src), group=self._group, tag=_P2P_TAG)
+                out = bytearray(int(n.item()))
+                if out:
+                    dist.recv(torch.frombuffer(out, dtype=torch.uint8), peer(src),
+                              group=self._group, tag=_P2P_TAG)
+                got[src] = out
+            for w in works:
+                w.wait()
+        except RuntimeError as e:
+            raise self._fail("exchange", e) from e
+        return got
 
     def broadcast(self, obj: Any = None, root: int = 0) -> Any:
         if not 0 <= root < self._size:

@@ -81,7 +81,9 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def parse_records(doc: Mapping[str, Any], where: str = "manifest.json") -> Optional[Records]:
     """The records of a root manifest's JSON object ``doc``; None when it does not declare
-    the extension. Raises :class:`~uckpt.errors.ManifestError` naming the member."""
+    the extension. Raises :class:`~uckpt.errors.ManifestError` naming the member. (Without
+    ``files`` in ``doc``, e.g. :meth:`Records.members` alone, the share files are not
+    checked against the manifest's.)"""
     if NAME not in doc.get("extensions", {}):
         return None
 
@@ -171,9 +173,9 @@ def _check_nodes(nodes: List[NodeRecord], world: Any, sizes: Dict[Any, Any],
                 raise fail(at + ".ranks", f"rank {r} is also on node {node_of[r]}")
             node_of[r] = i
         for k, f in enumerate(n.files):
-            if f.name not in sizes:
+            if sizes and f.name not in sizes:
                 raise fail(f"{at}.files[{k}]", f"{f.name!r} is neither a data file nor a part")
-            if sizes[f.name] != f.size:
+            if sizes.get(f.name, f.size) != f.size:
                 raise fail(f"{at}.files[{k}].size", f"{f.name!r} has size {sizes[f.name]!r} "
                                                     f"in the manifest, not {f.size}")
             if f.name in seen_files:

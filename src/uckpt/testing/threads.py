@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from ..comm.base import Communicator, decode, encode, int64s, minmax, one_each
+from ..comm.base import (Buffer, Communicator, check_peers, decode, encode, int64s, minmax,
+                         one_each)
 from ..errors import CollectiveTimeoutError
 
 __all__ = ["ThreadCommunicator", "ThreadWorld", "run_ranks"]
@@ -50,6 +51,7 @@ class ThreadWorld:
         self._cond = threading.Condition()
         self._slots: Dict[Tuple[Any, int], _Slot] = {}
         self.broken = False  # after a timeout: every later collective fails at once
+        self._mail: Dict[Tuple[Any, int, int], List[bytes]] = {}  # (group, src, dst) -> queue
 
     def communicators(self) -> List["ThreadCommunicator"]:
         """One communicator per rank (group ``()``, the world)."""
@@ -85,6 +87,24 @@ class ThreadWorld:
             if slot.left == 0:
                 del self._slots[key]
             return list(slot.payloads)  # type: ignore[arg-type]
+
+
+    def post(self, group: Any, src: int, dst: int, data: bytes) -> None:
+        """Queue a point-to-point message from ``src`` to ``dst`` (:meth:`take` gets it)."""
+        with self._cond:
+            self._mail.setdefault((group, src, dst), []).append(data)
+            self._cond.notify_all()
+
+    def take(self, group: Any, sources: Sequence[int], dst: int) -> Dict[int, bytes]:
+        """The next message to ``dst`` from each of ``sources``, waiting up to the timeout."""
+        with self._cond:
+            def ready() -> bool:
+                return self.broken or all(self._mail.get((group, s, dst)) for s in sources)
+            if not self._cond.wait_for(ready, self.timeout) or self.broken:
+                missing = [s for s in sources if not self._mail.get((group, s, dst))]
+                raise CollectiveTimeoutError("exchange", self.timeout, missing=missing,
+                                             detail=f"rank {dst} waited for their messages")
+            return {s: self._mail[(group, s, dst)].pop(0) for s in sources}
 
 
 class ThreadCommunicator(Communicator):
@@ -141,6 +161,13 @@ class ThreadCommunicator(Communicator):
 
     def all_reduce_minmax(self, values: Sequence[int]) -> Tuple[List[int], List[int]]:
         return minmax(self._exchange("all_reduce_minmax", int64s(values)))
+
+    def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
+        """Each message is copied into the receiver's mailbox, as a process would receive it."""
+        srcs = check_peers(sends, sources, self.size, self._rank)
+        for dst, data in sends.items():
+            self.world.post(self.group, self._rank, dst, bytes(data))
+        return dict(self.world.take(self.group, srcs, self._rank))
 
     def duplicate(self) -> "ThreadCommunicator":
         """Collective: the n-th duplicate of a group is the same group on every rank."""

@@ -1,0 +1,63 @@
+"""Communicator.exchange and protect_across on real processes: mpiexec -n 4 and four
+torch.distributed gloo ranks (tests/exchange_worker.py). Raw buffers of several MiB
+travel unpickled; the pieces made across processes are the spec's, and rebuild a wiped
+node bit for bit."""
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
+from redundancy_common import make_nodes, opener, readers, spec_pieces
+from test_redundancy_exchange import payload
+from uckpt.levels.exchange import node_map
+from uckpt.levels.records import parse_records
+from uckpt.levels.repair import repair
+
+WORKER = __import__("pathlib").Path(__file__).with_name("exchange_worker.py")
+CASES = ["xor:3=a,a,b,c", "partner=n0,n1,n2,n3", "xor:4=n0,n1,n2,n3"]
+SIZES = [[2000, 77], [70001], [0, 5]]
+
+
+def digest(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("backend", [
+    pytest.param("mpi", marks=pytest.mark.skipif(not HAVE_MPI, reason="mpi4py/mpiexec missing")),
+    pytest.param("torch", marks=pytest.mark.skipif(not HAVE_TORCH, reason="torch missing"))])
+def test_exchange_and_protect_across_processes(tmp_path, backend):
+    layouts = []
+    for i, case in enumerate(CASES):
+        names, ranks = node_map(case.partition("=")[2].split(","))
+        base = tmp_path / str(i)
+        base.mkdir()
+        dirs, shares = make_nodes(base, (SIZES + [[3], [40000]])[:len(names)], seed=i)
+        for d, name, (_, _, files) in zip(dirs, names, shares):
+            (d / "files.json").write_text(json.dumps(files))
+            d.rename(base / name)
+        layouts.append(([base / name for name in names], [s[2] for s in shares]))
+    run = (run_mpi if backend == "mpi" else run_torch)(4, WORKER, backend, tmp_path, *CASES,
+                                                       timeout=120).check()
+    assert sorted(run.results) == [0, 1, 2, 3]
+    for r, res in run.results.items():
+        assert res["ring"] == {str((r - 1) % 4): digest(payload((r - 1) % 4, 0, (3 << 20) +
+                                                                (r - 1) % 4))}
+        assert res["every"] == {str(s): digest(payload(s, r, 10 * r)) for s in range(4)}
+        assert res["pair"] == ([digest(payload(4 - r, k, 5 + k)) for k in range(2)]
+                               if r in (1, 3) else [])
+        assert res["cases"] == run.results[0]["cases"]
+    for case, members, (dirs, files) in zip(CASES, run.results[0]["cases"], layouts):
+        records = parse_records({"extensions": {"redundancy": {"required": False}}, "step": 3,
+                                 **members})
+        kind, g = records.scheme.kind, records.scheme.group
+        whole = [b"".join((d / f).read_bytes() for f in fs) for d, fs in zip(dirs, files)]
+        assert [(d / n.piece.name).read_bytes() for d, n in zip(dirs, records.nodes)] == \
+            spec_pieces(kind, g, whole), case
+        before = [{p.name: p.read_bytes() for p in d.iterdir()} for d in dirs]
+        shutil.rmtree(dirs[1])
+        dirs[1].mkdir()
+        (dirs[1] / "files.json").write_bytes(before[1]["files.json"])
+        repair(records, readers(dirs), opener(dirs))
+        assert [{p.name: p.read_bytes() for p in d.iterdir()} for d in dirs] == before, case
