@@ -15,6 +15,7 @@ LAYERS = [
     ["format"],
     ["storage"],
     ["comm"],
+    ["levels"],
     ["plugins", "rng", "builtin_adapters", "registry"],
     ["tree"],
     ["loading"],
