@@ -1,6 +1,6 @@
 """Run under mpiexec -n 4 or as 4 torch.distributed gloo ranks by
-tests/test_exchange_multiproc.py: Communicator.exchange, then protect_across on
-simulated nodes.
+tests/test_exchange_multiproc.py: Communicator.exchange, then on simulated nodes
+protect_across, node 1's directory wiped by its leader, and repair_across.
 
 usage: exchange_worker.py {mpi,torch} ROOT CASE...   (CASE: SCHEME=NODE,NODE,NODE,NODE;
 the test laid out ROOT/<i>/<node>/ with each node's share files, listed in files.json)
@@ -31,6 +31,7 @@ def main():
         from mpi4py import MPI  # noqa: F401  (detection: mpi4py imported -> MPI)
     from uckpt.comm import get_communicator
     from uckpt.levels.exchange import node_map, protect_across
+    from uckpt.levels.rebuild_across import repair_across
     from uckpt.levels.scheme import parse_redundancy
     from uckpt.levels.share_io import directory_reader
 
@@ -54,7 +55,14 @@ def main():
         files = json.loads((d / "files.json").read_text()) if ranks[node][0] == r else ()
         records = protect_across(c, nodes, parse_redundancy(spec), files, directory_reader(d),
                                  lambda name: open(d / name, "wb"), step=3, block=1 << 16)
-        out["cases"].append(records.members())
+        if r == ranks[1][0]:  # node 1 is lost: its leader wipes its node-local directory
+            for p in d.iterdir():
+                if p.name != "files.json":
+                    p.unlink()
+        c.barrier()
+        done = repair_across(c, nodes, records, directory_reader(d),
+                             lambda name: open(d / name, "wb"), block=1 << 16)
+        out["cases"].append([records.members(), sorted(done.shares), sorted(done.pieces)])
     print("\nRESULT " + json.dumps(out), flush=True)
     if backend == "torch":
         dist.destroy_process_group()

@@ -1,19 +1,17 @@
 """Communicator.exchange and protect_across on real processes: mpiexec -n 4 and four
 torch.distributed gloo ranks (tests/exchange_worker.py). Raw buffers of several MiB
-travel unpickled; the pieces made across processes are the spec's, and rebuild a wiped
-node bit for bit."""
+travel unpickled; the pieces made across processes are the spec's, and a node whose
+directory its leader wiped is rebuilt over the communicator bit for bit."""
 import hashlib
 import json
-import shutil
 
 import pytest
 
 from multiproc import HAVE_MPI, HAVE_TORCH, run_mpi, run_torch
-from redundancy_common import make_nodes, opener, readers, spec_pieces
+from redundancy_common import make_nodes, spec_pieces
 from test_redundancy_exchange import payload
 from uckpt.levels.exchange import node_map
 from uckpt.levels.records import parse_records
-from uckpt.levels.repair import repair
 
 WORKER = __import__("pathlib").Path(__file__).with_name("exchange_worker.py")
 CASES = ["xor:3=a,a,b,c", "partner=n0,n1,n2,n3", "xor:4=n0,n1,n2,n3"]
@@ -37,7 +35,10 @@ def test_exchange_and_protect_across_processes(tmp_path, backend):
         for d, name, (_, _, files) in zip(dirs, names, shares):
             (d / "files.json").write_text(json.dumps(files))
             d.rename(base / name)
-        layouts.append(([base / name for name in names], [s[2] for s in shares]))
+        dirs = [base / name for name in names]
+        layouts.append((dirs, [s[2] for s in shares],
+                        [{p.name: p.read_bytes() for p in d.iterdir() if p.name != "files.json"}
+                         for d in dirs]))
     run = (run_mpi if backend == "mpi" else run_torch)(4, WORKER, backend, tmp_path, *CASES,
                                                        timeout=120).check()
     assert sorted(run.results) == [0, 1, 2, 3]
@@ -48,16 +49,14 @@ def test_exchange_and_protect_across_processes(tmp_path, backend):
         assert res["pair"] == ([digest(payload(4 - r, k, 5 + k)) for k in range(2)]
                                if r in (1, 3) else [])
         assert res["cases"] == run.results[0]["cases"]
-    for case, members, (dirs, files) in zip(CASES, run.results[0]["cases"], layouts):
+    for case, (members, shares, pieces), (dirs, files, before) in zip(
+            CASES, run.results[0]["cases"], layouts):
+        assert (shares, pieces) == ([1], [1]), case  # node 1, wiped, rebuilt over the comm
         records = parse_records({"extensions": {"redundancy": {"required": False}}, "step": 3,
                                  **members})
         kind, g = records.scheme.kind, records.scheme.group
+        assert [{p.name: p.read_bytes() for p in d.iterdir() if p.name.startswith("data")}
+                for d in dirs] == before, case
         whole = [b"".join((d / f).read_bytes() for f in fs) for d, fs in zip(dirs, files)]
         assert [(d / n.piece.name).read_bytes() for d, n in zip(dirs, records.nodes)] == \
             spec_pieces(kind, g, whole), case
-        before = [{p.name: p.read_bytes() for p in d.iterdir()} for d in dirs]
-        shutil.rmtree(dirs[1])
-        dirs[1].mkdir()
-        (dirs[1] / "files.json").write_bytes(before[1]["files.json"])
-        repair(records, readers(dirs), opener(dirs))
-        assert [{p.name: p.read_bytes() for p in d.iterdir()} for d in dirs] == before, case

@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable, Dict, Iterator, Sequence, Tuple
+from typing import IO, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ..codecs.checksum import crc32c, format_checksum
 from ..errors import CorruptCheckpointError, ShareLostError
 from .encode import piece_blocks, share_blocks
-from .records import FileRecord, Records
+from .records import FileRecord, NodeRecord, Records
 from .scheme import group_of, holder
 from .share_io import BLOCK, Reader, ShareView, damage
 
@@ -39,15 +39,26 @@ def find_damage(records: Records, readers: Sequence[Reader], block: int = BLOCK
     shares: Dict[int, str] = {}
     pieces: Dict[int, str] = {}
     for i, rec in enumerate(records.nodes):
-        for f in rec.files:
-            what = damage(f, readers[i], block)
-            if what is not None:
-                shares[i] = f"{f.name}: {what}"
-                break
-        what = damage(rec.piece, readers[i], block)
-        if what is not None:
-            pieces[i] = f"{rec.piece.name}: {what}"
+        share, piece = node_damage(rec, readers[i], block)
+        if share is not None:
+            shares[i] = share
+        if piece is not None:
+            pieces[i] = piece
     return shares, pieces
+
+
+def node_damage(rec: NodeRecord, read: Reader, block: int = BLOCK
+                ) -> Tuple[Optional[str], Optional[str]]:
+    """What is wrong with one node's share (its first damaged file) and with its piece;
+    None for each that matches its records."""
+    share = None
+    for f in rec.files:
+        what = damage(f, read, block)
+        if what is not None:
+            share = f"{f.name}: {what}"
+            break
+    what = damage(rec.piece, read, block)
+    return share, None if what is None else f"{rec.piece.name}: {what}"
 
 
 def check_recoverable(records: Records, shares: Dict[int, str], pieces: Dict[int, str]) -> None:
@@ -94,20 +105,20 @@ def repair(records: Records, readers: Sequence[Reader], open_file: Opener,
     views = {i: ShareView(r.files, readers[i]) for i, r in enumerate(records.nodes)}
     piece_views = {i: ShareView([r.piece], readers[i]) for i, r in enumerate(records.nodes)}
     for lost in sorted(shares):
-        stream = _Stream(share_blocks(scheme, lengths, lost, views, piece_views, block))
+        stream = BlockStream(share_blocks(scheme, lengths, lost, views, piece_views, block))
         for f in records.nodes[lost].files:
-            _write(records, lost, f, stream.take(f.size), open_file)
+            write_checked(records, lost, f, stream.take(f.size), open_file)
         log.info("step %s: rebuilt the share of %s (%s) from %s", records.step,
                  records.describe(lost), shares[lost], scheme)
     for node in sorted(pieces):
-        _write(records, node, records.nodes[node].piece,
+        write_checked(records, node, records.nodes[node].piece,
                piece_blocks(scheme, lengths, node, views, block), open_file)
         log.info("step %s: made the piece of %s again (%s)", records.step,
                  records.describe(node), pieces[node])
     return Repaired(shares, pieces, time.monotonic() - start)
 
 
-class _Stream:
+class BlockStream:
     """Blocks cut again at file boundaries: :meth:`take` yields the next ``n`` bytes."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
@@ -124,8 +135,10 @@ class _Stream:
             yield out
 
 
-def _write(records: Records, node: int, rec: FileRecord, blocks: Iterator[bytes],
-           open_file: Opener) -> None:
+def write_checked(records: Records, node: int, rec: FileRecord, blocks: Iterator[bytes],
+                  open_file: Opener) -> None:
+    """Write file ``rec.name`` of ``node`` from ``blocks``; raise
+    :class:`~uckpt.errors.CorruptCheckpointError` unless it matches its record."""
     value = size = 0
     with open_file(node, rec.name) as out:
         for b in blocks:
