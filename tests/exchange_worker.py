@@ -54,14 +54,14 @@ def main():
         d = root / str(i) / nodes[r]
         files = json.loads((d / "files.json").read_text()) if ranks[node][0] == r else ()
         records = protect_across(c, nodes, parse_redundancy(spec), files, directory_reader(d),
-                                 lambda name: open(d / name, "wb"), step=3, block=1 << 16)
+                                 lambda name, d=d: open(d / name, "wb"), step=3, block=1 << 16)
         if r == ranks[1][0]:  # node 1 is lost: its leader wipes its node-local directory
             for p in d.iterdir():
                 if p.name != "files.json":
                     p.unlink()
         c.barrier()
         done = repair_across(c, nodes, records, directory_reader(d),
-                             lambda name: open(d / name, "wb"), block=1 << 16)
+                             lambda name, d=d: open(d / name, "wb"), block=1 << 16)
         out["cases"].append([records.members(), sorted(done.shares), sorted(done.pieces)])
     print("\nRESULT " + json.dumps(out), flush=True)
     if backend == "torch":

@@ -35,7 +35,7 @@ def node_copies(tmp_path, name):
     src = DATA / "golden_1.0" / name
     records = parse_records(doc_of(name))
     dirs = []
-    for i, node in enumerate(records.nodes):
+    for node in records.nodes:
         d = tmp_path / node.name
         d.mkdir()
         for f in [*node.files, node.piece]:
