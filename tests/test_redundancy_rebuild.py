@@ -145,3 +145,26 @@ def test_all_layouts_round_trip_with_every_block_size(tmp_path):
                 (dirs[lost] / f.name).unlink()
             repair(records, readers(dirs), opener(dirs), block=block)
             assert same(dirs, snapshot)
+
+
+def test_memory_stays_a_few_blocks(tmp_path):
+    """Encoding and rebuilding shares of 16 MiB in blocks of 256 KiB: the Python heap's
+    peak (tracemalloc: bytes, NumPy buffers) stays a few blocks, far below one share."""
+    import tracemalloc
+
+    share = 16 << 20
+    dirs, nodes = make_nodes(tmp_path, [[share // 2, share // 2], [share - 1], [share]])
+    scheme, block = parse_redundancy("xor:3"), 256 << 10
+    tracemalloc.start()
+    try:
+        records = protect(scheme, nodes, readers(dirs), opener(dirs), block=block)
+        encode_peak = tracemalloc.get_traced_memory()[1]
+        shutil.rmtree(dirs[1])
+        dirs[1].mkdir()
+        tracemalloc.reset_peak()
+        repair(records, readers(dirs), opener(dirs), block=block)
+        rebuild_peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (dirs[1] / "data-00002.bin").stat().st_size == share - 1
+    assert encode_peak < 8 * block and rebuild_peak < 8 * block, (encode_peak, rebuild_peak)
