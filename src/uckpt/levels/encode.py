@@ -8,7 +8,7 @@ from typing import Iterator, List, Mapping
 import numpy as np
 
 from .scheme import Redundancy, holder, segment_size, segments, sources
-from .share_io import BLOCK, ShareView
+from .share_io import BLOCK, ShareView, spans
 
 
 def _xor_into(acc: np.ndarray, data: bytes) -> None:
@@ -23,12 +23,11 @@ def piece_blocks(scheme: Redundancy, lengths: List[int], node: int,
     n = len(lengths)
     if scheme.kind == "partner":
         (src, _), = sources(scheme, n, node)
-        for off in range(0, lengths[src], block):
-            yield shares[src].read(off, min(block, lengths[src] - off))
+        for off, k in spans(lengths[src], block):
+            yield shares[src].read(off, k)
         return
     s = segment_size(scheme, n, node, lengths)
-    for off in range(0, s, block):
-        k = min(block, s - off)
+    for off, k in spans(s, block):
         acc = np.zeros(k, dtype=np.uint8)
         for src, seg in sources(scheme, n, node):
             _xor_into(acc, shares[src].read(seg * s + off, k))
@@ -45,8 +44,8 @@ def share_blocks(scheme: Redundancy, lengths: List[int], lost: int,
     n, length = len(lengths), lengths[lost]
     if scheme.kind == "partner":
         piece = pieces[holder(scheme, n, lost, 0)]
-        for off in range(0, length, block):
-            yield piece.read(off, min(block, length - off))
+        for off, k in spans(length, block):
+            yield piece.read(off, k)
         return
     s = segment_size(scheme, n, lost, lengths)
     for seg in range(segments(scheme, n, lost)):

@@ -18,7 +18,7 @@ from ..comm.base import Buffer, Communicator
 from .protect import file_record
 from .records import FileRecord, NodeRecord, Records, piece_name
 from .scheme import Redundancy, holder, segment_size, sources
-from .share_io import BLOCK, Reader, ShareView
+from .share_io import BLOCK, Reader, ShareView, spans
 
 
 def node_map(nodes: Sequence[str]) -> Tuple[List[str], List[List[int]]]:
@@ -95,8 +95,7 @@ def _rounds(comm: Communicator, scheme: Redundancy, leaders: List[int], lengths:
     # the nodes whose pieces hold a segment of my share: node -> segment index
     theirs = {holder(scheme, n, me, seg): seg for seg in range(len(mine))}
     value = size = 0
-    for off in range(0, s, block):
-        k = min(block, s - off)
+    for off, k in spans(s, block):
         outgoing = {leaders[j]: view.read(seg * s + off, k) for j, seg in theirs.items()}
         got = comm.exchange(outgoing, [leaders[src] for src, _ in mine])
         acc = np.zeros(k, dtype=np.uint8)

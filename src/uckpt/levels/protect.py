@@ -4,13 +4,13 @@ extension ``redundancy`` (docs/format.md 13.3). Across nodes without shared stor
 pieces are made by :mod:`uckpt.levels.exchange` instead."""
 from __future__ import annotations
 
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from .encode import piece_blocks
 from .records import FileRecord, NodeRecord, Records, piece_name
 from .repair import Opener
 from .scheme import Redundancy
-from .share_io import BLOCK, Reader, ShareView, record_of
+from .share_io import BLOCK, Reader, ShareView, file_blocks, record_of
 
 #: a node: its name, its ranks, the names of its share's files in order
 NodeShare = Tuple[str, Sequence[int], Sequence[str]]
@@ -18,16 +18,7 @@ NodeShare = Tuple[str, Sequence[int], Sequence[str]]
 
 def file_record(name: str, read: Reader, block: int = BLOCK) -> FileRecord:
     """The record (size, CRC-32C) of file ``name`` as ``read`` gives it, read in blocks."""
-    def blocks() -> Iterator[bytes]:
-        at = 0
-        while True:
-            got = read(name, at, block)
-            yield got
-            at += len(got)
-            if len(got) < block:
-                return
-
-    return record_of(name, blocks(), lambda _: None)
+    return record_of(name, file_blocks(name, read, block), lambda _: None)
 
 
 def protect(scheme: Redundancy, nodes: Sequence[NodeShare], readers: Sequence[Reader],

@@ -22,7 +22,7 @@ from .records import Records
 from .repair import (BlockStream, Opener, Repaired, check_recoverable, log, node_damage,
                      write_checked)
 from .scheme import group_of, holder, segment_size, segments, sources
-from .share_io import BLOCK, Reader, ShareView
+from .share_io import BLOCK, Reader, ShareView, spans
 
 
 def repair_across(comm: Communicator, nodes: Sequence[str], records: Records, read: Reader,
@@ -101,8 +101,7 @@ class _Steps:
         """(segment, offset, bytes) of each round rebuilding ``lost``'s share."""
         length = self.lengths[lost]
         if self.scheme.kind == "partner":
-            return [(0, off, min(self.block, length - off))
-                    for off in range(0, length, self.block)]
+            return [(0, off, k) for off, k in spans(length, self.block)]
         s = segment_size(self.scheme, self.n, lost, self.lengths)
         out: List[Tuple[int, int, int]] = []
         for seg in range(segments(self.scheme, self.n, lost)):
@@ -127,11 +126,9 @@ class _Steps:
         srcs = [src for src, _ in sources(self.scheme, self.n, node)]
         if self.scheme.kind == "partner":
             length = self.lengths[srcs[0]]
-            rounds = [(0, off, min(self.block, length - off))
-                      for off in range(0, length, self.block)]
         else:
-            s = segment_size(self.scheme, self.n, node, self.lengths)
-            rounds = [(0, off, min(self.block, s - off)) for off in range(0, s, self.block)]
+            length = segment_size(self.scheme, self.n, node, self.lengths)
+        rounds = [(0, off, k) for off, k in spans(length, self.block)]
         if self.me == node:
             write_checked(self.records, node, self.records.nodes[node].piece,
                           self._receive(rounds, srcs), self._opener(open_file))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Tuple
 
 from ..codecs.checksum import crc32c, format_checksum
 from .records import FileRecord
@@ -16,6 +16,24 @@ Reader = Callable[[str, int, int], bytes]
 
 #: bytes read, XORed or sent at once: what bounds the memory of encoding and rebuilding
 BLOCK = 4 << 20
+
+
+def spans(length: int, block: int) -> Iterator[Tuple[int, int]]:
+    """``(offset, size)`` of the blocks of ``block`` bytes that cover ``length`` bytes."""
+    for off in range(0, length, block):
+        yield off, min(block, length - off)
+
+
+def file_blocks(name: str, read: Reader, block: int) -> Iterator[bytes]:
+    """The bytes of file ``name``, in blocks of ``block`` (the last one shorter, maybe
+    empty), however long the file is."""
+    at = 0
+    while True:
+        got = read(name, at, block)
+        yield got
+        at += len(got)
+        if len(got) < block:
+            return
 
 
 def directory_reader(directory: Path) -> Reader:
@@ -62,11 +80,10 @@ def damage(record: FileRecord, read: Reader, block: int = BLOCK) -> Optional[str
     its record (size and CRC-32C), read in blocks of ``block`` bytes."""
     value, at = 0, 0
     try:
-        while True:
-            got = read(record.name, at, block)
+        for got in file_blocks(record.name, read, block):
             value = crc32c(got, value)
             at += len(got)
-            if len(got) < block or at > record.size:
+            if at > record.size:
                 break
     except FileNotFoundError:
         return "missing"
