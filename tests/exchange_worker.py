@@ -8,6 +8,7 @@ Prints one ``RESULT <json>`` line per rank.
 """
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,9 +64,23 @@ def main():
         done = repair_across(c, nodes, records, directory_reader(d),
                              lambda name, d=d: open(d / name, "wb"), block=1 << 16)
         out["cases"].append([records.members(), sorted(done.shares), sorted(done.pieces)])
-    print("\nRESULT " + json.dumps(out), flush=True)
+    # a source that never sends: the receiver's exchange times out naming it
     if backend == "torch":
-        dist.destroy_process_group()
+        from uckpt.comm.torch import TorchCommunicator
+        short = TorchCommunicator(dist.new_group(backend="gloo"), timeout=2)  # (gloo closes
+        # a pair whose receive timed out: a group of its own keeps the default one whole)
+    else:
+        from uckpt.comm.mpi import MPICommunicator
+        short = MPICommunicator(None, timeout=2)
+    if r == 0:
+        try:
+            short.exchange({}, [3])
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out["missing"] = [type(e).__name__, getattr(e, "missing", None), str(e)]
+    c.barrier()
+    print("\nRESULT " + json.dumps(out), flush=True)
+    sys.stdout.flush()
+    os._exit(0)  # the short communicator is broken (a receive left posted): no teardown
 
 
 if __name__ == "__main__":

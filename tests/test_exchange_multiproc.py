@@ -49,6 +49,10 @@ def test_exchange_and_protect_across_processes(tmp_path, backend):
         assert res["pair"] == ([digest(payload(4 - r, k, 5 + k)) for k in range(2)]
                                if r in (1, 3) else [])
         assert res["cases"] == run.results[0]["cases"]
+        if r == 0:
+            name, missing, msg = res["missing"]
+            assert (name, missing) == ("CollectiveTimeoutError", [3]), msg
+            assert "collective 'exchange' timed out after 2 s: rank(s) 3 did not answer" in msg
     for case, (members, shares, pieces), (dirs, files, before) in zip(
             CASES, run.results[0]["cases"], layouts):
         assert (shares, pieces) == ([1], [1]), case  # node 1, wiped, rebuilt over the comm

@@ -146,8 +146,9 @@ class TorchCommunicator(Communicator):
 
     def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
         """``isend`` of each buffer's length (int64) and bytes (a ``uint8`` tensor) to each
-        destination, then ``recv`` of each source's, over the gloo group; the process
-        group's timeout bounds a receive."""
+        destination, then ``irecv`` of each source's, over the gloo group, each waited for
+        at most this communicator's ``timeout`` (after which gloo has closed the pair: the
+        group is broken, as after any timeout)."""
         srcs = check_peers(sends, sources, self._size, self._rank)
         torch, dist = self._torch, self._dist
         got: Dict[int, Buffer] = {}
@@ -170,17 +171,32 @@ class TorchCommunicator(Communicator):
                 if src == self._rank:
                     continue
                 n = torch.zeros(1, dtype=torch.int64)
-                dist.recv(n, peer(src), group=self._group, tag=_P2P_TAG)
+                self._recv(n, peer(src), src)
                 out = bytearray(int(n.item()))
                 if out:
-                    dist.recv(torch.frombuffer(out, dtype=torch.uint8), peer(src),
-                              group=self._group, tag=_P2P_TAG)
+                    self._recv(torch.frombuffer(out, dtype=torch.uint8), peer(src), src)
                 got[src] = out
             for w in works:
                 w.wait()
+        except CollectiveTimeoutError:
+            raise
         except RuntimeError as e:
             raise self._fail("exchange", e) from e
         return got
+
+    def _recv(self, tensor: Any, peer: int, src: int) -> None:
+        """Receive ``tensor`` from global rank ``peer`` (rank ``src`` of the group), waiting
+        at most this communicator's timeout."""
+        work = self._dist.irecv(tensor, peer, group=self._group, tag=_P2P_TAG)
+        try:
+            if work is not None:  # (None: this rank is not in the group, never here)
+                work.wait(timedelta(seconds=self.timeout))
+        except RuntimeError as e:
+            if "timed out" in str(e).lower() or "timeout" in str(e).lower():
+                raise CollectiveTimeoutError("exchange", self.timeout, missing=[src],
+                                             detail=f"rank {self._rank} waited for its "
+                                                    "message") from e
+            raise
 
     def broadcast(self, obj: Any = None, root: int = 0) -> Any:
         if not 0 <= root < self._size:
