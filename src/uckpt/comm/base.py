@@ -84,7 +84,7 @@ class Communicator:
     :meth:`gather_outcomes_to` and :meth:`agree_outcomes`.
 
     Point to point: :meth:`exchange` is the one call that is not collective: only the
-    ranks that send or receive in it take part (redundancy across nodes, docs/levels_redundancy.md).
+    ranks that send or receive in it take part (redundancy across nodes, docs/levels.md).
 
     Failure reporting: a rank whose work failed still calls :meth:`check` (or
     :meth:`failures`) with its exception; every rank then raises the same

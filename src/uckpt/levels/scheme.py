@@ -1,5 +1,5 @@
 """Redundancy across nodes: a tier's ``redundancy=`` spelling, and where each node's
-redundancy is kept (docs/format.md section 13.3; docs/levels_redundancy.md).
+redundancy is kept (docs/format.md section 13.3; docs/levels.md).
 
 Nodes are numbered ``0 .. n-1`` (the order of their lowest ranks). Each node holds one
 *piece* of redundancy:

@@ -41,7 +41,7 @@ class Tier:
     without compression).
 
     ``redundancy`` (``"partner"``, ``"xor:G"``; None: none): the redundancy across nodes
-    this tier is to hold for a node-local level (:mod:`uckpt.levels`, docs/levels_redundancy.md),
+    this tier is to hold for a node-local level (:mod:`uckpt.levels`, docs/levels.md),
     checked here; saves do not write it yet.
     """
 
