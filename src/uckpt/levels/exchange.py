@@ -15,6 +15,7 @@ import numpy as np
 
 from ..codecs.checksum import crc32c, format_checksum
 from ..comm.base import Buffer, Communicator
+from ..runtime.nodes import Nodes
 from .protect import file_record
 from .records import FileRecord, NodeRecord, Records, piece_name
 from .scheme import Redundancy, holder, segment_size, sources
@@ -23,15 +24,9 @@ from .share_io import BLOCK, Reader, ShareView, spans
 
 def node_map(nodes: Sequence[str]) -> Tuple[List[str], List[List[int]]]:
     """The node names in node order (by lowest rank) and each node's ranks, from the node
-    name of each rank (``nodes[rank]``)."""
-    names: List[str] = []
-    ranks: Dict[str, List[int]] = {}
-    for rank, name in enumerate(nodes):
-        if name not in ranks:
-            names.append(name)
-            ranks[name] = []
-        ranks[name].append(rank)
-    return names, [ranks[n] for n in names]
+    name of each rank (``nodes[rank]``, e.g. :attr:`uckpt.runtime.nodes.Nodes.of_rank`)."""
+    by_node = Nodes(tuple(nodes)).ranks()
+    return list(by_node), [list(r) for r in by_node.values()]
 
 
 def protect_across(comm: Communicator, nodes: Sequence[str], scheme: Redundancy,
@@ -40,7 +35,8 @@ def protect_across(comm: Communicator, nodes: Sequence[str], scheme: Redundancy,
     """Collective: make this node's piece from the other nodes' shares and return every
     node's records, on every rank.
 
-    ``nodes[r]`` names rank r's node. On a node's leader (its lowest rank), ``files`` are
+    ``nodes[r]`` names rank r's node (:attr:`uckpt.runtime.nodes.Nodes.of_rank`). On a
+    node's leader (its lowest rank), ``files`` are
     its share's file names in order, ``read`` reads them and ``open_piece(name)`` opens
     the piece for writing; the other ranks pass ``()`` and are not asked to read or write.
     """
