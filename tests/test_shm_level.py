@@ -280,33 +280,6 @@ def test_restore_reads_node_local_copies_that_hold_what_each_rank_reads(tmp_path
     assert not (tmp_path / "durable").exists()
 
 
-def test_node_local_copies_lacking_what_a_rank_reads_fall_back_quietly(tmp_path, caplog):
-    """Replicated state is spread over the ranks' files: a node-local copy lacks what the
-    other node wrote, so restore falls back to the durable tier, logging why."""
-    def tiers(rank):
-        return [tmp_path / f"node{rank // 2}" / "run", tmp_path / "durable"]
-    full = {"w": np.arange(4096, dtype=np.float32), "b": np.arange(4096, dtype=np.int32)}
-
-    def save(c):
-        with uckpt.CheckpointManager(tiers=tiers(c.rank), comm=c) as m:
-            m.save(5, {k: v.copy() for k, v in full.items()})
-    assert run_ranks(4, save) == [None] * 4
-
-    def restore(c):
-        got = {k: np.zeros_like(v) for k, v in full.items()}
-        with uckpt.CheckpointManager(tiers=tiers(c.rank), comm=c) as m:
-            return m.restore(got), got
-    with caplog.at_level("INFO", logger="uckpt.manager"):
-        outcomes = run_ranks(4, restore)
-    for outcome in outcomes:
-        assert not isinstance(outcome, BaseException), outcome
-        assert outcome[0] == 5
-        for k in full:
-            np.testing.assert_array_equal(outcome[1][k], full[k])
-    assert any("lacks data files its ranks read" in r.getMessage() for r in caplog.records)
-    assert any("from tier 'durable'" in r.getMessage() for r in caplog.records)
-
-
 def test_every_node_restores_the_newest_step_committed_on_all_of_them(tmp_path):
     """Step 5 is committed on node 0's copy only (as when a kill came between the two
     nodes' commits): every rank restores step 4, the newest on both, from its node."""

@@ -7,17 +7,22 @@ from typing import Any, Dict, Optional, Tuple
 from ..comm import get_communicator
 from ..errors import CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError
 from ..runtime.gcpause import pausing
+from .peer_chunks import with_peer_chunks
 from .reader import CheckpointReader
 from .restore import load_tree, restore_into
 
 
 def load_from(open_, state, strict: bool, comm, what: str,
-              max_bytes: Optional[int] = None) -> Dict[str, Any]:
+              max_bytes: Optional[int] = None, peers: bool = False) -> Dict[str, Any]:
     """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
-    that a failure to open is told to the other ranks)."""
+    that a failure to open is told to the other ranks). ``peers``: ``open_()`` is a
+    node-local copy; the chunks a rank reads from files its node lacks are first fetched
+    from the ranks that wrote them (:mod:`uckpt.loading.peer_chunks`)."""
     c = get_communicator(comm)
     if c.size == 1:
         return _load_local(open_, state, strict, (0, 1), max_bytes)
+    if peers:
+        open_ = with_peer_chunks(open_, state, strict, c, what)
     out: Dict[str, Any] = {}
 
     def job() -> None:

@@ -164,9 +164,27 @@ class CheckpointReader:
         array), or a :class:`~uckpt.tree.shard.Shard` to read its box into its array (the
         caller has checked its global shape against the manifest). Only chunks that
         intersect a wanted box are read (whole, so that their checksums can be verified)."""
+        plan = self._plan(wanted)
+        files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
+        for base, name in files:
+            self._open(name, base)  # open and size-check files before any allocation or thread
+        new = [p[0] for p in plan if p[1] is None]
+        memory.check(self._check_allocation(new, files), self.max_bytes,
+                     ", ".join(repr(e.path) for e in new[:3]) + (", ..." if len(new) > 3 else ""),
+                     self.source.where, leaf=new[0].path if len(new) == 1 else None)
+        with memory.mapped("reading arrays from", self.source.where):
+            return self._read_planned(plan)
+
+    def chunks_for(self, wanted: Mapping[str, "np.ndarray | Shard | None"]) -> List[Chunk]:
+        """The chunks :meth:`read_arrays` reads for ``wanted`` (no data is read)."""
+        return [c for _, _, _, cs in self._plan(wanted) for c in cs]
+
+    def _plan(self, wanted: Mapping[str, Any]) -> list:
+        """(entry, target or None, target_start (None: the whole array), chunks to read)
+        for each array of ``wanted``; the manifest's parts that cover it are read first."""
         if self.manifest.parts_pending:
             self._attach_parts(wanted)
-        plan = []  # (entry, target or None, target_start (None: the whole array), chunks to read)
+        plan = []
         arrays = self.manifest.arrays
         for path, target in wanted.items():
             entry = arrays[path]
@@ -186,15 +204,7 @@ class CheckpointReader:
                 plan.append((entry, target, target_start,
                              [c for c in entry.chunks
                               if _intersection(c.start, c.shape, target_start, target.shape)]))
-        files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
-        for base, name in files:
-            self._open(name, base)  # open and size-check files before any allocation or thread
-        new = [p[0] for p in plan if p[1] is None]
-        memory.check(self._check_allocation(new, files), self.max_bytes,
-                     ", ".join(repr(e.path) for e in new[:3]) + (", ..." if len(new) > 3 else ""),
-                     self.source.where, leaf=new[0].path if len(new) == 1 else None)
-        with memory.mapped("reading arrays from", self.source.where):
-            return self._read_planned(plan)
+        return plan
 
     def _attach_parts(self, wanted: Mapping[str, Any]) -> None:
         """Read the pending parts of the manifest that cover ``wanted`` (as

@@ -246,12 +246,8 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
     if not isinstance(state, Mapping):
         raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
     m = reader.manifest
-    matcher = _Matcher(m, rank)
-    matcher.mapping(state, m.tree, [], strict)  # phase 1: raises before anything is read
-    wanted: set = set()
-    for node in matcher.needed:
-        paths_in(node, wanted)
-    arrays = reader.read_arrays({p: matcher.targets.get(p) for p in m.arrays if p in wanted})
+    matcher, wanted = matched(m, state, strict, rank)  # phase 1: raises before any read
+    arrays = reader.read_arrays(wanted)
 
     def leaf(node):  # None: not read (another rank's PerRank value)
         arr = arrays.get(node["path"])
@@ -273,6 +269,18 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
         mapping[key] = decode(node, leaf)
     items = m.tree["items"]
     return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
+
+
+def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0
+            ) -> Tuple["_Matcher", Dict[str, Any]]:
+    """Phase 1 of :func:`restore_into`: the matcher of ``state`` against ``m`` and what
+    it reads (path -> target, as :meth:`CheckpointReader.read_arrays` takes it)."""
+    matcher = _Matcher(m, rank)
+    matcher.mapping(state, m.tree, [], strict)
+    paths: set = set()
+    for node in matcher.needed:
+        paths_in(node, paths)
+    return matcher, {p: matcher.targets.get(p) for p in m.arrays if p in paths}
 
 
 def load_tree(reader: CheckpointReader) -> Dict[str, Any]:

@@ -585,7 +585,8 @@ class CheckpointManager:
                 # both lambdas are called before the loop moves on
                 load_from(lambda: tier.store.source(name), state, strict,  # noqa: B023
                           self.comm,
-                          f"restore of step {s} from tier {tier.name!r}", max_bytes)
+                          f"restore of step {s} from tier {tier.name!r}", max_bytes,
+                          peers=(s, i) in partial)
             except (DistributedError, MemoryLimitError) + _DAMAGE as e:
                 if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
                                                        e.failed_with(MemoryLimitError)):

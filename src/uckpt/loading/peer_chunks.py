@@ -1,0 +1,169 @@
+"""Chunks a rank's node-local copy lacks, fetched over the communicator from the ranks
+whose nodes hold them (docs/levels.md, "Restore from node-local levels").
+
+A node-local copy of a checkpoint holds the whole manifest and the data files of that
+node's ranks. A rank whose restore reads chunks of a file another node wrote (replicated
+arrays, which the planner spreads over every rank's file) gets them here, before its
+load: every rank lists the chunks it will read from files its copy lacks (one exchange of
+outcomes), the rank that wrote each such file reads them from its own node's copy (one
+more), and each rank that asked receives its chunks (one gather to it). The load then
+reads them from memory (:class:`WithPeerChunks`), checking every chunk's checksum as for
+any chunk. Where the writer's node lacks its file too (the node was wiped), that rank's
+:class:`~uckpt.errors.CheckpointNotFoundError` is raised on every rank.
+"""
+from __future__ import annotations
+
+import base64
+import bisect
+import logging
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..comm import Communicator
+from ..storage.base import CheckpointSource, MediumReader
+from ..storage.readback import SourceReader
+from .reader import CheckpointReader
+from .restore import matched
+
+log = logging.getLogger("uckpt.loading.peer_chunks")
+
+#: a chunk asked for: (data file, offset, length, the rank that wrote the file, the
+#: file's size)
+Ask = Tuple[str, int, int, int, int]
+
+
+def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
+                     strict: bool, comm: Communicator, what: str
+                     ) -> Callable[[], CheckpointSource]:
+    """Collective: fetch the chunks each rank's load of ``state`` (None: everything)
+    reads from data files its copy (``open_()``) lacks; returns the opener of its copy
+    with them (``open_`` itself where this rank lacks nothing)."""
+    start = time.perf_counter()
+    asks: List[List[Ask]] = [[tuple(a) for a in rank_asks] for rank_asks in  # type: ignore[misc]
+                             comm.gather_outcomes(lambda: _lacking(open_, state, strict, comm),
+                                                  f"{what} (listing chunks its node lacks)")]
+    if not any(asks):
+        return open_
+    served: Dict[int, List[List[Any]]] = {}
+    comm.gather_outcomes(lambda: served.update(_serve(open_, asks, comm.rank)),
+                         f"{what} (reading chunks other nodes lack)")
+    got: Dict[str, List[Tuple[int, bytes]]] = {}
+    for r, rank_asks in enumerate(asks):
+        if not rank_asks:
+            continue
+        answers = comm.gather(served.get(r, []), root=r)
+        for answer in answers or ():
+            for name, offset, data in answer:
+                got.setdefault(name, []).append((offset, base64.b64decode(data)))
+    mine = asks[comm.rank]
+    if not mine:
+        return open_
+    writers, sizes = {a[0]: a[3] for a in mine}, {a[0]: a[4] for a in mine}
+    log.info("rank %d read %d chunk(s), %d bytes, of %d data file(s) its node's copy lacks "
+             "from the ranks that wrote them (%s), %.3f s", comm.rank, len(mine),
+             sum(a[2] for a in mine), len(sizes),
+             ", ".join(str(w) for w in sorted(set(writers.values()))),
+             time.perf_counter() - start)
+    return lambda: WithPeerChunks(open_(), got, sizes)
+
+
+def _lacking(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
+             strict: bool, comm: Communicator) -> List[Ask]:
+    """The chunks this rank's load reads from data files its copy lacks."""
+    with CheckpointReader(open_(), rank=(comm.rank, comm.size)) as reader:
+        m = reader.manifest
+        wanted = {p: None for p in m.arrays} if state is None else \
+            matched(m, state, strict, comm.rank)[1]
+        chunks = [c for c in reader.chunks_for(wanted) if c.base is None]
+        missing = {n for n in {c.file for c in chunks} if not _present(reader.source, n)}
+        return sorted({(c.file, c.offset, c.length, m.files[c.file].rank,
+                        m.files[c.file].size) for c in chunks if c.file in missing})
+
+
+def _present(source: CheckpointSource, name: str) -> bool:
+    try:
+        source.open_file(name)
+    except FileNotFoundError:  # (CheckpointNotFoundError)
+        return False
+    return True
+
+
+def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]], me: int
+           ) -> Dict[int, List[List[Any]]]:
+    """What this rank sends each rank that asked for chunks of the files it wrote:
+    ``[file, offset, base64 bytes]`` (communicators carry JSON)."""
+    out: Dict[int, List[List[Any]]] = {}
+    theirs = [(r, a) for r, rank_asks in enumerate(asks) for a in rank_asks if a[3] == me]
+    if not theirs:
+        return out
+    with open_() as source:
+        for name in sorted({a[0] for _, a in theirs}):
+            source.open_file(name)  # CheckpointNotFoundError where this node lost it too
+        for r, (name, offset, length, _, _) in theirs:
+            buf = bytearray(length)
+            n = source.read_into(name, buf, offset)
+            out.setdefault(r, []).append([name, offset,
+                                          base64.b64encode(bytes(buf[:n])).decode("ascii")])
+    return out
+
+
+class WithPeerChunks(CheckpointSource):
+    """A node-local copy, with chunks of files it lacks held in memory (``got``: file ->
+    [(offset, bytes)], fetched from other nodes; ``sizes``: those files' sizes). A read
+    of such a file gets those bytes, zeros elsewhere (a chunk not fetched fails its
+    checksum)."""
+
+    def __init__(self, inner: CheckpointSource, got: Dict[str, List[Tuple[int, bytes]]],
+                 sizes: Dict[str, int]) -> None:
+        self.inner, self.sizes = inner, sizes
+        self.got = {name: sorted(ranges) for name, ranges in got.items()}
+        self._starts = {name: [o for o, _ in ranges] for name, ranges in self.got.items()}
+        self.where = inner.where
+        self.block_bytes, self.coalesce = inner.block_bytes, inner.coalesce
+        self.read_threads, self.verify_threads = inner.read_threads, inner.verify_threads
+
+    @property
+    def location(self) -> Any:
+        return self.inner.location
+
+    def manifest_bytes(self) -> bytes:
+        return self.inner.manifest_bytes()
+
+    def open_file(self, name: str, what: str = "data file") -> int:
+        if name not in self.got:
+            return self.inner.open_file(name, what)
+        return self.sizes[name]
+
+    def read_into(self, name: str, buf: Any, offset: int) -> int:
+        if name not in self.got:
+            return self.inner.read_into(name, buf, offset)
+        view = memoryview(buf).cast("B")
+        view[:] = bytes(len(view))
+        end = offset + len(view)
+        ranges, starts = self.got[name], self._starts[name]
+        for at, data in ranges[max(0, bisect.bisect_right(starts, offset) - 1):]:
+            if at >= end:
+                break
+            lo, hi = max(at, offset), min(at + len(data), end)
+            if lo < hi:
+                view[lo - offset:hi - offset] = data[lo - at:hi - at]
+        return max(0, min(len(view), self.sizes[name] - offset))
+
+    def read_vectored(self, name: str, bufs: Sequence[Any], offset: int) -> int:
+        if name not in self.got:
+            return self.inner.read_vectored(name, bufs, offset)
+        return super().read_vectored(name, bufs, offset)
+
+    def file_where(self, name: str) -> str:
+        where = self.inner.file_where(name)
+        return where if name not in self.got else f"{where} (read from another node)"
+
+    def medium_reader(self, name: str) -> MediumReader:
+        return SourceReader(self, name) if name in self.got else self.inner.medium_reader(name)
+
+    def sibling(self, name: str) -> CheckpointSource:
+        return self.inner.sibling(name)
+
+    def close(self) -> None:
+        self.inner.close()
+
