@@ -4,11 +4,13 @@ Each node's copy holds its ranks' data files and the whole manifest; what a rank
 from files of the other node (replicated arrays) comes from the rank that wrote them."""
 from __future__ import annotations
 
+import shutil
 
 import numpy as np
 import pytest
 
 import uckpt
+from uckpt import errors
 from uckpt.testing import run_ranks
 
 ROWS = 16
@@ -76,3 +78,87 @@ def test_replicated_state_restores_from_node_local_tiers_only(tmp_path, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert any("its node's copy lacks from the ranks that wrote them" in m for m in lines)
     assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 4
+
+
+def test_a_step_committed_on_one_node_only_is_passed_over_then_saved_again(tmp_path, caplog):
+    """Step 4 is committed on node 0's copy only (a kill between the nodes' commits):
+    every rank restores step 3, and the job saves step 4 again: the next writer removes
+    the step no node but node 0 holds before its first save."""
+    save_steps(tmp_path, [3, 4])
+    shutil.rmtree(tmp_path / "node1/run/step_00000004")
+    outcomes = restore_all(tmp_path)
+    assert [o[0] for o in outcomes] == [3] * 4, outcomes
+
+    def resume(c):
+        with uckpt.CheckpointManager(tiers=tiers(tmp_path), comm=c, node=node_of(c.rank)) as m:
+            got = state(0, c.rank, zero=True)
+            assert m.restore(got) == 3
+            m.save(4, state(4, c.rank))
+            return m.steps()
+    with caplog.at_level("INFO", logger="uckpt.manager.node_copies"):
+        assert run_ranks(4, resume) == [[3, 4]] * 4
+    removed = [r.getMessage() for r in caplog.records if r.getMessage().startswith("removed")]
+    assert removed and all("step 4 from tier 'run': committed on the copies of node(s) node0 "
+                           "only" in m for m in removed), removed
+    for rank, (step, got) in enumerate(restore_all(tmp_path)):
+        assert step == 4
+        for k, a in flat(state(4, rank)).items():
+            np.testing.assert_array_equal(flat(got)[k], a, err_msg=k)
+
+
+def test_a_wiped_node_with_node_local_tiers_only_is_named_not_restored_past(tmp_path):
+    """Node 1's directory is wiped: nothing every rank can read is left; restore raises
+    NodeCopyLostError on every rank (never None, which would start the job over),
+    naming the node and the step, and node 0's copies stay."""
+    save_steps(tmp_path, [3, 4])
+    shutil.rmtree(tmp_path / "node1")
+    for outcome in restore_all(tmp_path):
+        assert isinstance(outcome, errors.NodeCopyLostError), outcome
+        assert isinstance(outcome, FileNotFoundError)
+        text = str(outcome)
+        assert "node(s) node1 hold none of its checkpoints (the others hold up to step 4)" \
+            in text and "durable" in outcome.hint, text
+    assert sorted(p.name for p in (tmp_path / "node0/run").glob("step_*")) == \
+        ["step_00000003", "step_00000004"]
+
+
+def test_a_node_that_lost_its_data_files_is_named(tmp_path):
+    """Node 0 keeps its manifests but lost its data files: node 1's ranks cannot fetch
+    the replicated chunks node 0's ranks wrote; restore raises NodeCopyLostError naming
+    the step, after trying each step."""
+    save_steps(tmp_path, [3])
+    for f in (tmp_path / "node0/run/step_00000003").glob("*.bin"):
+        f.unlink()
+    for outcome in restore_all(tmp_path):
+        assert isinstance(outcome, errors.NodeCopyLostError), outcome
+        assert "step 3 on tier 'run': data files its ranks read are on no node's copy" \
+            in str(outcome), outcome
+
+
+def test_a_wiped_node_falls_back_to_the_durable_tier_saying_why(tmp_path, caplog):
+    """With a durable tier, the wiped node is named in a warning and the step restored
+    from the durable copy, bit for bit."""
+    def both(rank):
+        return [*tiers(tmp_path), tmp_path / "durable"]
+
+    def save(c):
+        with uckpt.CheckpointManager(tiers=both(c.rank), comm=c, node=node_of(c.rank)) as m:
+            m.save(3, state(3, c.rank))
+    assert run_ranks(4, save) == [None] * 4
+    shutil.rmtree(tmp_path / "node0")
+
+    def restore(c):
+        got = state(0, c.rank, zero=True)
+        with uckpt.CheckpointManager(tiers=both(c.rank), comm=c, node=node_of(c.rank)) as m:
+            return m.restore(got), got
+    with caplog.at_level("INFO", logger="uckpt"):
+        outcomes = run_ranks(4, restore)
+    for rank, outcome in enumerate(outcomes):
+        assert not isinstance(outcome, BaseException), outcome
+        assert outcome[0] == 3
+        for k, a in flat(state(3, rank)).items():
+            np.testing.assert_array_equal(flat(outcome[1])[k], a, err_msg=k)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("tier 'run': node(s) node0 hold none of its checkpoints while the other nodes "
+               "hold steps up to 3" in m for m in lines), lines
+    assert any(m.startswith("restored step 3 from tier 'durable'") for m in lines)

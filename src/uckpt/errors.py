@@ -66,6 +66,12 @@ class StoreNotFoundError(CheckpointNotFoundError):
     not to be taken for one missing checkpoint."""
 
 
+class NodeCopyLostError(CheckpointNotFoundError):
+    """Some nodes' copies of a node-local tier hold checkpoints that another node's copy
+    lacks altogether (that node was wiped or replaced), and no tier holds a checkpoint
+    every rank can read: restoring nothing would silently start the job over."""
+
+
 class NotACheckpointError(UckptError, ValueError):
     """The directory exists but is not a committed uckpt checkpoint."""
 

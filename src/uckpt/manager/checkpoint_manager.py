@@ -31,7 +31,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import rollback as _rollback
+from . import node_copies, rollback as _rollback
 from ..loading.collective import damage_behind, load_from
 from ..saving.commit import check_metadata
 from ..saving.committed import Committed
@@ -313,6 +313,7 @@ class CheckpointManager:
                 tier.store.remove_debris()
         if self.comm.size > 1:  # no rank may start a save while another still removes debris
             self.comm.barrier()
+        node_copies.drop_partial(self)  # steps committed on some nodes' copies only
         _rollback.resume(self)  # finishes a rollback a killed writer left
 
     def wait(self) -> None:
@@ -577,7 +578,10 @@ class CheckpointManager:
                    for i in tiers if i < 0}
         common = set.intersection(*({(int(s), max(i, -1 - i)) for s, tiers in v.items()
                                      for i in tiers} for v in views))
-        failures = []
+        lost = node_copies.lost_nodes([node_copies.held_of(v) for v in views], self.nodes,
+                                      len(self.tiers)) if self.comm.size > 1 else {}
+        node_copies.warn_lost(self, lost)
+        failures, lacking = [], []
         for s, i in sorted(common, key=lambda c: (-c[0], c[1])):
             tier, name = self.tiers[i], step_dir_name(s)
             start = time.perf_counter()
@@ -599,6 +603,7 @@ class CheckpointManager:
                 elif isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
                     raise
                 if (s, i) in partial and _lacks_file(e):
+                    lacking.append((s, tier.name, e))
                     log.info("step %d on tier %r: a node's copy lacks data files its ranks "
                              "read (node-local storage); trying the next copy", s, tier.name)
                     continue
@@ -613,6 +618,9 @@ class CheckpointManager:
             log.info("restored step %d from tier %r (%s), %.3f s", s, tier.name,
                      self.path(s, i), time.perf_counter() - start)
             return s
+        if lost or lacking:
+            raise node_copies.no_copy_error(self, lost, lacking) from (
+                failures[0][2] if failures else lacking[0][2] if lacking else None)
         if failures:
             raise CorruptCheckpointError(
                 f"no checkpoint under {', '.join(str(t.path) for t in self.tiers)} reads back "
