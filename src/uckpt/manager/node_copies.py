@@ -85,8 +85,9 @@ def warn_lost(m, lost: Dict[int, Tuple[List[str], int]]) -> None:
 def drop_partial(m) -> None:
     """Collective (a writer, before its first save): on each tier, remove from the copies
     that hold them the steps above the newest step every rank's copy holds (committed on
-    some nodes only), where every rank's copy holds some step of the tier."""
-    if m.comm.size == 1:
+    some nodes only), where every rank's copy holds some step of the tier. Not with
+    ``concurrent_writers`` (the others' saves in flight would look the same)."""
+    if m.comm.size == 1 or m.concurrent_writers:
         return
     mine = [sorted(t.store.steps()) for t in m.tiers]
     every = m.comm.all_gather(mine)
