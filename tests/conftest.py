@@ -35,6 +35,7 @@ SLOW_MODULES = {
     "test_shm_restart",  # issue 28: jobs on simulated nodes, SIGKILLed and restarted
     # issue 28: redundancy across nodes exchanged by 4 MPI and 4 gloo processes
     "test_exchange_multiproc",
+    "test_node_kills",  # issue 28: 51 launches of mpiexec -n 4, 50 of them SIGKILLed
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -70,7 +71,7 @@ SLOW_TESTS = (
 MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",
                      "test_keras_distributed", "test_torch_dtensor", "test_s3_tier",
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
-                     "test_shm_restart", "test_exchange_multiproc"}
+                     "test_shm_restart", "test_exchange_multiproc", "test_node_kills"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
