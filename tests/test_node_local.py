@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
-import pytest
 
 import uckpt
 from uckpt import errors
