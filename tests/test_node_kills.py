@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.xdist_group("distributed"),
               pytest.mark.skipif(not HAVE_MPI, reason="no mpiexec")]
 
 WORKER = Path(__file__).with_name("kill_worker.py")
-KILLS = int(os.environ.get("KILLS_TRY", 50))
+KILLS = 50
 
 
 def committed(root):

@@ -6,14 +6,14 @@ node's ranks. A rank whose restore reads chunks of a file another node wrote (re
 arrays, which the planner spreads over every rank's file) gets them here, before its
 load: every rank lists the chunks it will read from files its copy lacks (one exchange of
 outcomes), the rank that wrote each such file reads them from its own node's copy (one
-more), and each rank that asked receives its chunks (one gather to it). The load then
+more), and sends them to the rank that asked, as raw bytes
+(:meth:`~uckpt.comm.Communicator.exchange`, point to point: only those two take part). The load then
 reads them from memory (:class:`WithPeerChunks`), checking every chunk's checksum as for
 any chunk. Where the writer's node lacks its file too (the node was wiped), that rank's
 :class:`~uckpt.errors.CheckpointNotFoundError` is raised on every rank.
 """
 from __future__ import annotations
 
-import base64
 import bisect
 import logging
 import time
@@ -44,18 +44,20 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
                                                   f"{what} (listing chunks its node lacks)")]
     if not any(asks):
         return open_
-    served: Dict[int, List[List[Any]]] = {}
+    served: Dict[int, bytes] = {}
     comm.gather_outcomes(lambda: served.update(_serve(open_, asks, comm.rank)),
                          f"{what} (reading chunks other nodes lack)")
-    got: Dict[str, List[Tuple[int, bytes]]] = {}
-    for r, rank_asks in enumerate(asks):
-        if not rank_asks:
-            continue
-        answers = comm.gather(served.get(r, []), root=r)
-        for answer in answers or ():
-            for name, offset, data in answer:
-                got.setdefault(name, []).append((offset, base64.b64decode(data)))
     mine = asks[comm.rank]
+    sources = sorted({a[3] for a in mine})
+    arrived: Dict[int, Any] = {}
+    if served or sources:  # point to point, raw bytes: only the ranks that take part
+        arrived = comm.exchange(served, sources)
+    got: Dict[str, List[Tuple[int, bytes]]] = {}
+    for source in sources:
+        data, at = memoryview(arrived[source]).cast("B"), 0
+        for name, offset, length, _, _ in (a for a in mine if a[3] == source):
+            got.setdefault(name, []).append((offset, bytes(data[at:at + length])))
+            at += length
     if not mine:
         return open_
     writers, sizes = {a[0]: a[3] for a in mine}, {a[0]: a[4] for a in mine}
@@ -89,21 +91,25 @@ def _present(source: CheckpointSource, name: str) -> bool:
 
 
 def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]], me: int
-           ) -> Dict[int, List[List[Any]]]:
-    """What this rank sends each rank that asked for chunks of the files it wrote:
-    ``[file, offset, base64 bytes]`` (communicators carry JSON)."""
-    out: Dict[int, List[List[Any]]] = {}
-    theirs = [(r, a) for r, rank_asks in enumerate(asks) for a in rank_asks if a[3] == me]
+           ) -> Dict[int, bytes]:
+    """What this rank sends each rank that asked for chunks of the files it wrote: their
+    bytes one after another, in the order asked (a chunk cut short is padded with zeros,
+    and fails its checksum where it is read)."""
+    out: Dict[int, bytes] = {}
+    theirs = {r: [a for a in rank_asks if a[3] == me] for r, rank_asks in enumerate(asks)}
+    theirs = {r: a for r, a in theirs.items() if a}
     if not theirs:
         return out
     with open_() as source:
-        for name in sorted({a[0] for _, a in theirs}):
+        for name in sorted({a[0] for rank_asks in theirs.values() for a in rank_asks}):
             source.open_file(name)  # CheckpointNotFoundError where this node lost it too
-        for r, (name, offset, length, _, _) in theirs:
-            buf = bytearray(length)
-            n = source.read_into(name, buf, offset)
-            out.setdefault(r, []).append([name, offset,
-                                          base64.b64encode(bytes(buf[:n])).decode("ascii")])
+        for r, rank_asks in theirs.items():
+            buf = bytearray(sum(a[2] for a in rank_asks))
+            at = 0
+            for name, offset, length, _, _ in rank_asks:
+                source.read_into(name, memoryview(buf)[at:at + length], offset)
+                at += length
+            out[r] = bytes(buf)
     return out
 
 
