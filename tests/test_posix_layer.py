@@ -221,7 +221,7 @@ def test_a_reader_never_creates_a_missing_root_and_a_writer_does(tmp_path):
 
 
 class _Counting(PosixStore):
-    """A PosixStore that records every key its recursive listing hands out."""
+    """A PosixStore that records every key its recursive listings hand out."""
 
     def __init__(self, root):
         super().__init__(root)
@@ -231,6 +231,11 @@ class _Counting(PosixStore):
         for key, size in super().list(prefix):
             self.listed.append(key)
             yield key, size
+
+    def list_tree(self, prefix=""):
+        tree = super().list_tree(prefix)
+        self.listed.extend(tree.keys)
+        return tree
 
 
 def test_steps_and_entries_read_only_the_roots_own_entries(tmp_path):

@@ -316,6 +316,21 @@ class StoreTests:
         assert store.list_dir("a/2/") == (["a/2/3", "a/2/5"], [])
         assert store.list_dir("missing") == ([], [])
 
+    def test_list_level_and_list_tree_agree_with_the_listings(self, store: BlobStore) -> None:
+        """The batched listings a listing of many checkpoints uses say what the plain
+        calls say, from one look."""
+        self._tree(store)
+        level = store.list_level("", holding="1")
+        assert (level.keys, level.prefixes) == tuple(store.list_dir())
+        assert level.others == store.others() and level.holding == ["a/"]
+        assert store.list_level("a/", holding="3").holding == ["a/2/"]
+        assert store.list_level("missing/", holding="1") == ([], [], {}, [])
+        tree = store.list_tree("a/")
+        assert tree.keys == dict(store.list("a/")) and tree.prefixes == ["a/2/"]
+        assert tree.others == store.others("a/") and store.list_tree("missing").keys == {}
+        assert store.occupied("a/1") and not store.occupied("a/9")
+        assert store.occupied("a/2") == store.local_files  # a directory of its own
+
     def test_delete_and_delete_prefix(self, store: BlobStore) -> None:
         self._tree(store)
         store.delete("a/1")

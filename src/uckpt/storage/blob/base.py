@@ -28,7 +28,9 @@ Committing, on the coordinator only, after every rank's writers committed:
      :attr:`~BlobStore.conditional_create`.
 Locking, by the writer of a root: :meth:`BlobStore.lock` where the store has
   :attr:`~BlobStore.advisory_locks`, else a lease object made with ``create_if_absent``.
-Reading, by any process: :meth:`BlobStore.list` / :meth:`BlobStore.list_dir`, then
+Reading, by any process: :meth:`BlobStore.list` / :meth:`BlobStore.list_dir` (or, to
+  list many checkpoints at once, :meth:`BlobStore.list_level` and
+  :meth:`BlobStore.list_tree`), then
   :meth:`BlobStore.size` and :meth:`BlobStore.read_into` (or :meth:`BlobStore.read` for
   small objects, with a cap), or :meth:`BlobStore.open_reader` once per object, its
   ranges read through the reader, then ``close``.
@@ -58,8 +60,9 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
 
-from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidKeyError, SaveError,
-                       StoreCapabilityError, UnsupportedObjectError)
+from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, InvalidKeyError,
+                       NotRegularFileError, SaveError, StoreCapabilityError,
+                       UnsupportedObjectError)
 
 #: bytes streamed at once by :meth:`BlobStore.copy`'s and :meth:`BlobStore.copy_in`'s default
 COPY_BLOCK = 8 << 20
@@ -95,6 +98,30 @@ class Listing(NamedTuple):
 
     keys: list[str]
     prefixes: list[str]
+
+
+class Level(NamedTuple):
+    """One level below a prefix from one look (:meth:`BlobStore.list_level`): what
+    :meth:`BlobStore.list_dir` and :meth:`BlobStore.others` show there, and the prefixes
+    directly below that hold something at a given name. Full keys, sorted."""
+
+    keys: list[str]
+    prefixes: list[str]
+    others: dict[str, str]
+    #: the prefixes among ``prefixes`` at whose ``<prefix><name>`` something stands
+    holding: list[str]
+
+
+class Tree(NamedTuple):
+    """Everything below a prefix from one walk (:meth:`BlobStore.list_tree`): every key
+    however deep with its size, the prefixes and what else stands directly below (full
+    keys), and what tells the prefix walked from one put in its place since."""
+
+    keys: dict[str, int]
+    prefixes: list[str]
+    others: dict[str, str]
+    #: a store of local files: the (device, inode) of the directory walked; else None
+    token: tuple[int, int] | None
 
 
 def check_key(key: object) -> str:
@@ -399,6 +426,35 @@ class BlobStore(abc.ABC):
         ``"a symbolic link (to 'x')"``; never read nor followed. This default: nothing (a
         store that holds only objects)."""
         return {}
+
+    def occupied(self, key: str) -> bool:
+        """Whether something stands at ``key``: an object, or on a store of local files
+        anything else there too (a directory, a symbolic link, a FIFO: never followed)."""
+        try:
+            if self.exists(key):
+                return True
+        except NotRegularFileError:
+            return True
+        parent = key.rpartition("/")[0]
+        return self.local_files and key + "/" in self.list_dir(parent).prefixes
+
+    def list_level(self, prefix: str = "", holding: str | None = None) -> Level:
+        """:meth:`list_dir` and :meth:`others` of ``prefix`` at once and, where ``holding``
+        is a name, the prefixes directly below at whose ``<prefix><holding>`` something
+        stands (:meth:`occupied`): a listing of many checkpoints asks this once, not
+        once per checkpoint. This default: those calls, one :meth:`occupied` per prefix;
+        a store of local files makes it one directory scan and one ``lstat`` per prefix."""
+        listing = self.list_dir(prefix)
+        held = [p for p in listing.prefixes
+                if holding is not None and self.occupied(p + holding)]
+        return Level(listing.keys, listing.prefixes, self.others(prefix), held)
+
+    def list_tree(self, prefix: str = "") -> Tree:
+        """:meth:`list`, and :meth:`list_dir`'s prefixes and :meth:`others` of ``prefix``,
+        at once. This default: those calls (no token); a store of local files walks the
+        directory once."""
+        keys = dict(self.list(prefix))
+        return Tree(keys, self.list_dir(prefix).prefixes, self.others(prefix), None)
 
     # --- writing ------------------------------------------------------------------------
     @abc.abstractmethod

@@ -29,11 +29,11 @@ from ... import knobs
 from ...errors import (CheckpointExistsError, CheckpointNotFoundError, CorruptCheckpointError,
                        NotACheckpointError, NotRegularFileError, RootLockedError)
 from . import posix_io
-from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Listing,
+from .base import (RESERVED, BlobLock, BlobReader, BlobStore, BlobWriter, Level, Listing, Tree,
                    check_below_root, check_key, check_offset, check_prefix, check_rename, closed,
                    flat, writable_view)
 from .posix_io import DirectFile
-from .posix_read import MediumFileReader, PosixReader, entries, walk
+from .posix_read import MediumFileReader, PosixReader, level, tree, walk
 from .posix_remove import remove_tree
 
 if TYPE_CHECKING:
@@ -172,21 +172,36 @@ class PosixStore(BlobStore):
             raise
 
     def exists(self, key: str) -> bool:
-        """An ``lstat`` of each directory on the key's path and of the key (a listing of
-        a root with many checkpoints asks this once for each); where any of them is
-        neither as expected nor missing (a symlink, a FIFO, a directory at the key) the
-        walk from the root's descriptor judges it and names it (:meth:`size`)."""
+        """An ``lstat`` of each directory on the key's path and of the key; where any of
+        them is neither as expected nor missing (a symlink, a FIFO, a directory at the
+        key) the walk from the root's descriptor judges it and names it (:meth:`size`)."""
+        try:
+            mode = self._mode(key)
+        except _NotADir:
+            return super().exists(key)
+        return mode is not None and (stat.S_ISREG(mode) or super().exists(key))
+
+    def occupied(self, key: str) -> bool:
+        """An ``lstat`` of each directory on the key's path and of the key; a symbolic
+        link on the path is judged by the walk from the root's descriptor (:meth:`size`)."""
+        try:
+            return self._mode(key) is not None
+        except _NotADir:
+            return super().occupied(key)
+
+    def _mode(self, key: str) -> int | None:
+        """The mode of ``key`` (not followed), None where it is missing; ``_NotADir``
+        where a directory on its path is something else."""
         path = os.fspath(self.root)
         *parts, name = check_key(key).split("/")
         try:
             for part in parts:
                 path = os.path.join(path, part)
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    return super().exists(key)
-            mode = os.lstat(os.path.join(path, name)).st_mode
+                    raise _NotADir(path)
+            return os.lstat(os.path.join(path, name)).st_mode
         except (FileNotFoundError, NotADirectoryError):
-            return False
-        return stat.S_ISREG(mode) or super().exists(key)
+            return None
 
     def size(self, key: str) -> int:
         dir_fd, name = self._parent(key)
@@ -227,33 +242,25 @@ class PosixStore(BlobStore):
         return iter(()) if fd is None else walk(fd, prefix)
 
     def list_dir(self, prefix: str = "") -> Listing:
-        prefix = check_prefix(prefix)
-        fd = self._prefix_dir(prefix)
-        if fd is None:
-            return Listing([], [])
-        keys, prefixes = [], []
-        try:
-            for entry in entries(fd):
-                if entry.is_file(follow_symlinks=False):
-                    keys.append(prefix + entry.name)
-                elif entry.is_dir(follow_symlinks=False):
-                    prefixes.append(prefix + entry.name + "/")
-        finally:
-            os.close(fd)
-        return Listing(sorted(keys), sorted(prefixes))
+        level = self.list_level(prefix)
+        return Listing(level.keys, level.prefixes)
 
     def others(self, prefix: str = "") -> dict[str, str]:
         """Symbolic links, FIFOs, devices, sockets: each named as it is, none followed."""
+        return self.list_level(prefix).others
+
+    def list_level(self, prefix: str = "", holding: str | None = None) -> Level:
+        """One scan of the directory and, where ``holding`` is a name, one ``lstat`` for
+        each directory found (:func:`~.posix_read.level`)."""
         prefix = check_prefix(prefix)
         fd = self._prefix_dir(prefix)
-        if fd is None:
-            return {}
-        try:
-            return {prefix + e.name: _kind(e, fd) for e in entries(fd)
-                    if not e.is_file(follow_symlinks=False)
-                    and not e.is_dir(follow_symlinks=False)}
-        finally:
-            os.close(fd)
+        return Level([], [], {}, []) if fd is None else level(fd, prefix, holding)
+
+    def list_tree(self, prefix: str = "") -> Tree:
+        """One walk of the directory (:func:`~.posix_read.tree`)."""
+        prefix = check_prefix(prefix)
+        fd = self._prefix_dir(prefix)
+        return Tree({}, [], {}, None) if fd is None else tree(fd, prefix)
 
     # --- writing ----------------------------------------------------------------------------
     def open_writer(self, key: str) -> BlobWriter:
@@ -477,6 +484,10 @@ class PosixStore(BlobStore):
             os.close(dir_fd)
 
 
+class _NotADir(Exception):
+    """A directory on a key's path is something else (:meth:`PosixStore._mode`)."""
+
+
 def _linked(fd: int, dir_fd: int, name: str) -> bool:
     """Whether ``name`` in ``dir_fd`` is still the file open at ``fd``."""
     try:
@@ -485,16 +496,6 @@ def _linked(fd: int, dir_fd: int, name: str) -> bool:
         return False
     mine = os.fstat(fd)
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
-
-
-def _kind(entry: os.DirEntry[str], dir_fd: int) -> str:
-    """What ``entry`` (neither a regular file nor a directory) is, in words."""
-    if entry.is_symlink():
-        return fsutil.link_kind(entry.name, dir_fd)
-    try:
-        return fsutil.kind_of(entry.stat(follow_symlinks=False).st_mode)
-    except OSError:
-        return "an entry that could not be examined"
 
 
 def _hidden(what: str) -> str:

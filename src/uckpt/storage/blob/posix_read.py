@@ -1,8 +1,8 @@
 """Reading a :class:`~uckpt.storage.blob.posix.PosixStore`: an object held open
 (:class:`PosixReader`), one read from the medium rather than the page cache
-(:class:`MediumFileReader`, for re-verification: :mod:`uckpt.storage.readback`) and the
-walk of its directory tree (:func:`walk`). Only regular files are read or listed; no
-symbolic link is followed."""
+(:class:`MediumFileReader`, for re-verification: :mod:`uckpt.storage.readback`), the
+scan of a directory (:func:`level`) and the walk of its tree (:func:`walk`, :func:`tree`).
+Only regular files are read or listed; no symbolic link is followed."""
 from __future__ import annotations
 
 import errno
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from .. import fsutil
 from ...errors import CheckpointNotFoundError, NotACheckpointError
-from .base import RESERVED, BlobReader, check_offset, writable_view
+from .base import RESERVED, BlobReader, Level, Tree, check_offset, writable_view
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -144,3 +144,75 @@ def _level(fd: int) -> Iterator[tuple[str, int | None]]:
             yield entry.name, st.st_size
         elif stat.S_ISDIR(st.st_mode):
             yield entry.name, None
+
+
+def level(fd: int, prefix: str, holding: str | None) -> Level:
+    """The directory ``fd`` (closed when done) from one scan: its regular files, its
+    directories, what else stands there (none followed) and, where ``holding`` is a name,
+    the directories ``sub`` where something stands at ``sub/<holding>``: one ``lstat``
+    each, relative to ``fd`` (a directory replaced by a symbolic link between the scan and
+    the ``lstat`` is followed by it, never by a read, which refuses it)."""
+    keys, prefixes, others, held = [], [], {}, []
+    try:
+        for entry in entries(fd):
+            if entry.is_file(follow_symlinks=False):
+                keys.append(prefix + entry.name)
+            elif entry.is_dir(follow_symlinks=False):
+                prefixes.append(prefix + entry.name + "/")
+                if holding is not None and _lexists(f"{entry.name}/{holding}", fd):
+                    held.append(prefix + entry.name + "/")
+            else:
+                others[prefix + entry.name] = kind(entry, fd)
+    finally:
+        os.close(fd)
+    return Level(sorted(keys), sorted(prefixes), others, sorted(held))
+
+
+def tree(fd: int, prefix: str) -> Tree:
+    """Every regular file below the directory ``fd`` (closed when done) with its size
+    (:func:`walk` below its first level), its own directories and other entries from the
+    same first scan, and its (device, inode)."""
+    try:
+        st = os.fstat(fd)
+        keys: dict[str, int] = {}
+        subs: list[str] = []
+        others = {}
+        for entry in entries(fd):
+            if entry.is_dir(follow_symlinks=False):
+                subs.append(entry.name)
+            elif not entry.is_file(follow_symlinks=False):
+                others[prefix + entry.name] = kind(entry, fd)
+            else:
+                try:
+                    keys[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue  # removed since the directory was read
+        for name in subs:
+            try:
+                sub = fsutil.open_dir(name, dir_fd=fd, follow_symlinks=False)
+            except (CheckpointNotFoundError, NotACheckpointError):
+                continue  # removed or replaced meanwhile
+            keys.update(walk(sub, prefix + name + "/"))
+    finally:
+        os.close(fd)
+    return Tree(keys, sorted(prefix + n + "/" for n in subs), others, (st.st_dev, st.st_ino))
+
+
+def kind(entry: os.DirEntry[str], dir_fd: int) -> str:
+    """What ``entry`` (neither a regular file nor a directory) is, in words."""
+    if entry.is_symlink():
+        return fsutil.link_kind(entry.name, dir_fd)
+    try:
+        return fsutil.kind_of(entry.stat(follow_symlinks=False).st_mode)
+    except OSError:
+        return "an entry that could not be examined"
+
+
+def _lexists(path: str, dir_fd: int) -> bool:
+    """Whether anything stands at ``path`` relative to ``dir_fd`` (its last component not
+    followed)."""
+    try:
+        os.lstat(path, dir_fd=dir_fd)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    return True

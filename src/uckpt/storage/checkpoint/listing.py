@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 from ...errors import CheckpointNotFoundError, NotACheckpointError
 from ..fsutil import kind_of
 from ..base import CHECKPOINT, LINK, STALE, TEMPORARY, Entry, step_of
+from ..blob.base import Tree
 from .names import HIDDEN, MANIFEST_NAME, TMP_MARK
 
 if TYPE_CHECKING:
-    from ..blob.base import BlobStore
+    from ..blob.base import BlobStore, Level
     from .store import BlobCheckpointStore
 
 
@@ -22,19 +23,17 @@ def is_prefix(blob: BlobStore, prefix: str) -> bool:
     return prefix in blob.list_dir(parent + "/" if parent else "").prefixes
 
 
-def _entry(store: BlobCheckpointStore, name: str, keys: Dict[str, int], sub: str) -> Entry:
-    """The entry of child ``name`` (at prefix ``sub``) whose keys below it are ``keys``
-    (relative: size)."""
+def _entry(store: BlobCheckpointStore, name: str, tree: Tree, sub: str) -> Entry:
+    """The entry of child ``name`` (at prefix ``sub``) from what is below it."""
+    keys = {k[len(sub):]: n for k, n in tree.keys.items()}
     files = {k: n for k, n in keys.items() if "/" not in k}
-    below = {k.partition("/")[0] for k in keys if "/" in k}
     if store.blob.local_files:  # directories, even empty, and entries that are no objects
-        not_plain = {p[len(sub):-1]: "a directory" for p in store.blob.list_dir(sub).prefixes}
-        not_plain.update((k[len(sub):], kind) for k, kind in store.blob.others(sub).items())
+        not_plain = {p[len(sub):-1]: "a directory" for p in tree.prefixes}
+        not_plain.update((k[len(sub):], kind) for k, kind in tree.others.items())
     else:
-        not_plain = {b: "a prefix holding further objects" for b in sorted(below)}
+        not_plain = {p[len(sub):-1]: "a prefix holding further objects" for p in tree.prefixes}
     entry = Entry(name, CHECKPOINT, store.at(name), step=step_of(name),
-                  size=sum(keys.values()), files=files, not_plain=not_plain,
-                  token=identity(store, name))
+                  size=sum(keys.values()), files=files, not_plain=not_plain, token=tree.token)
     m = HIDDEN.match(name)
     if m:
         entry.step = step_of(m.group(1))
@@ -81,38 +80,53 @@ def check_root(store: BlobCheckpointStore) -> None:
                               path=where)
 
 
-def children(store: BlobCheckpointStore) -> Iterator[Tuple[str, str, Dict[str, int]]]:
-    """``(name, prefix, {key below it: size})`` of the root's children that may be
-    checkpoints. Local files: one listing of the root's own entries, then only the
-    children named like a step, hidden by uckpt or holding a manifest are walked (a root
-    may sit beside a large unrelated tree). An object store: one listing of every key
-    below the root, grouped (a request per 1,000 keys; a request per child costs more)."""
+def children(store: BlobCheckpointStore, level: Optional[Level] = None
+             ) -> Iterator[Tuple[str, str, Tree]]:
+    """``(name, prefix, what is below it)`` of the root's children that may be
+    checkpoints. Local files: from ``level``, one scan of the root's own entries with a
+    look at each directory's manifest (:meth:`~uckpt.storage.blob.base.BlobStore.list_level`),
+    only the children named like a step, hidden by uckpt or holding a manifest are walked,
+    each once (a root may sit beside a large unrelated tree). An object store: one listing
+    of every key below the root, grouped (a request per 1,000 keys; a request per child
+    costs more)."""
     if store.blob.local_files:
-        for sub in store.blob.list_dir(store.prefix).prefixes:
+        level = level or store.blob.list_level(store.prefix, MANIFEST_NAME)
+        holding = set(level.holding)
+        for sub in level.prefixes:
             name = sub[len(store.prefix):-1]
-            if step_of(name) is None and not HIDDEN.match(name) and not store.has(name):
+            if step_of(name) is None and not HIDDEN.match(name) and sub not in holding:
                 continue
-            yield name, sub, {k[len(sub):]: n for k, n in store.blob.list(sub)}
+            yield name, sub, store.blob.list_tree(sub)
         return
     grouped: Dict[str, Dict[str, int]] = {}
     for key, size in store.blob.list(store.prefix):
         name, sep, rest = key[len(store.prefix):].partition("/")
         if sep:
-            grouped.setdefault(name, {})[rest] = size
+            grouped.setdefault(name, {})[key] = size
     for name, keys in sorted(grouped.items()):
-        yield name, f"{store.prefix}{name}/", keys
+        sub = f"{store.prefix}{name}/"
+        yield name, sub, _objects(keys, sub)
+
+
+def _objects(keys: Dict[str, int], sub: str) -> Tree:
+    """What is below ``sub`` on an object store, from its keys (prefixes hold objects)."""
+    below = {k[len(sub):].partition("/")[0] for k in keys if "/" in k[len(sub):]}
+    return Tree(keys, sorted(sub + b + "/" for b in below), {}, None)
 
 
 def entries(store: BlobCheckpointStore) -> List[Entry]:
     """The root's checkpoints and uckpt's hidden entries (:func:`children`), and the
     symbolic links named like a step."""
     check_root(store)
+    level = store.blob.list_level(store.prefix, MANIFEST_NAME) \
+        if store.blob.local_files else None
     out = []
-    for name, sub, keys in children(store):
-        entry = _entry(store, name, keys, sub)
+    for name, sub, tree in children(store, level):
+        entry = _entry(store, name, tree, sub)
         if entry.kind == CHECKPOINT or entry.step is not None:
             out.append(entry)
-    for key, kind in store.blob.others(store.prefix).items():
+    others = level.others if level is not None else store.blob.others(store.prefix)
+    for key, kind in others.items():
         link = _link(store, key[len(store.prefix):], kind)
         if link is not None:
             out.append(link)
@@ -134,9 +148,10 @@ def itself(store: BlobCheckpointStore) -> Optional[Entry]:
     check_root(store)
     if not store.blob.exists(store.prefix + MANIFEST_NAME):
         return None
-    keys = {k[len(store.prefix):]: n for k, n in store.blob.list(store.prefix)}
+    tree = store.blob.list_tree(store.prefix) if store.blob.local_files \
+        else _objects(dict(store.blob.list(store.prefix)), store.prefix)
     name = (store.prefix[:-1] or store.where).rpartition("/")[2]
-    entry = _entry(store, name, keys, store.prefix)
+    entry = _entry(store, name, tree, store.prefix)
     entry.where = store.where
     return entry
 

@@ -5,7 +5,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, List, Optional, Sequence, Union
 
-from ...errors import CheckpointExistsError, CheckpointNotFoundError, NotRegularFileError
+from ...errors import CheckpointExistsError, CheckpointNotFoundError
 from .. import base
 from ..base import Entry
 from ..archive import hidden_steps
@@ -89,15 +89,17 @@ class BlobCheckpointStore(base.Store):
 
     # -- reading -------------------------------------------------------------------------
     def steps(self) -> List[int]:
-        """The committed ``step_N`` children: on local files from one listing of the
-        root's own entries and a look at each step's manifest; on an object store from one
-        listing of every key below the root (:func:`listing.children`)."""
+        """The committed ``step_N`` children: on local files from one scan of the root's
+        own entries with a look at each directory's manifest
+        (:meth:`~uckpt.storage.blob.base.BlobStore.list_level`); on an object store from
+        one listing of every key below the root (:func:`listing.children`)."""
         if self.blob.local_files:
-            names = [sub[len(self.prefix):-1] for sub in self.blob.list_dir(self.prefix).prefixes]
-            found = [s for n in names if (s := base.step_of(n)) is not None and self.has(n)]
+            holding = self.blob.list_level(self.prefix, MANIFEST_NAME).holding
+            found = [s for sub in holding
+                     if (s := base.step_of(sub[len(self.prefix):-1])) is not None]
         else:
-            found = [s for n, _, keys in listing.children(self)
-                     if (s := base.step_of(n)) is not None and MANIFEST_NAME in keys]
+            found = [s for n, sub, tree in listing.children(self)
+                     if (s := base.step_of(n)) is not None and sub + MANIFEST_NAME in tree.keys]
         steps = sorted(found)
         hidden_ = hidden_steps(self) if steps else ()
         return [s for s in steps if s not in hidden_] if hidden_ else steps
@@ -105,13 +107,7 @@ class BlobCheckpointStore(base.Store):
     def has(self, name: str) -> bool:
         """Also where something else stands at the manifest's name (a FIFO, a symlink, a
         directory of local files): a damaged checkpoint, which loading names as such."""
-        key = self.key(name, MANIFEST_NAME)
-        try:
-            if self.blob.exists(key):
-                return True
-        except NotRegularFileError:
-            return True
-        return self.blob.local_files and listing.is_prefix(self.blob, key + "/")
+        return self.blob.occupied(self.key(name, MANIFEST_NAME))
 
     def files_present(self, name: str, files: Sequence[str]) -> bool:
         """Without a rename every rank sees the same objects; else ask for each."""
