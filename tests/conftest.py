@@ -7,8 +7,9 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-# a real S3 server (SeaweedFS) for the object-store tests: fixtures s3_server, s3_bucket, ...
-pytest_plugins = ["s3_server"]
+# a real S3 server (SeaweedFS) for the object-store tests: fixtures s3_server, s3_bucket, ...;
+# xdist_group marks that keep their module on one worker under pytest 9.2 (xdist_groups.py)
+pytest_plugins = ["s3_server", "xdist_groups"]
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -52,6 +53,7 @@ SLOW_TESTS = (
     "tests/test_manifest_integrity.py::test_a_few_changes_through_the_real_command",
     "tests/test_manifest_integrity.py::test_random_byte_changes_are_caught_by_load_and_verify",
     "tests/test_manifest_limits.py::test_200k_chunks_parse",
+    "tests/test_xdist_groups.py::",  # pytest on two xdist workers in a subprocess
     "tests/test_format10.py::test_many_rows_round_trip",  # 200,000 rows written and read
     # each streams 1-2 GiB of a decompression bomb through Zstandard in a fresh process
     "tests/test_bounded_memory.py::test_a_decompression_bomb_is_verified_inspected_and_listed",
