@@ -8,7 +8,9 @@ Runs torch.distributed (gloo, CPU) ranks as local processes:
 1. a reference run of ``--steps`` steps, uninterrupted;
 2. the same run, checkpointing asynchronously every 5 steps (every rank writes
    its share of the replicated model and optimizer, and its own RNG state);
-   one rank is SIGKILLed mid-run, which ends the job;
+   one rank is SIGKILLed mid-run, which ends the job (1 and 2 are one job: each rank
+   trains the reference, then starts over from the same seeds with checkpoints, so
+   the ranks start once);
 3. a new job of the same size restores the newest checkpoint on every rank
    (nobody broadcasts anything) and finishes: its losses are compared bit for
    bit with the reference run;
@@ -33,13 +35,25 @@ EVERY = 5
 
 
 def worker(mode: str, root: str, steps: int, kill_at: int) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if mode == "killed":  # the reference first, in the same job: its ranks start once
+        train("reference", root + "-ref", steps, 0)
+    train(mode, root, steps, kill_at)
+    dist.barrier()
+    os._exit(0)  # gloo's threads may abort an ordinary interpreter shutdown
+
+
+def train(mode: str, root: str, steps: int, kill_at: int) -> None:
+    """One run from the seeds (``reference``: no checkpoints; ``killed``: one rank dies at
+    ``kill_at``; ``resume``: from the newest checkpoint; ``load``: the model only)."""
     import numpy as np
     import torch
     import torch.distributed as dist
 
     import uckpt
 
-    dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # the same model on every rank ...
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Dropout(0.1),
@@ -56,10 +70,10 @@ def worker(mode: str, root: str, steps: int, kill_at: int) -> None:
         del state["rank"]
         manager.restore(state, strict=False)
         digest = float(sum(p.double().sum() for p in model.parameters()))
-        print("RESULT " + json.dumps({"rank": rank, "digest": digest}), flush=True)
+        print("RESULT " + json.dumps({"mode": mode, "rank": rank, "digest": digest}),
+              flush=True)
         manager.close()
-        dist.barrier()
-        os._exit(0)
+        return
     start = 1
     if mode == "resume":
         start = manager.restore(state) + 1
@@ -86,12 +100,12 @@ def worker(mode: str, root: str, steps: int, kill_at: int) -> None:
             manager.save(step, state)
     manager.close()
     digest = float(sum(p.double().sum() for p in model.parameters()))
-    print("RESULT " + json.dumps({"rank": rank, "losses": losses, "digest": digest}), flush=True)
-    dist.barrier()
-    os._exit(0)  # gloo's threads may abort an ordinary interpreter shutdown
+    print("RESULT " + json.dumps({"mode": mode, "rank": rank, "losses": losses,
+                                  "digest": digest}), flush=True)
 
 
 def launch(n: int, *args: str) -> tuple:
+    """Exit codes and ``{mode: {rank: result}}`` of a job of ``n`` ranks."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
@@ -108,7 +122,7 @@ def launch(n: int, *args: str) -> tuple:
         for line in out.splitlines():
             if line.startswith("RESULT "):
                 res = json.loads(line[7:])
-                results[res["rank"]] = res
+                results.setdefault(res["mode"], {})[res["rank"]] = res
     return codes, results
 
 
@@ -126,9 +140,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="uckpt-dist-demo-") as tmp:
         root = os.path.join(tmp, "ckpt")
         t0 = time.perf_counter()
-        _, ref = launch(n, "reference", root + "-ref", str(steps), "0")
+        codes, first_job = launch(n, "killed", root, str(steps), str(kill_at))
+        ref = first_job["reference"]
         print(f"1. reference run: {n} ranks, {steps} steps, no checkpoints")
-        codes, _ = launch(n, "killed", root, str(steps), str(kill_at))
         import uckpt
         saved = [int(p.name[5:]) for p in sorted(Path(root).glob("step_*"))]
         m = uckpt.manifest(Path(root) / f"step_{saved[-1]:08d}")
@@ -137,12 +151,14 @@ def main() -> int:
               f"committed: steps {saved}; step {saved[-1]} was written by {m.world_size} ranks, "
               f"bytes per data file: {sorted(per_rank.values())}")
         _, resumed = launch(n, "resume", root, str(steps), "0")
+        resumed = resumed["resume"]
         first = min(int(s) for s in resumed[0]["losses"])
         same = all(resumed[r]["losses"] == {s: v for s, v in ref[r]["losses"].items() if int(s) >= first}
                    for r in range(n))
         print(f"3. resumed on {n} ranks from step {first - 1}: steps {first}..{steps} "
               f"{'bitwise identical' if same else 'DIFFERENT'} to the reference run on every rank")
         _, loaded = launch(max(1, n // 2), "load", root, str(steps), "0")
+        loaded = loaded["load"]
         agree = all(res["digest"] == ref[0]["digest"] for res in loaded.values())
         print(f"4. loaded on {len(loaded)} ranks: final model {'identical' if agree else 'DIFFERENT'} "
               f"to the reference on every rank  [{time.perf_counter() - t0:.0f} s]")
