@@ -16,8 +16,9 @@ import pytest
 
 from multiproc import HAVE_MPI, run_mpi
 
-pytestmark = [pytest.mark.xdist_group("distributed"),
-              pytest.mark.skipif(not HAVE_MPI, reason="no mpiexec")]
+# (no xdist group: one test with no module-scoped launch to share; on a worker of its own
+# it runs beside test_distributed's group instead of after it)
+pytestmark = pytest.mark.skipif(not HAVE_MPI, reason="no mpiexec")
 
 WORKER = Path(__file__).with_name("kill_worker.py")
 KILLS = 50
