@@ -72,17 +72,20 @@ def save_collective(store: Store, name: str, flat: Union[FlatState, BaseExceptio
                     what: Optional[str] = None, options: SaveOptions = DEFAULT,
                     baseline: Optional[Callable[[], Baseline]] = None,
                     on_commit: Optional[Callable[[Committed], None]] = None,
-                    cache: Optional[PlanCache] = None):
+                    cache: Optional[PlanCache] = None,
+                    protect: Optional[Callable[..., Optional[Dict[str, Any]]]] = None):
     """Collective: save each rank's ``flat`` as checkpoint ``name`` of ``store``, laid
     out (and compressed) as ``options`` say; returns its location.
-    ``baseline``, ``on_commit``, ``cache``: see :func:`prepare_collective`.
+    ``baseline``, ``on_commit``, ``cache``, ``protect``: see :func:`prepare_collective`
+    and :class:`PreparedSave`.
 
     ``flat`` may be the exception this rank failed with before the save
     (flattening, snapshot): it is reported to the other ranks, and every rank raises.
     """
     prepared = prepare_collective(store, name, flat, comm, step=step, metadata=metadata,
                                   overwrite=overwrite, what=what, options=options,
-                                  baseline=baseline, on_commit=on_commit, cache=cache)
+                                  baseline=baseline, on_commit=on_commit, cache=cache,
+                                  protect=protect)
     assert isinstance(flat, FlatState)
     try:  # device arrays to host memory (host arrays are written in place)
         staged: Union[Snapshot, BaseException] = snapshot(flat, None).ready()
@@ -124,6 +127,12 @@ class PreparedSave:
     #: (:class:`~uckpt.saving.committed.Committed`; the whole manifest only where the
     #: rank has it)
     on_commit: Optional[Callable[[Committed], None]] = None
+    #: redundancy across nodes: called on every rank after every rank wrote and before
+    #: the commit, ``protect(sink, manifest, comm, replicas)`` (``replicas``: the copy
+    #: each rank wrote into where there are several, else None; ``manifest()`` the
+    #: root's content, known only then); the
+    #: extensions it returns go into the root manifest (:mod:`uckpt.levels.save_level`)
+    protect: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
 
 
 def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseException],
@@ -133,7 +142,9 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
                        options: SaveOptions = DEFAULT,
                        baseline: Optional[Callable[[], Baseline]] = None,
                        on_commit: Optional[Callable[[Committed], None]] = None,
-                       cache: Optional[PlanCache] = None) -> PreparedSave:
+                       cache: Optional[PlanCache] = None,
+                       protect: Optional[Callable[..., Optional[Dict[str, Any]]]] = None
+                       ) -> PreparedSave:
     """Collective, step 1 (plan): returns the same plan on every rank, or raises on all.
 
     ``baseline``: make an incremental checkpoint: its chunks are cut into pieces of
@@ -229,7 +240,7 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
         raise
     sink = opened.get("sink") or store.join_sink(name, gathered[0]["token"])
     return PreparedSave(sink, store, name, flat, gathered, gp, step, gathered[0]["metadata"],
-                        overwrite, what, options, baseline, on_commit)
+                        overwrite, what, options, baseline, on_commit, protect)
 
 
 def _lean_records(comm: Communicator, meta: Dict[str, Any], head: Dict[str, Any],
@@ -355,12 +366,15 @@ def finish_collective(p: PreparedSave, staged: Union[Snapshot, BaseException], c
                     built["c"] = Committed.from_record(told.got, p.step, p.metadata)
             return built["c"]
 
+        extra = None if p.protect is None else \
+            p.protect(sink, manifest, comm, replicas if several else None)
+
         def commit() -> None:
             if written is None or replicas.index(replicas[comm.rank]) != comm.rank:
                 return  # the lowest rank of this replica commits
             parts: List[Tuple[str, bytes]] = []
             if split:
-                data = own_parts.encode_root_of(manifest(), written, codecs)
+                data = own_parts.encode_root_of(manifest(), written, codecs, extra)
             else:
                 data, parts = encode_manifest_files(manifest())
             try:

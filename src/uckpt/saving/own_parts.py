@@ -89,10 +89,12 @@ def own_record(items: Sequence[WriteItem], chunks: Sequence[Chunk], replicated: 
 
 
 def encode_root_of(head: Manifest, records: Sequence[Dict[str, Any]],
-                   used: Dict[Pipeline, int]) -> bytes:
+                   used: Dict[Pipeline, int],
+                   extra: Optional[Dict[str, Any]] = None) -> bytes:
     """The root manifest of ``head`` (tree, array table, files, step, metadata) from the
     ranks' records (:func:`own_record`, in rank order): O(ranks) records and the rows of
-    the replicated arrays, not the plan's items."""
+    the replicated arrays, not the plan's items. ``extra``: further extensions, name ->
+    ``(required, {member: value})`` (e.g. ``redundancy``, docs/format.md 13.3)."""
     index = _index(head.arrays)
     file_of = {f.rank: f.name for f in head.files.values()}
     root_rows: List[Tuple[int, Chunk]] = []
@@ -113,12 +115,12 @@ def encode_root_of(head: Manifest, records: Sequence[Dict[str, Any]],
         roots = {p: hashing.array_root(a.dtype, a.shape, leaves[p])
                  for p, a in head.arrays.items()}
         return encode_root(head, used, root_rows, [],
-                           hashing.format_hash(hashing.checkpoint_root(roots)))
+                           hashing.format_hash(hashing.checkpoint_root(roots)), extra)
     ranks = [rank for rank, r in enumerate(records) if r["part"] is not None]
     part_roots = [p["root"] for p in parts]
     top = hashing.split_root(hashing.rows_root(table), hashing.parse_hashes(part_roots))
     extensions = {"part-ranks": (False, {"part-ranks:ranks": ranks}),
-                  PART_ROOTS: (True, {ROOTS: part_roots})}
+                  PART_ROOTS: (True, {ROOTS: part_roots}), **(extra or {})}
     return encode_root(head, used, root_rows, entries, hashing.format_hash(top), extensions)
 
 

@@ -211,6 +211,12 @@ class CheckpointSink:
         TruncatedDataError if it holds fewer."""
         raise NotImplementedError
 
+    def open_writer(self, name: str) -> Any:
+        """A writer of file ``name`` (a context manager with ``write(buffer)``, the file
+        complete when it exits without error): a file not in the manifest, e.g. a piece
+        of redundancy across nodes (docs/format.md 13.3)."""
+        raise NotImplementedError
+
     def written(self, manifest: Manifest) -> CheckpointSource:
         """A source over what this sink wrote, read back from storage, with ``manifest``
         (not yet committed): for verifying a copy before its commit."""
@@ -371,6 +377,12 @@ class Store:
 
     def join_sink(self, name: str, token: str) -> CheckpointSink:
         """Another rank's sink for the save the coordinator's ``token`` names."""
+        raise NotImplementedError
+
+    def rewriter(self, name: str, file: str) -> Any:
+        """A writer (as :meth:`CheckpointSink.open_writer`) that replaces file ``file`` of
+        committed checkpoint ``name`` whole: a share file or piece rebuilt from
+        redundancy across nodes, checked against its record (docs/format.md 13.3)."""
         raise NotImplementedError
 
     def delete(self, name: str) -> bool:

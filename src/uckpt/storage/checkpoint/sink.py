@@ -119,6 +119,9 @@ class BlobSink(base.CheckpointSink):
         if done < size:  # cut short while it was copied
             raise base.wrong_size(source.file_where(name), done, size)
 
+    def open_writer(self, name: str) -> Any:
+        return self.blob.open_writer(self._key(name))
+
     def written(self, manifest: Any) -> base.CheckpointSource:
         return BlobSource(self.blob, self.prefix, self.where)
 
