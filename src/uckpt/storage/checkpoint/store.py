@@ -156,6 +156,10 @@ class BlobCheckpointStore(base.Store):
     def join_sink(self, name: str, token: str) -> BlobSink:
         return BlobSink(self, name, token if self.blob.atomic_rename else name, False, True)
 
+    def rewriter(self, name: str, file: str) -> Any:
+        self.check_writer()
+        return self.blob.open_writer(self.key(name, file))
+
     def delete(self, name: str) -> bool:
         """Hide first (a rename), or un-commit first (the manifest), then delete."""
         self.check_writer()
