@@ -48,6 +48,7 @@ from .options import AsyncOptions, IncrementalOptions, RetentionOptions, manager
 from ..options import SaveOptions
 from ..saving.plan_cache import PlanCache
 from .levels import placed, retention_of
+from .redundant_level import redundant_level
 from .policies import CheckpointInfo, Never, SavePolicy
 from ..runtime.nodes import Nodes, node_name
 from ..format import Manifest
@@ -227,6 +228,8 @@ class CheckpointManager:
         if not self.tiers:
             raise ValueError("tiers must name at least one directory")
         self._retention = [retention_of(t, o.retention.keep) for t in self.tiers]
+        #: the first tier's redundancy across nodes (uckpt.manager.redundant_level)
+        self._redundant = redundant_level(self.tiers, self.nodes, o.incremental is not None)
         # one retention pass per tier at a time; tiers apart, so that the local tier's
         # (run by a save, before its staging memory is released) never waits for an
         # object store's listing and deletions
@@ -425,6 +428,8 @@ class CheckpointManager:
         options: Dict[str, Any] = dict(
             options=self.options.save.compressed(self.tiers[0].codec(self.compression)),
             cache=self._plans)
+        if self._redundant is not None:
+            options.update(protect=self._redundant.protect)
         if retains:  # retention learns of the new checkpoint without parsing it back
             options.update(on_commit=lambda c: self._learn(0, step, c))
         if self.incremental:
@@ -574,6 +579,8 @@ class CheckpointManager:
         # tier where every rank sees it committed, falling back together past damaged copies
         # and past node-local copies where some rank's node lacks what that rank reads
         views = self.comm.gather_outcomes(available, "restore (listing checkpoints)")
+        if self._redundant is not None and self._redundant.rebuild_newest(self, views):
+            views = self.comm.gather_outcomes(available, "restore (listing checkpoints)")
         partial = {(int(s), -1 - i) for v in views for s, tiers in v.items()
                    for i in tiers if i < 0}
         common = set.intersection(*({(int(s), max(i, -1 - i)) for s, tiers in v.items()
@@ -582,7 +589,9 @@ class CheckpointManager:
                                       len(self.tiers)) if self.comm.size > 1 else {}
         node_copies.warn_lost(self, lost)
         failures, lacking = [], []
-        for s, i in sorted(common, key=lambda c: (-c[0], c[1])):
+        todo = sorted(common, key=lambda c: (-c[0], c[1]))
+        while todo:
+            s, i = todo.pop(0)
             tier, name = self.tiers[i], step_dir_name(s)
             start = time.perf_counter()
             try:
@@ -606,6 +615,10 @@ class CheckpointManager:
                     lacking.append((s, tier.name, e))
                     log.info("step %d on tier %r: a node's copy lacks data files its ranks "
                              "read (node-local storage); trying the next copy", s, tier.name)
+                    continue
+                if i == 0 and self._redundant is not None and \
+                        self._redundant.rebuild_damaged(self, s):
+                    todo.insert(0, (s, i))  # rebuilt from redundancy: load it again
                     continue
                 if not tier.store.has(name):  # retention deleted it meanwhile
                     log.info("step %d on tier %r was deleted while being restored; "

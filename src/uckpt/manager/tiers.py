@@ -41,8 +41,9 @@ class Tier:
     without compression).
 
     ``redundancy`` (``"partner"``, ``"xor:G"``; None: none): the redundancy across nodes
-    this tier is to hold for a node-local level (:mod:`uckpt.levels`, docs/levels.md),
-    checked here; saves do not write it yet.
+    a node-local first tier holds (:mod:`uckpt.manager.redundant_level`, docs/levels.md):
+    each save makes every node's piece before any node commits, and a restore rebuilds a
+    lost or damaged node's copy from the others.
     """
 
     path: Union[Path, str]
