@@ -37,6 +37,8 @@ SLOW_MODULES = {
     # issue 28: redundancy across nodes exchanged by 4 MPI and 4 gloo processes
     "test_exchange_multiproc",
     "test_node_kills",  # issue 28: 51 launches of mpiexec -n 4, 50 of them SIGKILLed
+    # issue 28: a level with redundancy, SIGKILLed, nodes wiped, rebuilt (7 launches)
+    "test_redundant_restart",
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -45,6 +47,8 @@ SLOW_TESTS = (
     "tests/test_async.py::test_unreported_background_failure_is_printed_at_exit",
     "tests/test_blob_stores.py::test_posix_locks_hold_across_processes",  # two interpreters
     "tests/test_shm_level.py::test_cli_ls_inspect_verify_an_shm_root",  # three CLI runs
+    # two saves of 4 thread ranks each, pieces exchanged, copied to a durable tier
+    "tests/test_redundant_level.py::test_every_node_commits_its_piece_and_the_records",
     "tests/test_blob_stores.py::test_posix_writer_killed_mid_object_leaves_the_old_one_whole",
     "tests/test_cli_races.py::test_verify_all_and_ls_beside_a_real_writer",  # a writer process
     "tests/test_conformance.py::TestKerasAdapters",  # TensorFlow's import alone takes seconds
@@ -73,7 +77,8 @@ SLOW_TESTS = (
 MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",
                      "test_keras_distributed", "test_torch_dtensor", "test_s3_tier",
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
-                     "test_shm_restart", "test_exchange_multiproc", "test_node_kills"}
+                     "test_shm_restart", "test_exchange_multiproc", "test_node_kills",
+                     "test_redundant_restart"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
