@@ -87,6 +87,36 @@ def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
     assert not (tmp_path / "durable").exists()
 
 
+def test_a_lost_node_whose_partner_copy_is_damaged_falls_back_to_durable(tmp_path, caplog):
+    def save(c):
+        with manager(tmp_path, c, "partner") as m:
+            m.save(3, shard(3, c.rank))
+    assert run_ranks(4, save) == [None] * 4
+    shutil.rmtree(tmp_path / "n1")
+    piece = tmp_path / "n0" / "step_00000003" / "redundancy-00000.bin"  # node 1's share
+    data = bytearray(piece.read_bytes())
+    data[7] ^= 1
+    piece.write_bytes(bytes(data))
+
+    def restore(c):
+        got = shard(0, c.rank, zero=True)
+        with manager(tmp_path, c, "partner") as m:
+            return m.restore(got), got
+    with caplog.at_level("INFO", logger="uckpt"):
+        outcomes = run_ranks(4, restore)
+    for rank, outcome in enumerate(outcomes):
+        assert not isinstance(outcome, BaseException), outcome
+        assert outcome[0] == 3
+        np.testing.assert_array_equal(outcome[1]["w"].array, shard(3, rank)["w"].array)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("step 3 on tier 'n0' cannot be rebuilt from its redundancy (a node's copy "
+               "lacks it): step 3: the share of node 'n1' (node 1, ranks 2, 3) is lost "
+               "(data-00002.bin: missing)" in s and "redundancy-00000.bin: checksum" in s
+               for s in said), said
+    assert any("restored step 3 from tier 'durable'" in s for s in said)
+    assert not (tmp_path / "n1" / "step_00000003").exists()  # nothing half rebuilt
+
+
 @pytest.mark.parametrize("tiers, kw, message", [
     (lambda p: [uckpt.Tier("memory://run", redundancy="partner")], {},
      "every node shares its storage"),

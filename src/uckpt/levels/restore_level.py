@@ -61,13 +61,18 @@ def rebuild(comm: Communicator, nodes: Nodes, store: Any, name: str, tier: str
     records = parse_records(json.loads(root), f"{name}/manifest.json")
     if records is None:
         return None
-    lacking = leader and not have[comm.rank]
-    sink = store.sink(name) if lacking else None
-    try:
-        if sink is not None:
+    opened: Dict[str, Any] = {}
+
+    def new_copy() -> None:  # a node without a committed copy: a new one, parts first
+        if leader and not have[comm.rank]:
+            sink = opened["sink"] = store.sink(name)
             for file, text in got["parts"].items():
                 with sink.open_writer(file) as out:
                     out.write(base64.b64decode(text))
+
+    try:
+        comm.gather_outcomes(new_copy, f"opening the new copies of {name}")
+        sink = opened.get("sink")
         read, open_file = _files(store, name, sink) if leader else (_none, _nowhere)
         repaired = repair_across(comm, nodes.of_rank, records, read, open_file)
 
@@ -77,19 +82,18 @@ def rebuild(comm: Communicator, nodes: Nodes, store: Any, name: str, tier: str
 
         comm.gather_outcomes(commit, f"committing the rebuilt copies of {name}")
     except BaseException:
-        if sink is not None:
-            sink.abort()
+        if "sink" in opened:
+            opened["sink"].abort()
         raise
-    lost = [records.describe(i) for i in range(len(records.nodes)) if not have[
-        records.nodes[i].ranks[0]]]
-    log.info("step %s on tier %r: rebuilt from %s in %.3f s: %s%s%s", records.step, tier,
-             records.scheme, repaired.seconds,
+    lost = [records.describe(i) for i, n in enumerate(records.nodes) if not have[n.ranks[0]]]
+
+    def listed(found: Dict[int, str]) -> str:
+        return "; ".join(f"{records.describe(i)} ({what})" for i, what in sorted(found.items()))
+    log.info("step %s on tier %r: rebuilt from %s in %.3f s: %sshares rebuilt: %s%s",
+             records.step, tier, records.scheme, repaired.seconds,
              f"lost the copy of {', '.join(lost)}; " if lost else "",
-             "shares rebuilt: " + "; ".join(f"{records.describe(i)} ({what})" for i, what in
-                                           sorted(repaired.shares.items())) or "none",
-             "; pieces made again: " + "; ".join(
-                 f"{records.describe(i)} ({what})" for i, what in
-                 sorted(repaired.pieces.items())) if repaired.pieces else "")
+             listed(repaired.shares) or "none",
+             f"; pieces made again: {listed(repaired.pieces)}" if repaired.pieces else "")
     return repaired
 
 
