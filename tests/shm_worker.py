@@ -2,6 +2,7 @@
 mpiexec or torchrun (gloo) by tests/test_shm_restart.py.
 
 usage: shm_worker.py {mpi,torch} {train,restore} SHM_NAME DURABLE RANKS_PER_NODE PIDS
+       [SCHEME]
 
 Each rank sets ``UCKPT_NODE=node<rank // RANKS_PER_NODE>`` before it makes its manager,
 whose tiers are ``shm://SHM_NAME-{node}`` (keep=1) and the directory DURABLE. The state
@@ -13,7 +14,10 @@ be checked bit for bit.
 * ``train``: writes its pid to ``PIDS/<rank>``, then saves async at steps 1, 2, ... until
   it is killed (at most 500 steps);
 * ``restore``: restores the newest step and prints ``RESULT <json>`` (the step, whether
-  every array equals the step's, the tier the manager logged).
+  every array equals the step's, the tier the manager logged, and the lines logged about
+  rebuilding a step).
+
+With SCHEME (tests/test_redundant_restart.py), the memory level has ``redundancy=SCHEME``.
 """
 import logging
 import os
@@ -54,6 +58,7 @@ def arrays(s):
 
 def main():
     backend, mode, name, durable, per_node, pids = sys.argv[1:7]
+    scheme = sys.argv[7] if len(sys.argv) > 7 else None
     if backend == "torch":
         from datetime import timedelta
 
@@ -67,7 +72,7 @@ def main():
     comm = get_communicator(None, timeout=60)
     rank, size = comm.rank, comm.size
     os.environ["UCKPT_NODE"] = f"node{rank // int(per_node)}"
-    tiers = [uckpt.Tier(f"shm://{name}-{{node}}", keep=1), durable]
+    tiers = [uckpt.Tier(f"shm://{name}-{{node}}", keep=1, redundancy=scheme), durable]
     if mode == "train":
         with open(os.path.join(pids, str(rank)), "w") as f:
             f.write(str(os.getpid()))
@@ -88,13 +93,15 @@ def main():
     with uckpt.CheckpointManager(tiers=tiers, comm=comm) as m:
         step = m.restore(got)
         shm_path = str(m.tiers[0].path)
-    want = state(step, rank, size)
-    same = all(np.array_equal(a, arrays(want)[k]) and a.dtype == arrays(want)[k].dtype
+    want = state(step or 0, rank, size)
+    same = step is not None and all(np.array_equal(a, arrays(want)[k]) and a.dtype == arrays(want)[k].dtype
                for k, a in arrays(got).items())
     restored = [line for line in logs if line.startswith("restored step")]
+    rebuilt = [line for line in logs if line.startswith("step ")]
     import json
     print("\nRESULT " + json.dumps({"rank": rank, "step": step, "same": same,
-                                    "restored": restored, "shm": shm_path}), flush=True)
+                                    "restored": restored, "shm": shm_path,
+                                    "logs": restored + rebuilt}), flush=True)
 
 
 if __name__ == "__main__":

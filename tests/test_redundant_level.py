@@ -61,15 +61,15 @@ def test_every_node_commits_its_piece_and_the_records(tmp_path, scheme, async_sa
     assert not list((tmp_path / "durable").glob("step_*/redundancy-*.bin"))
 
 
-def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
+def save_step_3(tmp_path):
     def save(c):
         with manager(tmp_path, c, "partner") as m:
             m.save(3, shard(3, c.rank))
     assert run_ranks(4, save) == [None] * 4
-    before = (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes()
-    shutil.rmtree(tmp_path / "n1")
-    (tmp_path / "durable").rename(tmp_path / "away")
 
+
+def restore_all(tmp_path, caplog):
+    """Restore on 4 thread ranks; each rank's step, its state checked against step 3's."""
     def restore(c):
         got = shard(0, c.rank, zero=True)
         with manager(tmp_path, c, "partner") as m:
@@ -81,34 +81,28 @@ def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
         assert outcome[0] == 3
         np.testing.assert_array_equal(outcome[1]["w"].array, shard(3, rank)["w"].array)
         np.testing.assert_array_equal(outcome[1]["own"].value, shard(3, rank)["own"].value)
+    return [r.getMessage() for r in caplog.records]
+
+
+def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
+    save_step_3(tmp_path)
+    before = (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes()
+    shutil.rmtree(tmp_path / "n1")
+    (tmp_path / "durable").rename(tmp_path / "away")
+    said = restore_all(tmp_path, caplog)
     assert (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes() == before
-    assert any("lost the copy of node 'n1' (node 1, ranks 2, 3)" in r.getMessage()
-               for r in caplog.records)
+    assert any("lost the copy of node 'n1' (node 1, ranks 2, 3)" in s for s in said)
     assert not (tmp_path / "durable").exists()
 
 
 def test_a_lost_node_whose_partner_copy_is_damaged_falls_back_to_durable(tmp_path, caplog):
-    def save(c):
-        with manager(tmp_path, c, "partner") as m:
-            m.save(3, shard(3, c.rank))
-    assert run_ranks(4, save) == [None] * 4
+    save_step_3(tmp_path)
     shutil.rmtree(tmp_path / "n1")
     piece = tmp_path / "n0" / "step_00000003" / "redundancy-00000.bin"  # node 1's share
     data = bytearray(piece.read_bytes())
     data[7] ^= 1
     piece.write_bytes(bytes(data))
-
-    def restore(c):
-        got = shard(0, c.rank, zero=True)
-        with manager(tmp_path, c, "partner") as m:
-            return m.restore(got), got
-    with caplog.at_level("INFO", logger="uckpt"):
-        outcomes = run_ranks(4, restore)
-    for rank, outcome in enumerate(outcomes):
-        assert not isinstance(outcome, BaseException), outcome
-        assert outcome[0] == 3
-        np.testing.assert_array_equal(outcome[1]["w"].array, shard(3, rank)["w"].array)
-    said = [r.getMessage() for r in caplog.records]
+    said = restore_all(tmp_path, caplog)
     assert any("step 3 on tier 'n0' cannot be rebuilt from its redundancy (a node's copy "
                "lacks it): step 3: the share of node 'n1' (node 1, ranks 2, 3) is lost "
                "(data-00002.bin: missing)" in s and "redundancy-00000.bin: checksum" in s

@@ -11,7 +11,7 @@ or their files damaged, and each restart restores (same size):
 * ``partner``, torchrun (gloo) -n 4 as 4 nodes: node 1 wiped and node 3's piece (node 2's
   copy) damaged -> both rebuilt, durable tier out of reach.
 
-The worker is tests/redundancy_worker.py; every shared-memory area a test makes is
+The worker is tests/shm_worker.py (with a scheme); every shared-memory area a test makes is
 removed after it (the fixture of tests/test_shm_restart.py).
 """
 import os
@@ -26,7 +26,7 @@ from test_shm_restart import SHM, committed, launcher, shm_name  # noqa: F401 (a
 
 pytestmark = pytest.mark.xdist_group("distributed")
 
-WORKER = Path(__file__).with_name("redundancy_worker.py")
+WORKER = Path(__file__).with_name("shm_worker.py")
 N = 4  # ranks, one per simulated node
 
 
