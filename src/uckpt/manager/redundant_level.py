@@ -76,6 +76,7 @@ class RedundantLevel:
         def here(view: Dict[str, List[int]]) -> Set[int]:
             return {int(s) for s, tiers in view.items() if 0 in tiers or -1 in tiers}
 
+        self._tried.clear()  # a new restore
         seen = set().union(*map(here, views))
         if not seen:
             return False
@@ -86,7 +87,8 @@ class RedundantLevel:
 
     def rebuild_damaged(self, manager: Any, step: int) -> bool:
         """Collective, after the load of ``step`` from the first tier found damage: rebuild
-        what its redundancy can; whether anything was rebuilt (once per step)."""
+        what its redundancy can; whether anything was rebuilt (once per step and restore:
+        :meth:`rebuild_newest` starts each restore)."""
         if step in self._tried:
             return False
         return self._rebuild(manager, step, "its load found damage")
