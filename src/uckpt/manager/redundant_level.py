@@ -1,7 +1,7 @@
 """A manager's first tier with ``redundancy=`` (docs/levels.md, "Redundancy across
 nodes"): which tiers may have it, the hook that protects each save
 (:class:`~uckpt.levels.save_level.Protector`), and the restore's rebuilds
-(:func:`~uckpt.levels.restore_level.rebuild`): of the newest step some node lacks,
+(:func:`~uckpt.manager.restore_level.rebuild`): of the newest step some node lacks,
 before the restore chooses a step, and of a step whose load found damage.
 
 * ``redundancy=`` on a tier whose storage every node shares (``s3://``, ``fsspec+``,
@@ -16,7 +16,7 @@ import logging
 from typing import Any, Dict, List, Optional, Sequence, Set
 
 from ..errors import RedundancyConfigError, ShareLostError, UckptError
-from ..levels.restore_level import rebuild
+from .restore_level import rebuild
 from ..levels.save_level import Protector
 from ..runtime.nodes import Nodes
 from ..storage import local_path

@@ -19,13 +19,13 @@ from typing import IO, Any, Callable, Dict, List, Optional
 from ..comm.base import Communicator
 from ..loading.reader import read_manifest
 from ..runtime.nodes import Nodes
-from .rebuild_across import repair_across
-from .records import parse_records
-from .repair import Repaired
-from .save_level import source_reader
-from .share_io import Reader
+from ..levels.rebuild_across import repair_across
+from ..levels.records import parse_records
+from ..levels.repair import Repaired
+from ..levels.save_level import source_reader
+from ..levels.share_io import Reader
 
-log = logging.getLogger("uckpt.levels.restore_level")
+log = logging.getLogger("uckpt.manager.restore_level")
 
 
 def _copy_of(store: Any, name: str) -> Optional[Dict[str, Any]]:
