@@ -427,6 +427,34 @@ def test_ranks_sharing_a_node_local_root_are_one_replica(tmp_path):
             sink.abort()
 
 
+class _Locking(PosixStore):
+    """A PosixStore that counts the locks asked of it."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.asked = 0
+
+    def lock(self, key, *, shared=False):
+        self.asked += 1
+        return super().lock(key, shared=shared)
+
+
+def test_a_node_mate_takes_the_copy_as_one_replica_at_the_first_try(tmp_path):
+    """The second rank of a node finds the save's lease on the node's copy held by the
+    first: one try tells it so (it used to retry 100 times, 10 ms apart, before taking
+    the copy as its node-mate's: about 1 s of every node-local save with 2 ranks per node)."""
+    coordinator = layer(tmp_path / "node0").sink("c", shared=True)
+    blob = _Locking(tmp_path / "node1")
+    store = BlobCheckpointStore(blob, "", str(tmp_path / "node1"))
+    first, second = (store.join_sink("c", coordinator.token) for _ in range(2))
+    try:
+        assert first.replica() == second.replica() != "coordinator"
+        assert blob.asked == 2
+    finally:
+        for sink in (coordinator, first, second):
+            sink.abort()
+
+
 def test_an_oversized_manifest_is_refused_by_its_size_unread(tmp_path):
     uckpt.save(tmp_path / "c", {"w": np.arange(4, dtype=np.float32)})
     os.truncate(tmp_path / "c" / "manifest.json", 2 << 30)  # sparse: 2 GiB of zeros

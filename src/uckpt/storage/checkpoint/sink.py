@@ -63,17 +63,18 @@ class BlobSink(base.CheckpointSink):
             if shared:
                 self.blob.write(self.prefix + COORDINATOR_MARK, b"")
 
-    def _take_lease(self) -> None:
-        """Hold the temporary prefix (so that no writer takes it for debris), and own it."""
+    def _take_lease(self, tries: int = _LEASE_TRIES) -> None:
+        """Hold the temporary prefix (so that no writer takes it for debris), and own it;
+        ``tries`` times, 10 ms apart, while it is held elsewhere."""
         if self.blob.advisory_locks:
-            for attempt in range(_LEASE_TRIES):
+            for attempt in range(tries):
                 try:
                     self.lease = self.blob.lock(self.prefix[:-1] + LEASE_SUFFIX)
                     break
                 except RootLockedError:
                     # a new lease is held elsewhere only by the writer's debris removal,
                     # for as long as it takes to remove it (see debris._dead)
-                    if attempt + 1 == _LEASE_TRIES:
+                    if attempt + 1 == tries:
                         raise
                     time.sleep(0.01)
         self.made_prefix = True
@@ -86,8 +87,8 @@ class BlobSink(base.CheckpointSink):
         if self.blob.exists(self.prefix + COORDINATOR_MARK):
             return "coordinator"
         if not self.made_prefix:  # this rank's own copy of the store (node-local)
-            try:
-                self._take_lease()
+            try:  # once: held, it is held by the rank of this copy that came first
+                self._take_lease(tries=1)
             except RootLockedError:
                 pass  # another rank of this copy holds it
         return self.blob.copy_of(self.prefix)
