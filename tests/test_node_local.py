@@ -75,7 +75,7 @@ def test_replicated_state_restores_from_node_local_tiers_only(tmp_path, caplog):
         for k, a in flat(state(3, rank)).items():
             np.testing.assert_array_equal(flat(got)[k], a, err_msg=k)
     lines = [r.getMessage() for r in caplog.records]
-    assert any("its node's copy lacks from the ranks that wrote them" in m for m in lines)
+    assert any("its node's copy lacks from the ranks whose copies hold them" in m for m in lines)
     assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 4
 
 

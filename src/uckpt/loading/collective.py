@@ -17,7 +17,7 @@ def load_from(open_, state, strict: bool, comm, what: str,
     """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
     that a failure to open is told to the other ranks). ``peers``: ``open_()`` is a
     node-local copy; the chunks a rank reads from files its node lacks are first fetched
-    from the ranks that wrote them (:mod:`uckpt.loading.peer_chunks`)."""
+    from ranks whose copies hold them (:mod:`uckpt.loading.peer_chunks`)."""
     c = get_communicator(comm)
     if c.size == 1:
         return _load_local(open_, state, strict, (0, 1), max_bytes)

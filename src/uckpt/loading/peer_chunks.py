@@ -1,16 +1,20 @@
-"""Chunks a rank's node-local copy lacks, fetched over the communicator from the ranks
+"""Chunks a rank's node-local copy lacks, fetched over the communicator from ranks
 whose nodes hold them (docs/levels.md, "Restore from node-local levels").
 
 A node-local copy of a checkpoint holds the whole manifest and the data files of that
-node's ranks. A rank whose restore reads chunks of a file another node wrote (replicated
-arrays, which the planner spreads over every rank's file) gets them here, before its
-load: every rank lists the chunks it will read from files its copy lacks (one exchange of
-outcomes), the rank that wrote each such file reads them from its own node's copy (one
-more), and sends them to the rank that asked, as raw bytes
+node's ranks. A rank whose restore reads chunks of a file its node's copy lacks
+(replicated arrays, which the planner spreads over every rank's file; another node's
+slices where the state is resharded) gets them here, before its load: every rank lists
+the chunks it will read from files its copy lacks (one exchange of outcomes), then which
+of those files its own copy holds (one more), and a rank whose copy holds each such file
+(its holder: the rank that wrote it where that rank holds it, else one of the ranks of
+a node that does, so that a restart on fewer ranks or other nodes is served too) reads
+the chunks and sends them to the rank that asked, as raw bytes
 (:meth:`~uckpt.comm.Communicator.exchange`, point to point: only those two take part). The load then
 reads them from memory (:class:`WithPeerChunks`), checking every chunk's checksum as for
-any chunk. Where the writer's node lacks its file too (the node was wiped), that rank's
-:class:`~uckpt.errors.CheckpointNotFoundError` is raised on every rank.
+any chunk. Where no rank's copy holds a file asked for (its node was wiped, or is not
+in the job any more), the :class:`~uckpt.errors.CheckpointNotFoundError` of the lowest
+rank that asked is raised on every rank.
 """
 from __future__ import annotations
 
@@ -44,27 +48,30 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
                                                   f"{what} (listing chunks its node lacks)")]
     if not any(asks):
         return open_
+    files = sorted({a[0] for rank_asks in asks for a in rank_asks})
+    held = comm.gather_outcomes(lambda: _held(open_, files),
+                                f"{what} (finding the copies that hold the chunks)")
+    holder = holders(files, asks, held)
     served: Dict[int, bytes] = {}
-    comm.gather_outcomes(lambda: served.update(_serve(open_, asks, comm.rank)),
+    comm.gather_outcomes(lambda: served.update(_serve(open_, asks, holder, comm.rank)),
                          f"{what} (reading chunks other nodes lack)")
     mine = asks[comm.rank]
-    sources = sorted({a[3] for a in mine})
+    sources = sorted({holder[a[0]] for a in mine})
     arrived: Dict[int, Any] = {}
     if served or sources:  # point to point, raw bytes: only the ranks that take part
         arrived = comm.exchange(served, sources)
     got: Dict[str, List[Tuple[int, bytes]]] = {}
     for source in sources:
         data, at = memoryview(arrived[source]).cast("B"), 0
-        for name, offset, length, _, _ in (a for a in mine if a[3] == source):
+        for name, offset, length, _, _ in (a for a in mine if holder[a[0]] == source):
             got.setdefault(name, []).append((offset, bytes(data[at:at + length])))
             at += length
     if not mine:
         return open_
-    writers, sizes = {a[0]: a[3] for a in mine}, {a[0]: a[4] for a in mine}
+    sizes = {a[0]: a[4] for a in mine}
     log.info("rank %d read %d chunk(s), %d bytes, of %d data file(s) its node's copy lacks "
-             "from the ranks that wrote them (%s), %.3f s", comm.rank, len(mine),
-             sum(a[2] for a in mine), len(sizes),
-             ", ".join(str(w) for w in sorted(set(writers.values()))),
+             "from the ranks whose copies hold them (%s), %.3f s", comm.rank, len(mine),
+             sum(a[2] for a in mine), len(sizes), ", ".join(map(str, sources)),
              time.perf_counter() - start)
     return lambda: WithPeerChunks(open_(), got, sizes)
 
@@ -90,19 +97,49 @@ def _present(source: CheckpointSource, name: str) -> bool:
     return True
 
 
-def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]], me: int
-           ) -> Dict[int, bytes]:
-    """What this rank sends each rank that asked for chunks of the files it wrote: their
-    bytes one after another, in the order asked (a chunk cut short is padded with zeros,
-    and fails its checksum where it is read)."""
+def _held(open_: Callable[[], CheckpointSource], files: Sequence[str]) -> List[int]:
+    """The places in ``files`` of those this rank's copy holds."""
+    with open_() as source:
+        return [i for i, name in enumerate(files) if _present(source, name)]
+
+
+def holders(files: Sequence[str], asks: Sequence[Sequence[Ask]], held: Sequence[Sequence[int]]
+            ) -> Dict[str, int]:
+    """The rank that serves each file asked for (``held``: each rank's places in
+    ``files`` of those its copy holds): the rank that wrote it where its copy holds it
+    (the same job on the same nodes), else one of the ranks whose copies hold it, spread
+    by the file's place; none for a file no copy holds. The same on every rank."""
+    writer = {a[0]: a[3] for rank_asks in asks for a in rank_asks}
+    having: Dict[str, List[int]] = {}
+    for r, places in enumerate(held):
+        for i in places:
+            having.setdefault(files[i], []).append(r)
+    out: Dict[str, int] = {}
+    for i, name in enumerate(files):
+        ranks = having.get(name)
+        if ranks:
+            out[name] = writer[name] if writer[name] in ranks else ranks[i % len(ranks)]
+    return out
+
+
+def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]],
+           holder: Mapping[str, int], me: int) -> Dict[int, bytes]:
+    """What this rank sends each rank that asked for chunks of the files it serves
+    (``holder``): their bytes one after another, in the order asked (a chunk cut short is
+    padded with zeros, and fails its checksum where it is read). The lowest rank that
+    asked for a file no copy holds raises its CheckpointNotFoundError."""
     out: Dict[int, bytes] = {}
-    theirs = {r: [a for a in rank_asks if a[3] == me] for r, rank_asks in enumerate(asks)}
+    lost = sorted({a[0] for a in asks[me] if a[0] not in holder})
+    for name in lost:
+        if all(a[0] != name for r in range(me) for a in asks[r]):
+            with open_() as source:
+                source.open_file(name)  # CheckpointNotFoundError: on no node's copy
+    theirs = {r: [a for a in rank_asks if holder.get(a[0]) == me]
+              for r, rank_asks in enumerate(asks)}
     theirs = {r: a for r, a in theirs.items() if a}
     if not theirs:
         return out
     with open_() as source:
-        for name in sorted({a[0] for rank_asks in theirs.values() for a in rank_asks}):
-            source.open_file(name)  # CheckpointNotFoundError where this node lost it too
         for r, rank_asks in theirs.items():
             buf = bytearray(sum(a[2] for a in rank_asks))
             at = 0
