@@ -7,8 +7,9 @@ usage: shm_worker.py {mpi,torch} {train,restore} SHM_NAME DURABLE RANKS_PER_NODE
 Each rank sets ``UCKPT_NODE=node<rank // RANKS_PER_NODE>`` before it makes its manager,
 whose tiers are ``shm://SHM_NAME-{node}`` (keep=1) and the directory DURABLE. The state
 is ZeRO-3 style: every rank owns a slice of the parameters and of the optimizer's
-moments (``uckpt.Shard``) and its own RNG state and step (``uckpt.PerRank``), so what a rank reads
-back is in its own node's memory. Every value is a function of the step, so a restore can
+moments (``uckpt.Shard``), four small replicated arrays (spread over the ranks' files, so
+a rank reads some from other nodes' copies), and its own RNG state and step
+(``uckpt.PerRank``). Every value is a function of the step, so a restore can
 be checked bit for bit.
 
 * ``train``: writes its pid to ``PIDS/<rank>``, then saves async at steps 1, 2, ... until
@@ -43,6 +44,9 @@ def state(step, rank, size, zero=False):
         part = full(step, what)[lo:hi]
         out[what] = uckpt.Shard(np.zeros_like(part) if zero else part.copy(), (ROWS, COLS),
                                 (lo, 0))
+    for i in range(4):  # replicated: the planner spreads them over the writers' files
+        rep = np.random.default_rng([9, i, step]).standard_normal(4096).astype(np.float32)
+        out[f"rep{i}"] = np.zeros_like(rep) if zero else rep
     rng = np.random.default_rng([7, rank, step]).integers(0, 2**62, 4, dtype=np.int64)
     out["rank_state"] = uckpt.PerRank({"rng": np.zeros_like(rng) if zero else rng,
                                        "step": np.array([0 if zero else step])})
@@ -52,6 +56,7 @@ def state(step, rank, size, zero=False):
 def arrays(s):
     """Every array of a state made by :func:`state`, by name."""
     out = {k: s[k].array for k in ("param", "exp_avg", "exp_avg_sq")}
+    out.update({k: v for k, v in s.items() if k.startswith("rep")})
     out.update(s["rank_state"].value)
     return out
 
@@ -94,8 +99,9 @@ def main():
         step = m.restore(got)
         shm_path = str(m.tiers[0].path)
     want = state(step or 0, rank, size)
-    same = step is not None and all(np.array_equal(a, arrays(want)[k]) and a.dtype == arrays(want)[k].dtype
-               for k, a in arrays(got).items())
+    same = step is not None and all(
+        np.array_equal(a, arrays(want)[k]) and a.dtype == arrays(want)[k].dtype
+        for k, a in arrays(got).items())
     restored = [line for line in logs if line.startswith("restored step")]
     rebuilt = [line for line in logs if line.startswith("step ")]
     import json

@@ -92,3 +92,52 @@ def test_sigkill_then_restore_from_the_memory_level(tmp_path, shm_name, backend,
             res["restored"][0].startswith(f"restored step {want} from tier "
                                           f"'{shm_name}-node{node}'"), res
     assert not durable.exists()  # never recreated, not even listed into being
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpiexec")
+def test_sigkill_then_restore_on_fewer_ranks_from_the_memory_level(tmp_path, shm_name):
+    """Issue 28, item 5: 4 ranks on 2 nodes (0-1, 2-3) SIGKILLed; the job restarts as 3
+    ranks (0-1 on node0, 2 on node1) and reshards from the memory level, durable tier out
+    of reach: rows read 3 ways (rank 1's from node1's copy, over the communicator), the
+    replicated arrays whole (rank 3 wrote one into node1's copy: node1's remaining rank
+    serves it), each rank's own PerRank state. The reference is the consolidated durable
+    copy, loaded before it is moved away: it equals the worker's state of its step, which
+    the restarted ranks check bit for bit."""
+    import numpy as np
+
+    import shm_worker
+    import uckpt
+    durable, pids = tmp_path / "durable", tmp_path / "pids"
+    pids.mkdir()
+    killed = []
+
+    def kill_after_a_committed_step():
+        if killed or len(list(pids.iterdir())) < 4 or \
+                not [s for s in committed(shm_name, 2) if s >= 3] or \
+                not list(durable.glob("step_*/manifest.json")):
+            return
+        for f in pids.iterdir():
+            os.kill(int(f.read_text()), signal.SIGKILL)
+            killed.append(int(f.name))
+    args = [shm_name, durable, 2, pids]
+    run = run_command([*launcher("mpi", 4), WORKER, "mpi", "train", *args],
+                      timeout=120, monitor=kill_after_a_committed_step)
+    assert sorted(killed) == list(range(4)), run.stderr[-3000:]
+    want = max(committed(shm_name, 2))
+    copied = max(int(p.parent.name[len("step_"):]) for p in durable.glob("step_*/manifest.json"))
+    reference = uckpt.load(durable / f"step_{copied:08d}")
+    saved = shm_worker.state(copied, 0, 4)
+    for what in ("param", "exp_avg", "exp_avg_sq"):
+        assert np.array_equal(reference[what], shm_worker.full(copied, what)), what
+    for what in ("rep0", "rep1", "rep2", "rep3"):
+        assert np.array_equal(reference[what], saved[what]), what
+    durable.rename(tmp_path / "away")
+
+    run = run_command([*launcher("mpi", 3), WORKER, "mpi", "restore", *args],
+                      timeout=120).check()
+    assert sorted(run.results) == [0, 1, 2], run.stdout[-3000:]
+    for rank, res in run.results.items():
+        assert res["step"] == want and res["same"], res
+        assert res["restored"][0].startswith(
+            f"restored step {want} from tier '{shm_name}-node{rank // 2}'"), res
+    assert not durable.exists()
