@@ -12,6 +12,7 @@ from __future__ import annotations
 import shutil
 
 import numpy as np
+import pytest
 
 import uckpt
 from uckpt.testing import run_ranks
@@ -69,4 +70,48 @@ def test_four_ranks_on_two_nodes_restore_as_three_from_node_local_copies(tmp_pat
     lines = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 3, lines
     assert sorted(reference["rng"]) == [0, 1, 2, 3]  # rank 3's stays in the checkpoint
+    assert not (tmp_path / "durable").exists()
+
+
+@pytest.mark.parametrize("scheme", ["partner", "xor:4"])
+def test_four_nodes_restore_as_three_rebuilding_the_lost_nodes_share(tmp_path, caplog, scheme):
+    """4 ranks as 4 nodes save with redundancy; node3 is lost (its directory wiped) and
+    not replaced; the job restarts as 3 ranks on node0-2, durable tier out of reach: node3's
+    share is rebuilt from the survivors' redundancy into the copy of its host (partner:
+    node0, which kept its partner copy; xor:4: node0, the lowest other member of its
+    group) and served from there; the state is resharded 3 ways, bit for bit against the
+    consolidated durable copy."""
+    def tiers_of():
+        return [uckpt.Tier(tmp_path / "{node}" / "run", keep=2, redundancy=scheme),
+                tmp_path / "durable"]
+
+    def save(c):
+        with uckpt.CheckpointManager(tiers=tiers_of(), comm=c, node=f"node{c.rank}") as m:
+            m.save(3, state(c.rank, 4))
+    assert run_ranks(4, save) == [None] * 4
+    reference = uckpt.load(tmp_path / "durable" / "step_00000003")
+    shutil.move(tmp_path / "durable", tmp_path / "away")
+    shutil.rmtree(tmp_path / "node3")
+
+    def restore(c):
+        got = state(c.rank, 3, zero=True)
+        with uckpt.CheckpointManager(tiers=tiers_of(), comm=c, node=f"node{c.rank}") as m:
+            return m.restore(got), got
+    with caplog.at_level("INFO", logger="uckpt"):
+        outcomes = run_ranks(3, restore)
+    for rank, outcome in enumerate(outcomes):
+        assert not isinstance(outcome, BaseException), outcome
+        step, got = outcome
+        assert step == 3
+        lo = rank * ROWS // 3
+        np.testing.assert_array_equal(got["w"].array, reference["w"][lo:lo + ROWS // 3])
+        for i in range(4):
+            np.testing.assert_array_equal(got[f"rep{i}"], reference[f"rep{i}"])
+        np.testing.assert_array_equal(got["rng"].value, reference["rng"][rank])
+    assert (tmp_path / "node0/run/step_00000003/data-00003.bin").is_file()
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(f"rebuilt the share of node 'node3' (node 3, ranks 3) (node not in the job) "
+               f"from {scheme} over the communicator, into the copy of node 'node0'" in m
+               for m in lines), lines
+    assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 3, lines
     assert not (tmp_path / "durable").exists()

@@ -12,7 +12,7 @@ the shares it protects. Memory per leader: a few blocks.
 from __future__ import annotations
 
 import time
-from typing import IO, Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,21 +33,22 @@ def repair_across(comm: Communicator, nodes: Sequence[str], records: Records, re
     :class:`~uckpt.errors.ShareLostError` on every rank when a lost share's redundancy is
     lost too (nothing is written then)."""
     start = time.monotonic()
-    names, ranks = node_map(nodes)
-    if names != [n.name for n in records.nodes] or ranks != [list(n.ranks) for n in
-                                                              records.nodes]:
-        raise ValueError(f"the job's nodes {names} (ranks {ranks}) are not the records' "
-                         f"{[n.name for n in records.nodes]}: a rebuild needs the same nodes")
-    leaders = [r[0] for r in ranks]
+    leaders = _leaders(nodes, records)
+    gone = {i: "node not in the job" for i, r in enumerate(leaders) if r is None}
     me = leaders.index(comm.rank) if comm.rank in leaders else None
 
     def check() -> Any:
         return None if me is None else list(node_damage(records.nodes[me], read, block))
 
     found = comm.gather_outcomes(check, "checking the shares")
-    shares = {i: found[r][0] for i, r in enumerate(leaders) if found[r][0] is not None}
-    pieces = {i: found[r][1] for i, r in enumerate(leaders) if found[r][1] is not None}
-    check_recoverable(records, shares, pieces)  # the same verdict on every rank
+    shares = {i: found[r][0] for i, r in enumerate(leaders)
+              if r is not None and found[r][0] is not None}
+    pieces = {i: found[r][1] for i, r in enumerate(leaders)
+              if r is not None and found[r][1] is not None}
+    check_recoverable(records, {**shares, **gone}, {**pieces, **gone})  # the same everywhere
+    shares.update(gone)
+    if gone:
+        pieces = {}  # on fewer nodes, the next save makes the pieces of the new layout
 
     def work() -> None:
         if me is None:
@@ -60,17 +61,52 @@ def repair_across(comm: Communicator, nodes: Sequence[str], records: Records, re
 
     comm.gather_outcomes(work, "rebuilding lost shares")
     for lost in sorted(shares):
-        log.info("step %s: rebuilt the share of %s (%s) from %s over the communicator",
-                 records.step, records.describe(lost), shares[lost], records.scheme)
+        log.info("step %s: rebuilt the share of %s (%s) from %s over the communicator%s",
+                 records.step, records.describe(lost), shares[lost], records.scheme,
+                 f", into the copy of {records.describe(host(records, leaders, lost))}"
+                 if lost in gone else "")
     return Repaired(shares, pieces, time.monotonic() - start)
+
+
+def _leaders(nodes: Sequence[str], records: Records) -> List[Optional[int]]:
+    """The job's leader of each node of the records (None: a node not in the job, whose
+    share is rebuilt into another node's copy); ValueError where the job has a node the
+    records lack, or its nodes are in another order."""
+    names, ranks = node_map(nodes)
+    known = [n.name for n in records.nodes]
+    if not set(names) <= set(known) or names != [n for n in known if n in names]:
+        raise ValueError(f"the job's nodes {names} (ranks {ranks}) are not the records' "
+                         f"{known} or some of them: a rebuild needs the same nodes, or "
+                         "fewer of them")
+    first = dict(zip(names, (r[0] for r in ranks)))
+    return [first.get(n) for n in known]
+
+
+def host(records: Records, leaders: Sequence[Optional[int]], node: int) -> int:
+    """The node (of the records) whose copy holds the rebuilt share of ``node``: ``node``
+    itself where it is in the job, else the node that keeps its partner copy (``partner``)
+    or the lowest other member of its XOR group (both in the job, or the share could not
+    be rebuilt)."""
+    if leaders[node] is not None:
+        return node
+    n, scheme = len(records.nodes), records.scheme
+    if scheme.kind == "partner":
+        return holder(scheme, n, node, 0)
+    return next(m for m in group_of(scheme, n, node) if m != node)
 
 
 class _Steps:
     """One leader's part in each rebuild: send its blocks, or receive and write."""
 
-    def __init__(self, comm: Communicator, records: Records, leaders: List[int], me: int,
-                 read: Reader, block: int) -> None:
-        self.comm, self.records, self.leaders, self.me = comm, records, leaders, me
+    def __init__(self, comm: Communicator, records: Records, leaders: List[Optional[int]],
+                 me: int, read: Reader, block: int) -> None:
+        self.comm, self.records, self.me = comm, records, me
+        # the rank that receives what each node's copy gets (a gone node's: its host's)
+        self.hosts = [host(records, leaders, i) for i in range(len(leaders))]
+        hosted = [leaders[h] for h in self.hosts]
+        self.leaders: List[int] = [r for r in hosted if r is not None]
+        if len(self.leaders) != len(hosted):  # (check_recoverable refused it before)
+            raise ValueError(f"step {records.step}: a lost node's host is not in the job")
         self.block, self.n = block, len(leaders)
         self.scheme, self.lengths = records.scheme, records.lengths
         self.share_view = ShareView(records.nodes[me].files, read)
@@ -83,8 +119,11 @@ class _Steps:
     def share(self, lost: int, open_file: Callable[[str], IO[bytes]]) -> None:
         senders = self._share_senders(lost)
         rounds = self._share_rounds(lost)
-        if self.me == lost:
-            stream = BlockStream(self._receive(rounds, senders))
+        if self.me == self.hosts[lost]:  # (a host of a gone node is one of its senders)
+            own = (lambda seg, off, k: self._share_block(lost, seg, off, k)) \
+                if self.me in senders else None
+            stream = BlockStream(self._receive(rounds, [m for m in senders if m != self.me],
+                                               own))
             for f in self.records.nodes[lost].files:
                 write_checked(self.records, lost, f, stream.take(f.size),
                               self._opener(open_file))
@@ -143,10 +182,15 @@ class _Steps:
     def _send(self, node: int, data: Buffer) -> None:
         self.comm.exchange({self.leaders[node]: data}, [])
 
-    def _receive(self, rounds: List[Tuple[int, int, int]], senders: List[int]) -> Iterator[bytes]:
-        """The XOR of the senders' blocks, round by round (one sender: its blocks)."""
-        for _, _, k in rounds:
-            got: Dict[int, Buffer] = self.comm.exchange({}, [self.leaders[m] for m in senders])
+    def _receive(self, rounds: List[Tuple[int, int, int]], senders: List[int],
+                 own: Optional[Callable[[int, int, int], bytes]] = None) -> Iterator[bytes]:
+        """The XOR of the senders' blocks, round by round (one sender: its blocks), and of
+        this node's own (``own(segment, offset, bytes)``) where it is one of them."""
+        for seg, off, k in rounds:
+            got: Dict[int, Buffer] = self.comm.exchange(
+                {}, [self.leaders[m] for m in senders]) if senders else {}
+            if own is not None:
+                got = {**got, self.comm.rank: own(seg, off, k)}
             acc = np.zeros(k, dtype=np.uint8)
             for data in got.values():
                 np.bitwise_xor(acc, np.frombuffer(data, dtype=np.uint8), out=acc)

@@ -612,6 +612,11 @@ class CheckpointManager:
                 elif isinstance(e, DistributedError) and not e.failed_with(*_DAMAGE):
                     raise
                 if (s, i) in partial and _lacks_file(e):
+                    if i == 0 and self._redundant is not None and \
+                            self._redundant.rebuild_damaged(self, s, "its ranks read data "
+                                                            "files on no node's copy"):
+                        todo.insert(0, (s, i))  # a gone node's share rebuilt: load it again
+                        continue
                     lacking.append((s, tier.name, e))
                     log.info("step %d on tier %r: a node's copy lacks data files its ranks "
                              "read (node-local storage); trying the next copy", s, tier.name)

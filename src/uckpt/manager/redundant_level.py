@@ -85,13 +85,15 @@ class RedundantLevel:
             return False
         return self._rebuild(manager, newest, "a node's copy lacks it")
 
-    def rebuild_damaged(self, manager: Any, step: int) -> bool:
-        """Collective, after the load of ``step`` from the first tier found damage: rebuild
-        what its redundancy can; whether anything was rebuilt (once per step and restore:
+    def rebuild_damaged(self, manager: Any, step: int, why: str = "its load found damage"
+                        ) -> bool:
+        """Collective, after the load of ``step`` from the first tier found damage, or
+        data files on no node's copy (a restart on fewer nodes): rebuild what its
+        redundancy can; whether anything was rebuilt (once per step and restore:
         :meth:`rebuild_newest` starts each restore)."""
         if step in self._tried:
             return False
-        return self._rebuild(manager, step, "its load found damage")
+        return self._rebuild(manager, step, why)
 
     def _rebuild(self, manager: Any, step: int, why: str) -> bool:
         self._tried.add(step)

@@ -85,7 +85,9 @@ def rebuild(comm: Communicator, nodes: Nodes, store: Any, name: str, tier: str
         if "sink" in opened:
             opened["sink"].abort()
         raise
-    lost = [records.describe(i) for i, n in enumerate(records.nodes) if not have[n.ranks[0]]]
+    first = dict(zip(nodes.order, nodes.leaders))
+    lost = [records.describe(i) for i, n in enumerate(records.nodes)
+            if n.name not in first or not have[first[n.name]]]
 
     def listed(found: Dict[int, str]) -> str:
         return "; ".join(f"{records.describe(i)} ({what})" for i, what in sorted(found.items()))
