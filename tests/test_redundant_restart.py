@@ -9,7 +9,10 @@ or their files damaged, and each restart restores (same size):
   then nodes 1 and 2 wiped (two of one group) -> restored from the durable tier, with a
   line saying why;
 * ``partner``, torchrun (gloo) -n 4 as 4 nodes: node 1 wiped and node 3's piece (node 2's
-  copy) damaged -> both rebuilt, durable tier out of reach.
+  copy) damaged -> both rebuilt, durable tier out of reach;
+* ``xor:4``, mpiexec -n 4 as 4 nodes, node 3 lost and not replaced: the job restarts as
+  3 ranks on nodes 0-2 (item 5, fewer ranks); node 3's share is rebuilt into node 0's
+  copy and the state resharded 3 ways, bit for bit, durable tier out of reach.
 
 The worker is tests/shm_worker.py (with a scheme); every shared-memory area a test makes is
 removed after it (the fixture of tests/test_shm_restart.py).
@@ -51,11 +54,11 @@ def train(tmp_path, backend, name, scheme):
     return max(committed(name, N))
 
 
-def restore(tmp_path, backend, name, scheme):
-    run = run_command([*launcher(backend, N), WORKER, backend, "restore", name,
+def restore(tmp_path, backend, name, scheme, n=N):
+    run = run_command([*launcher(backend, n), WORKER, backend, "restore", name,
                        tmp_path / "durable", 1, tmp_path / "pids", scheme],
                       timeout=120).check()
-    assert sorted(run.results) == list(range(N)), run.stdout[-3000:]
+    assert sorted(run.results) == list(range(n)), run.stdout[-3000:]
     return run.results
 
 
@@ -137,4 +140,34 @@ def test_partner_rebuilds_a_lost_node_and_a_damaged_piece(tmp_path, shm_name):
     assert said(results, "pieces made again: node 'node1'")
     assert said(results, "node 'node3' (node 3, ranks 3) (redundancy-00003.bin: checksum")
     assert piece.read_bytes() == good
+    assert not durable.exists()
+
+
+@pytest.mark.skipif(not HAVE_MPI, reason="no mpiexec")
+def test_xor_restart_on_three_of_four_nodes_rebuilds_the_lost_share(tmp_path, shm_name):
+    import numpy as np
+
+    import shm_worker
+    import uckpt
+    want = train(tmp_path, "mpi", shm_name, "xor:4")
+    durable = tmp_path / "durable"
+    copied = max(int(p.parent.name[5:]) for p in durable.glob("step_*/manifest.json"))
+    reference = uckpt.load(durable / f"step_{copied:08d}")  # consolidated
+    saved = shm_worker.state(copied, 0, N)
+    for what in ("param", "exp_avg", "exp_avg_sq"):
+        assert np.array_equal(reference[what], shm_worker.full(copied, what)), what
+    for what in ("rep0", "rep1", "rep2", "rep3"):
+        assert np.array_equal(reference[what], saved[what]), what
+    durable.rename(tmp_path / "away")
+    shutil.rmtree(SHM / f"{shm_name}-node3")  # lost, not replaced
+
+    results = restore(tmp_path, "mpi", shm_name, "xor:4", n=3)
+    for rank, res in results.items():
+        assert res["step"] == want and res["same"], res  # resharded 3 ways, bit for bit
+        assert any(line.startswith(f"restored step {want} from tier '{shm_name}-node{rank}'")
+                   for line in res["logs"]), res
+    assert said(results, "rebuilt the share of node 'node3' (node 3, ranks 3) (node not in "
+                         "the job) from xor:4 over the communicator, into the copy of node "
+                         "'node0'")
+    assert (step_dir(shm_name, 0, want) / "data-00003.bin").is_file()
     assert not durable.exists()
