@@ -42,19 +42,12 @@ def state(rank, size, step=3, zero=False):
     return out
 
 
-def test_four_ranks_on_two_nodes_restore_as_three_from_node_local_copies(tmp_path, caplog):
-    def save(c):
-        with uckpt.CheckpointManager(tiers=tiers(tmp_path), comm=c, node=node_of(c.rank)) as m:
-            m.save(3, state(c.rank, 4))
-    assert run_ranks(4, save) == [None] * 4
-    reference = uckpt.load(tmp_path / "durable" / "step_00000003")  # consolidated
-    shutil.move(tmp_path / "durable", tmp_path / "away")
-    assert sorted(p.name for p in (tmp_path / "node1/run/step_00000003").glob("*.bin")) == \
-        ["data-00002.bin", "data-00003.bin"]
-
+def restore_as_three(tiers_of, node_of, reference, caplog):
+    """Restore step 3 on 3 thread ranks, each checked bit for bit against ``reference``
+    (the consolidated checkpoint); the lines logged."""
     def restore(c):
         got = state(c.rank, 3, zero=True)
-        with uckpt.CheckpointManager(tiers=tiers(tmp_path), comm=c, node=node_of(c.rank)) as m:
+        with uckpt.CheckpointManager(tiers=tiers_of(), comm=c, node=node_of(c.rank)) as m:
             return m.restore(got), got
     with caplog.at_level("INFO", logger="uckpt"):
         outcomes = run_ranks(3, restore)
@@ -69,6 +62,20 @@ def test_four_ranks_on_two_nodes_restore_as_three_from_node_local_copies(tmp_pat
         np.testing.assert_array_equal(got["rng"].value, reference["rng"][rank])
     lines = [r.getMessage() for r in caplog.records]
     assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 3, lines
+    return lines
+
+
+def test_four_ranks_on_two_nodes_restore_as_three_from_node_local_copies(tmp_path, caplog):
+    def save(c):
+        with uckpt.CheckpointManager(tiers=tiers(tmp_path), comm=c, node=node_of(c.rank)) as m:
+            m.save(3, state(c.rank, 4))
+    assert run_ranks(4, save) == [None] * 4
+    reference = uckpt.load(tmp_path / "durable" / "step_00000003")  # consolidated
+    shutil.move(tmp_path / "durable", tmp_path / "away")
+    assert sorted(p.name for p in (tmp_path / "node1/run/step_00000003").glob("*.bin")) == \
+        ["data-00002.bin", "data-00003.bin"]
+
+    restore_as_three(lambda: tiers(tmp_path), node_of, reference, caplog)
     assert sorted(reference["rng"]) == [0, 1, 2, 3]  # rank 3's stays in the checkpoint
     assert not (tmp_path / "durable").exists()
 
@@ -93,25 +100,9 @@ def test_four_nodes_restore_as_three_rebuilding_the_lost_nodes_share(tmp_path, c
     shutil.move(tmp_path / "durable", tmp_path / "away")
     shutil.rmtree(tmp_path / "node3")
 
-    def restore(c):
-        got = state(c.rank, 3, zero=True)
-        with uckpt.CheckpointManager(tiers=tiers_of(), comm=c, node=f"node{c.rank}") as m:
-            return m.restore(got), got
-    with caplog.at_level("INFO", logger="uckpt"):
-        outcomes = run_ranks(3, restore)
-    for rank, outcome in enumerate(outcomes):
-        assert not isinstance(outcome, BaseException), outcome
-        step, got = outcome
-        assert step == 3
-        lo = rank * ROWS // 3
-        np.testing.assert_array_equal(got["w"].array, reference["w"][lo:lo + ROWS // 3])
-        for i in range(4):
-            np.testing.assert_array_equal(got[f"rep{i}"], reference[f"rep{i}"])
-        np.testing.assert_array_equal(got["rng"].value, reference["rng"][rank])
+    lines = restore_as_three(tiers_of, "node{}".format, reference, caplog)
     assert (tmp_path / "node0/run/step_00000003/data-00003.bin").is_file()
-    lines = [r.getMessage() for r in caplog.records]
     assert any(f"rebuilt the share of node 'node3' (node 3, ranks 3) (node not in the job) "
                f"from {scheme} over the communicator, into the copy of node 'node0'" in m
                for m in lines), lines
-    assert sum(m.startswith("restored step 3 from tier 'run'") for m in lines) == 3, lines
     assert not (tmp_path / "durable").exists()
