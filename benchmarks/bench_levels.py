@@ -377,9 +377,10 @@ def report(results: List[dict], env: dict, args, loads: List[float]) -> str:
         f"{args.nodes} --repeat {args.repeat} --warmup {args.warmup} --schemes {args.schemes} "
         f"--scheme-levels {args.scheme_levels}"
         f"{' --no-s3' if args.no_s3 else ''}`; `mpiexec -n {RANKS}` (MPICH) on one machine "
-        f"as simulated nodes, {C.machine_line()} Memory level: tmpfs `/dev/shm`; node-local "
+        f"as simulated nodes. {C.machine_line()} Memory level: tmpfs `/dev/shm`; node-local "
         f"and durable disk: {C.filesystem_of(args.dir)}; S3: SeaweedFS on loopback (same "
-        f"machine). Medians of {args.repeat} rounds after {args.warmup} warm-up round(s); "
+        f"machine). Median of {args.repeat} timed round(s) after {args.warmup} warm-up "
+        "round(s); "
         "every time is "
         "the slowest rank's.", "",
         f"1-minute load average during the run: {min(loads):.2f} to {max(loads):.2f} on "

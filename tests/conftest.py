@@ -39,6 +39,7 @@ SLOW_MODULES = {
     "test_node_kills",  # issue 28: 51 launches of mpiexec -n 4, 50 of them SIGKILLed
     # issue 28: a level with redundancy, SIGKILLed, nodes wiped, rebuilt (7 launches)
     "test_redundant_restart",
+    "test_bench_levels",  # issue 28: benchmarks/bench_levels.py on 4 MPI ranks, tiny state
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -78,7 +79,7 @@ MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test
                      "test_keras_distributed", "test_torch_dtensor", "test_s3_tier",
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
                      "test_shm_restart", "test_exchange_multiproc", "test_node_kills",
-                     "test_redundant_restart"}
+                     "test_redundant_restart", "test_bench_levels"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
