@@ -417,14 +417,16 @@ def report(results: List[dict], env: dict, args, loads: List[float]) -> str:
 
 
 def plot(results: List[dict], path: Path) -> None:
-    """Per run: committed and restore seconds of each level and scheme."""
+    """Per run (``<stem>_<state>_<nodes>nodes.png``): stall, committed and restore
+    seconds of each level and scheme."""
     for res in results:
-        labels = [f"{s['level']}\n{s['scheme']}" for s in res["summary"]]
+        rows = res["summary"]
+        labels = [f"{s['level']}\n{s['scheme']}" for s in rows]
         C.bar_plot_or_note(path.with_name(f"{path.stem}_{res['size']}_{res['nodes']}nodes.png"),
                            f"{res['size']}, {RANKS} ranks on {res['nodes']} nodes", labels,
-                           {"stall": [s["stall"] for s in res["summary"]],
-                            "committed (after save)": [s["committed"] for s in res["summary"]],
-                            "restore": [s["restore"] for s in res["summary"]]},
+                           {"stall": [s["stall"] for s in rows],
+                            "committed (after save)": [s["committed"] for s in rows],
+                            "restore (a scheme: node 1 lost)": [s["restore"] for s in rows]},
                            ylabel="seconds (median, slowest rank)")
 
 
