@@ -16,13 +16,14 @@ sharded ZeRO-3 style: every tensor is split by rows over the 4 ranks (``uckpt.Sh
 
 Redundancy: where a committed manifest declares ``redundancy:scheme`` (the manager writes
 it for ``Tier(redundancy=...)``), the scheme's cost is inside the save's background time
-and a node loss is rebuilt by ``restore``. Where it does not (the manager does not write
-redundancy yet), the cost is measured as ``uckpt.levels.exchange.protect_across`` over the
+and a node loss is rebuilt by ``restore``. Where it does not (a uckpt whose saves do not
+write redundancy), the cost is measured as ``uckpt.levels.exchange.protect_across`` over the
 job's communicator and the node's share files, run after the save is committed, and a
 lost node is rebuilt with ``uckpt.levels.rebuild_across.repair_across`` before ``restore``;
 the report says which path each row measured.
 
-Results go to stdout and to ``benchmarks/results/levels.{md,json,png}``. See
+Results go to stdout and to ``benchmarks/results/levels.{md,json}`` and
+``levels_<state>_<nodes>nodes.png``. See
 docs/benchmarks.md for what limits each figure.
 """
 from __future__ import annotations
