@@ -197,7 +197,7 @@ def main(argv=None) -> int:
                 table, raw["copy"] = copy_throughput(server, args.sizes.split(","), args.repeat,
                                                      work)
             finally:
-                server.stop(5)
+                server.kill()
             text += ["## Copy to the object store", "",
                      f"Median of {args.repeat} rounds after a warm-up, interleaved. GB/s = "
                      "checkpoint bytes (data file + manifest) / time. uckpt's options are its "
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
                 try:
                     table, raw[f"stall-nice{nice}"] = training_stall(server, args, work)
                 finally:
-                    server.stop(5)
+                    server.kill()
                 text += [f"Server at nice {nice}" + (" (standing in for a server on other "
                                                      "machines)" if nice else "") + ":", "",
                          table, ""]
