@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import uckpt
-from uckpt.errors import RedundancyConfigError
+from uckpt.errors import RedundancyConfigError, ShareLostError
 from uckpt.levels.records import parse_records
 from uckpt.levels.repair import find_damage
 from uckpt.levels.share_io import directory_reader
@@ -109,6 +109,27 @@ def test_a_lost_node_whose_partner_copy_is_damaged_falls_back_to_durable(tmp_pat
                for s in said), said
     assert any("restored step 3 from tier 'durable'" in s for s in said)
     assert not (tmp_path / "n1" / "step_00000003").exists()  # nothing half rebuilt
+
+
+def test_a_share_lost_with_its_redundancy_and_no_other_tier_names_node_ranks_step(tmp_path):
+    """Node 1 wiped, the partner piece of its share damaged, the durable tier out of reach:
+    the restore raises the error that names whose share is lost, not only that a node holds
+    no copy."""
+    save_step_3(tmp_path)
+    shutil.rmtree(tmp_path / "n1")
+    piece = tmp_path / "n0" / "step_00000003" / "redundancy-00000.bin"  # node 1's share
+    data = bytearray(piece.read_bytes())
+    data[7] ^= 1
+    piece.write_bytes(bytes(data))
+    (tmp_path / "durable").rename(tmp_path / "away")
+
+    def restore(c):
+        with manager(tmp_path, c, "partner") as m:
+            return m.restore(shard(0, c.rank, zero=True))
+    for outcome in run_ranks(4, restore):
+        assert isinstance(outcome, ShareLostError), outcome
+        assert "step 3: the share of node 'n1' (node 1, ranks 2, 3) is lost" in str(outcome)
+    assert not (tmp_path / "durable").exists()
 
 
 @pytest.mark.parametrize("tiers, kw, message", [

@@ -636,6 +636,10 @@ class CheckpointManager:
             log.info("restored step %d from tier %r (%s), %.3f s", s, tier.name,
                      self.path(s, i), time.perf_counter() - start)
             return s
+        if self._redundant is not None and self._redundant.lost is not None:
+            # a share that its redundancy could not rebuild, and no tier to fall back to:
+            # the error that names its node, ranks and step
+            raise self._redundant.lost from (failures[0][2] if failures else None)
         if lost or lacking:
             raise node_copies.no_copy_error(self, lost, lacking) from (
                 failures[0][2] if failures else lacking[0][2] if lacking else None)

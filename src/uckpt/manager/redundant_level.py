@@ -68,6 +68,9 @@ class RedundantLevel:
     def __init__(self, tier: Tier, protect: Protector, nodes: Nodes) -> None:
         self.tier, self.protect, self.nodes = tier, protect, nodes
         self._tried: Set[int] = set()
+        #: the last share of this restore that its redundancy could not rebuild (raised
+        #: by the restore where no tier holds a copy: it names node, ranks and step)
+        self.lost: Optional[ShareLostError] = None
 
     def rebuild_newest(self, manager: Any, views: List[Dict[str, List[int]]]) -> bool:
         """Collective, before a restore: where the newest step of the first tier that any
@@ -77,6 +80,7 @@ class RedundantLevel:
             return {int(s) for s, tiers in view.items() if 0 in tiers or -1 in tiers}
 
         self._tried.clear()  # a new restore
+        self.lost = None
         seen = set().union(*map(here, views))
         if not seen:
             return False
@@ -108,6 +112,7 @@ class RedundantLevel:
         try:
             done = rebuild(manager.comm, self.nodes, self.tier.store, name, self.tier.name)
         except ShareLostError as e:
+            self.lost = e
             log.warning("step %d on tier %r cannot be rebuilt from its redundancy (%s): %s; "
                         "restoring from the next tier that holds it", step, self.tier.name,
                         why, str(e).splitlines()[0])
