@@ -52,7 +52,7 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
     held = comm.gather_outcomes(lambda: _held(open_, files),
                                 f"{what} (finding the copies that hold the chunks)")
     holder = holders(files, asks, held)
-    served: Dict[int, bytes] = {}
+    served: Dict[int, bytearray] = {}
     comm.gather_outcomes(lambda: served.update(_serve(open_, asks, holder, comm.rank)),
                          f"{what} (reading chunks other nodes lack)")
     mine = asks[comm.rank]
@@ -60,11 +60,11 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
     arrived: Dict[int, Any] = {}
     if served or sources:  # point to point, raw bytes: only the ranks that take part
         arrived = comm.exchange(served, sources)
-    got: Dict[str, List[Tuple[int, bytes]]] = {}
-    for source in sources:
+    got: Dict[str, List[Tuple[int, memoryview]]] = {}
+    for source in sources:  # views of the messages: no chunk copied again
         data, at = memoryview(arrived[source]).cast("B"), 0
         for name, offset, length, _, _ in (a for a in mine if holder[a[0]] == source):
-            got.setdefault(name, []).append((offset, bytes(data[at:at + length])))
+            got.setdefault(name, []).append((offset, data[at:at + length]))
             at += length
     if not mine:
         return open_
@@ -123,12 +123,12 @@ def holders(files: Sequence[str], asks: Sequence[Sequence[Ask]], held: Sequence[
 
 
 def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]],
-           holder: Mapping[str, int], me: int) -> Dict[int, bytes]:
+           holder: Mapping[str, int], me: int) -> Dict[int, bytearray]:
     """What this rank sends each rank that asked for chunks of the files it serves
     (``holder``): their bytes one after another, in the order asked (a chunk cut short is
     padded with zeros, and fails its checksum where it is read). The lowest rank that
     asked for a file no copy holds raises its CheckpointNotFoundError."""
-    out: Dict[int, bytes] = {}
+    out: Dict[int, bytearray] = {}
     lost = sorted({a[0] for a in asks[me] if a[0] not in holder})
     for name in lost:
         if all(a[0] != name for r in range(me) for a in asks[r]):
@@ -146,7 +146,7 @@ def _serve(open_: Callable[[], CheckpointSource], asks: Sequence[Sequence[Ask]],
             for name, offset, length, _, _ in rank_asks:
                 source.read_into(name, memoryview(buf)[at:at + length], offset)
                 at += length
-            out[r] = bytes(buf)
+            out[r] = buf  # sent as it is (exchange takes any bytes-like buffer)
     return out
 
 
@@ -156,10 +156,10 @@ class WithPeerChunks(CheckpointSource):
     of such a file gets those bytes, zeros elsewhere (a chunk not fetched fails its
     checksum)."""
 
-    def __init__(self, inner: CheckpointSource, got: Dict[str, List[Tuple[int, bytes]]],
+    def __init__(self, inner: CheckpointSource, got: Dict[str, List[Tuple[int, memoryview]]],
                  sizes: Dict[str, int]) -> None:
         self.inner, self.sizes = inner, sizes
-        self.got = {name: sorted(ranges) for name, ranges in got.items()}
+        self.got = {name: sorted(ranges, key=lambda r: r[0]) for name, ranges in got.items()}
         self._starts = {name: [o for o, _ in ranges] for name, ranges in self.got.items()}
         self.where = inner.where
         self.block_bytes, self.coalesce = inner.block_bytes, inner.coalesce

@@ -33,6 +33,12 @@ def is_memory_level(tier: Tier) -> bool:
     return isinstance(tier.path, str) and tier.path.startswith("shm://")
 
 
+def is_node_local(tier: Tier) -> bool:
+    """Whether ``tier`` may be a root of each node's own (a local path or a memory
+    level), not storage every node shares (an object store, ``memory://``, fsspec)."""
+    return local_path(str(tier.path)) is not None or is_memory_level(tier)
+
+
 def placed(tier: Tier, nodes: Nodes) -> Tier:
     """``tier`` with ``{node}`` replaced by this rank's node name (``tier`` itself where
     its path has no placeholder)."""
@@ -46,7 +52,7 @@ def placed(tier: Tier, nodes: Nodes) -> Tier:
             f"tier {tier.name!r} ({text}): unknown placeholder {{{unknown[0]}}}; only "
             "{node} is replaced (by the rank's node name)", path=text,
             hint="write {node}, or leave braces out of tier paths")
-    if local_path(text) is None and not is_memory_level(tier):
+    if not is_node_local(tier):
         raise StorageConfigError(
             f"tier {tier.name!r} ({text}): {{node}} names a node-local root, but this URL "
             "names storage every node shares", path=text,

@@ -19,10 +19,9 @@ from ..errors import RedundancyConfigError, ShareLostError, UckptError
 from .restore_level import rebuild
 from ..levels.save_level import Protector
 from ..runtime.nodes import Nodes
-from ..storage import local_path
 from ..storage.base import step_dir_name
 from ..storage.claims import claim_roots
-from .levels import is_memory_level
+from .levels import is_node_local
 from .tiers import Tier
 
 log = logging.getLogger("uckpt.manager.redundant_level")
@@ -36,7 +35,7 @@ def redundant_level(tiers: Sequence[Tier], nodes: Nodes, incremental: bool
         if t.redundancy is None:
             continue
         where = f"tier {t.name!r} ({t.path}) has redundancy={t.redundancy!r}"
-        if local_path(t.path) is None and not is_memory_level(t):
+        if not is_node_local(t):
             raise RedundancyConfigError(
                 f"{where}, but every node shares its storage: redundancy across nodes "
                 "protects node-local levels", hint="give redundancy= to a local path or "
