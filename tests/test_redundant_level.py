@@ -95,13 +95,19 @@ def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
     assert not (tmp_path / "durable").exists()
 
 
-def test_a_lost_node_whose_partner_copy_is_damaged_falls_back_to_durable(tmp_path, caplog):
+def lose_node_1_and_its_partner_piece(tmp_path):
+    """Step 3 saved, node 1's copy wiped, and the partner piece of its share (kept by
+    node 0) damaged: its redundancy is lost too."""
     save_step_3(tmp_path)
     shutil.rmtree(tmp_path / "n1")
     piece = tmp_path / "n0" / "step_00000003" / "redundancy-00000.bin"  # node 1's share
     data = bytearray(piece.read_bytes())
     data[7] ^= 1
     piece.write_bytes(bytes(data))
+
+
+def test_a_lost_node_whose_partner_copy_is_damaged_falls_back_to_durable(tmp_path, caplog):
+    lose_node_1_and_its_partner_piece(tmp_path)
     said = restore_all(tmp_path, caplog)
     assert any("step 3 on tier 'n0' cannot be rebuilt from its redundancy (a node's copy "
                "lacks it): step 3: the share of node 'n1' (node 1, ranks 2, 3) is lost "
@@ -115,12 +121,7 @@ def test_a_share_lost_with_its_redundancy_and_no_other_tier_names_node_ranks_ste
     """Node 1 wiped, the partner piece of its share damaged, the durable tier out of reach:
     the restore raises the error that names whose share is lost, not only that a node holds
     no copy."""
-    save_step_3(tmp_path)
-    shutil.rmtree(tmp_path / "n1")
-    piece = tmp_path / "n0" / "step_00000003" / "redundancy-00000.bin"  # node 1's share
-    data = bytearray(piece.read_bytes())
-    data[7] ^= 1
-    piece.write_bytes(bytes(data))
+    lose_node_1_and_its_partner_piece(tmp_path)
     (tmp_path / "durable").rename(tmp_path / "away")
 
     def restore(c):
