@@ -40,6 +40,7 @@ SLOW_MODULES = {
     # issue 28: a level with redundancy, SIGKILLed, nodes wiped, rebuilt (7 launches)
     "test_redundant_restart",
     "test_bench_levels",  # issue 28: benchmarks/bench_levels.py on 4 MPI ranks, tiny state
+    "test_load_policy_keras",  # issue 29: TensorFlow's import alone takes seconds
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -73,6 +74,8 @@ SLOW_TESTS = (
     # a 2 GiB .keras member copied to disk; 128 MiB saved, then consolidated in a subprocess
     "tests/test_convert_bounds.py::test_keras_weights_member_over_2_gib_is_copied_whole",
     "tests/test_convert_bounds.py::test_consolidate_holds_a_few_pieces_not_every_array",
+    # issue 29: 128 MiB saved, then cast into bfloat16 in a subprocess measuring its peak
+    "tests/test_load_policy.py::test_a_cast_of_a_large_array_holds_a_block_not_a_copy",
 )
 #: modules whose tests start several processes (marked ``multiproc`` as well)
 MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test_horovod_train",

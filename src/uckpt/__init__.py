@@ -10,6 +10,7 @@ from ._version import __version__
 from .adapter import Adapter, ArraySpec, RNGProvider
 from .manager import policies
 from .api import consolidate, load, manifest, save, verify
+from .loading.report import LoadReport
 from .saving.engine import SaveHandle
 from .manager.interval import EveryOptimal
 from .manager.checkpoint_manager import CheckpointManager
@@ -22,7 +23,8 @@ from .manager.tiers import Tier
 
 __all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate",
            "EveryNSteps", "EveryOptimal", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
-           "OnSignal", "PerRank", "RNGProvider", "RandomState", "SaveHandle", "Shard", "Tier",
+           "LoadReport", "OnSignal", "PerRank", "RNGProvider", "RandomState", "SaveHandle",
+           "Shard", "Tier",
            "__version__", "errors", "load", "manifest", "policies", "register_adapter", "save",
            "verify"]
 

@@ -19,7 +19,9 @@ load
     ``handles(obj)``, then ``prepare(obj, spec)`` with the checkpoint's subtree
     in which every array is replaced by an :class:`ArraySpec` (nothing has been
     read yet: this is where an adapter validates keys, shapes and dtypes and
-    refuses a mismatch before anything changes). ``prepare`` returns a tree of
+    refuses a mismatch before anything changes; a dtype is compared with
+    :meth:`ArraySpec.fits`, which admits the casts the load's ``cast=`` allows, and
+    an array it admits is then delivered in the destination's dtype). ``prepare`` returns a tree of
     the same shape whose array positions hold a writable, C-contiguous
     ``ndarray`` that the core reads into in place, or ``None`` for a fresh
     array; missing branches mean fresh arrays. Then the core reads and verifies
@@ -47,6 +49,12 @@ class ArraySpec:
         from .dtypes import nbytes
 
         return nbytes(self.dtype, self.shape)
+
+    def fits(self, dtype: str) -> bool:
+        """Whether this leaf may be loaded into an array of neutral dtype ``dtype``: its own,
+        or one the load's ``cast=`` converts it to (:mod:`uckpt.loading.cast`; the core then
+        delivers it in ``dtype``, converted while reading). Adapters compare dtypes with this."""
+        return dtype == self.dtype
 
 
 def class_name(obj: Any) -> str:
@@ -128,6 +136,13 @@ class Adapter:
     #: restore this adapter's objects after every other adapter's in the same load (the
     #: global random state: another adapter's ``restore`` may draw random numbers)
     restore_last: bool = False
+    #: ``prepare`` takes ``keys=`` (a :class:`uckpt.loading.report.KeySink`) in a load with
+    #: ``strict=False``: it then accepts the entries the object and the checkpoint share,
+    #: reports the others (``keys.missing(key)``, ``keys.unexpected(key)``: a key of its
+    #: subtree, a tuple of keys for a nested one) instead of refusing, and its ``restore``
+    #: gets the shared entries only (the unexpected ones are not read). Adapters without it
+    #: load their objects whole or refuse.
+    partial: bool = False
 
     def handles(self, obj: Any) -> bool:
         raise NotImplementedError

@@ -15,7 +15,9 @@ from .saving.incremental import Baseline
 from .options import SaveOptions, save_options
 from .loading.reader import CheckpointReader, read_manifest
 from .storage import locate, open_source
+from .loading.cast import Cast
 from .loading.collective import load_from
+from .loading.report import LoadReport
 
 
 @pausing
@@ -112,15 +114,37 @@ def baseline_at(store, name: str, base, storage_options=None) -> Baseline:
 
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,
          comm: Any = None, storage_options: Optional[Mapping[str, Any]] = None,
-         max_bytes: Optional[int] = None) -> Dict[str, Any]:
+         max_bytes: Optional[int] = None, cast: Cast = None,
+         report: Optional[LoadReport] = None) -> Dict[str, Any]:
     """Load a checkpoint (a local path, or an ``s3://`` URL with ``storage_options``).
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
     (no framework needed; the arrays are carved from a few large allocations, see
     :data:`uckpt.loading.reader.ARENA_BYTES`, so one array kept alive keeps its region). With a
     ``state`` mapping, restore its framework objects and arrays in place and return the
-    loaded tree for its keys. With ``strict`` (default), the keys of ``state`` must be
-    exactly the checkpoint's top-level keys; otherwise only the given keys are restored.
+    loaded tree for its keys.
+
+    Keys: with ``strict`` (default), the keys of ``state`` must be exactly the checkpoint's,
+    at every depth (nested mappings, a model's parameters, ...); a difference raises
+    :class:`~uckpt.errors.KeyMismatchError` naming the missing and unexpected keys. With
+    ``strict=False``, what both hold is loaded and the rest is skipped, as
+    ``torch.nn.Module.load_state_dict(strict=False)`` does: ``report`` (a
+    :class:`uckpt.LoadReport`, an out-parameter so that the return value stays the loaded
+    tree) is filled with the ``missing_keys`` (in ``state``, not in the checkpoint: left as
+    they were) and ``unexpected_keys`` (in the checkpoint, not in ``state``: not read), as
+    leaf paths (``"model/fc.weight"``); without ``report``, they are logged as a warning.
+    Adapters of PyTorch modules, Keras layers and models, and Chainer links load their
+    entries partly; an optimizer is loaded whole or not at all; a shape mismatch is an
+    error either way.
+
+    Dtypes: a stored array loads into a destination of its own dtype; another dtype is a
+    :class:`~uckpt.errors.DtypeMismatchError` (a ``ValueError``) naming the leaf and both
+    dtypes, unless ``cast`` allows the conversion: a casting rule (``"safe"``: widening
+    casts, bfloat16 -> float32 included) or a mapping of glob patterns over leaf paths to
+    dtypes or rules (``{"model/*": "bfloat16"}``: a narrowing, such as float32 master
+    weights into a bfloat16 model, needs the dtype named). Arrays are converted while
+    read, chunk by chunk into their destinations (:mod:`uckpt.loading.cast`); without
+    ``state``, leaves whose pattern names a dtype are returned in it.
 
     Any number of ranks can load a checkpoint written by any number: replicated
     arrays are read whole by each rank; a :class:`uckpt.Shard` in ``state``
@@ -138,7 +162,7 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     ``MemoryError`` while reading is a MemoryLimitError too.
     """
     return load_from(lambda: open_source(directory, storage_options), state, strict, comm,
-                     f"load of {str(directory)!r}", max_bytes)
+                     f"load of {str(directory)!r}", max_bytes, cast=cast, report=report)
 
 
 def consolidate(src, dst, *, overwrite: bool = False,

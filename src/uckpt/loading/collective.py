@@ -2,31 +2,37 @@
 rank is raised on all (``uckpt.load``, ``CheckpointManager.restore``)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from ..comm import get_communicator
 from ..errors import CorruptCheckpointError, DistributedError, ManifestError, MemoryLimitError
 from ..runtime.gcpause import pausing
 from .peer_chunks import with_peer_chunks
 from .reader import CheckpointReader
+from .cast import Cast
+from .report import LoadReport
 from .restore import load_tree, restore_into
 
 
 def load_from(open_, state, strict: bool, comm, what: str,
-              max_bytes: Optional[int] = None, peers: bool = False) -> Dict[str, Any]:
+              max_bytes: Optional[int] = None, peers: bool = False, *, cast: Cast = None,
+              report: Optional[LoadReport] = None) -> Dict[str, Any]:
     """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
     that a failure to open is told to the other ranks). ``peers``: ``open_()`` is a
     node-local copy; the chunks a rank reads from files its node lacks are first fetched
-    from ranks whose copies hold them (:mod:`uckpt.loading.peer_chunks`)."""
+    from ranks whose copies hold them (:mod:`uckpt.loading.peer_chunks`). ``cast``: the
+    dtype policy (:mod:`uckpt.loading.cast`); ``report``: filled with the keys a
+    ``strict=False`` load skipped on this rank (:mod:`uckpt.loading.report`)."""
     c = get_communicator(comm)
+    load = Load(strict, cast, report, what)
     if c.size == 1:
-        return _load_local(open_, state, strict, (0, 1), max_bytes)
+        return _load_local(open_, state, load, (0, 1), max_bytes)
     if peers:
-        open_ = with_peer_chunks(open_, state, strict, c, what)
+        open_ = with_peer_chunks(open_, state, strict, c, what, cast)
     out: Dict[str, Any] = {}
 
     def job() -> None:
-        out["tree"] = _load_local(open_, state, strict, (c.rank, c.size), max_bytes)
+        out["tree"] = _load_local(open_, state, load, (c.rank, c.size), max_bytes)
 
     c.gather_outcomes(job, what)
     return out["tree"]
@@ -51,12 +57,25 @@ def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
     return None
 
 
+class Load(NamedTuple):
+    """How a load treats what does not match: keys (``strict``, ``report``), dtypes (``cast``)."""
+
+    strict: bool
+    cast: Cast
+    report: Optional[LoadReport]
+    what: str
+
+
 @pausing
-def _load_local(open_, state, strict: bool, rank: Tuple[int, int], max_bytes: Optional[int]
+def _load_local(open_, state, load: Load, rank: Tuple[int, int], max_bytes: Optional[int]
                 ) -> Dict[str, Any]:
     """Load as ``rank`` = (rank, world size): the manifest's parts read on demand, only
     those that cover what this rank loads."""
     with CheckpointReader(open_(), max_bytes=max_bytes, rank=rank) as reader:
         if state is None:
-            return load_tree(reader)
-        return restore_into(reader, state, strict=strict, rank=rank[0])
+            return load_tree(reader, load.cast)
+        report = load.report if load.report is not None else LoadReport()
+        tree = restore_into(reader, state, strict=load.strict, rank=rank[0], cast=load.cast,
+                            report=report)
+        report.log(load.what, load.report is not None)
+        return tree

@@ -27,6 +27,7 @@ from ..comm import Communicator
 from ..storage.base import CheckpointSource, MediumReader
 from ..storage.readback import SourceReader
 from .reader import CheckpointReader
+from .cast import Cast, CastPolicy
 from .restore import matched
 
 log = logging.getLogger("uckpt.loading.peer_chunks")
@@ -37,14 +38,15 @@ Ask = Tuple[str, int, int, int, int]
 
 
 def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
-                     strict: bool, comm: Communicator, what: str
+                     strict: bool, comm: Communicator, what: str, cast: Cast = None
                      ) -> Callable[[], CheckpointSource]:
     """Collective: fetch the chunks each rank's load of ``state`` (None: everything)
     reads from data files its copy (``open_()``) lacks; returns the opener of its copy
     with them (``open_`` itself where this rank lacks nothing)."""
     start = time.perf_counter()
     asks: List[List[Ask]] = [[tuple(a) for a in rank_asks] for rank_asks in  # type: ignore[misc]
-                             comm.gather_outcomes(lambda: _lacking(open_, state, strict, comm),
+                             comm.gather_outcomes(lambda: _lacking(open_, state, strict, comm,
+                                                                   cast),
                                                   f"{what} (listing chunks its node lacks)")]
     if not any(asks):
         return open_
@@ -77,12 +79,12 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
 
 
 def _lacking(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
-             strict: bool, comm: Communicator) -> List[Ask]:
+             strict: bool, comm: Communicator, cast: Cast = None) -> List[Ask]:
     """The chunks this rank's load reads from data files its copy lacks."""
     with CheckpointReader(open_(), rank=(comm.rank, comm.size)) as reader:
         m = reader.manifest
         wanted = {p: None for p in m.arrays} if state is None else \
-            matched(m, state, strict, comm.rank)[1]
+            matched(m, state, strict, comm.rank, CastPolicy(cast))[1]
         chunks = [c for c in reader.chunks_for(wanted) if c.base is None]
         missing = {n for n in {c.file for c in chunks} if not _present(reader.source, n)}
         return sorted({(c.file, c.offset, c.length, m.files[c.file].rank,

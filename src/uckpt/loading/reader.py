@@ -39,6 +39,7 @@ from ..format.manifest import MAX_RATIO
 from ..format import part_roots
 from ..runtime.parallel import parallel_map
 from ..tree.shard import Shard
+from . import castread
 from .readruns import ChunkRead, flat_chunks, plan_runs, split_whole
 from ..storage import open_source
 from ..storage.base import wrong_size
@@ -158,18 +159,23 @@ class CheckpointReader:
             self._attach_parts({path: None})
         return self.manifest.arrays[path]
 
-    def read_arrays(self, wanted: Mapping[str, "np.ndarray | Shard | None"]
+    def read_arrays(self, wanted: Mapping[str, "np.ndarray | Shard | np.dtype | None"]
                     ) -> Dict[str, np.ndarray]:
         """Read the arrays named in ``wanted``: path -> an in-place target, None (a new
-        array), or a :class:`~uckpt.tree.shard.Shard` to read its box into its array (the
-        caller has checked its global shape against the manifest). Only chunks that
-        intersect a wanted box are read (whole, so that their checksums can be verified)."""
+        array), a dtype (a new array of that dtype), or a :class:`~uckpt.tree.shard.Shard`
+        to read its box into its array (the caller has checked its global shape against
+        the manifest). Only chunks that intersect a wanted box are read (whole, so that
+        their checksums can be verified). A target or new array of another dtype than the
+        stored one is converted into while reading (:mod:`uckpt.loading.castread`; the
+        caller has checked that the load's dtype policy allows it)."""
         plan = self._plan(wanted)
         files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
         for base, name in files:
             self._open(name, base)  # open and size-check files before any allocation or thread
-        new = [p[0] for p in plan if p[1] is None]
-        memory.check(self._check_allocation(new, files), self.max_bytes,
+        fresh = [p for p in plan if _is_fresh(p[1])]
+        new = [p[0] for p in fresh]
+        self._check_allocation(new, files)
+        memory.check(sum(_fresh_nbytes(e, t) for e, t, _, _ in fresh), self.max_bytes,
                      ", ".join(repr(e.path) for e in new[:3]) + (", ..." if len(new) > 3 else ""),
                      self.source.where, leaf=new[0].path if len(new) == 1 else None)
         with memory.mapped("reading arrays from", self.source.where):
@@ -188,7 +194,8 @@ class CheckpointReader:
         arrays = self.manifest.arrays
         for path, target in wanted.items():
             entry = arrays[path]
-            if type(target) is np.ndarray and target.shape == entry.shape:  # (the common case)
+            if (type(target) is np.ndarray and target.shape == entry.shape) or \
+                    isinstance(target, np.dtype):  # (the common case; a new array)
                 plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
                 continue
             target_start = None
@@ -214,7 +221,7 @@ class CheckpointReader:
         for path, target in wanted.items():
             if isinstance(target, Shard):
                 boxes[path] = target.box
-            elif target is not None and target.shape != m.arrays[path].shape:
+            elif isinstance(target, np.ndarray) and target.shape != m.arrays[path].shape:
                 boxes[path] = ((0,) * len(target.shape), tuple(target.shape))
             else:
                 boxes[path] = None
@@ -232,10 +239,14 @@ class CheckpointReader:
         reads: List[ChunkRead] = []
         jobs: List[tuple] = []  # (entry, chunk, dest, target_start): chunks read on their own
         coalesce = self.source.coalesce
-        fresh = iter(_new_arrays([p[0] for p in plan if p[1] is None]))
+        fresh = iter(_new_arrays([(p[0], p[1]) for p in plan if _is_fresh(p[1])]))
         for entry, target, target_start, cs in plan:
-            dest = target if target is not None else next(fresh)
+            dest = next(fresh) if _is_fresh(target) else target
             out[entry.path] = dest
+            if dest.dtype != dtypes.to_numpy(entry.dtype):  # converted while read: chunk by chunk
+                zero = target_start or (0,) * len(entry.shape)
+                jobs.extend((entry, chunk, dest, zero) for chunk in cs)
+                continue
             if target_start is None and coalesce:
                 whole, cs = split_whole(entry, dest, cs)
                 reads += whole
@@ -302,13 +313,15 @@ class CheckpointReader:
                 self._mismatch(p.entry, p.chunk, got)
 
     def _read_job(self, job: tuple) -> None:
-        self._read_chunk(*job)
+        entry, _, dest, _ = job
+        if dest.dtype != dtypes.to_numpy(entry.dtype):
+            castread.read_converted(self, *job)
+        else:
+            self._read_chunk(*job)
 
     def _read_chunk(self, entry: ArrayEntry, chunk: Chunk, dest: np.ndarray,
                     target_start: tuple) -> None:
-        start, shape = _intersection(chunk.start, chunk.shape, target_start, dest.shape)
-        region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, target_start, shape))
-                      + (...,)]
+        start, shape, region = chunk_region(chunk, target_start, dest)
         direct = tuple(shape) == tuple(chunk.shape) and region.flags.c_contiguous
         itemsize = dtypes.itemsize(entry.dtype)
         buf = region if direct else np.empty(itemsize * math.prod(chunk.shape), dtype=np.uint8)
@@ -561,35 +574,57 @@ class CheckpointReader:
 ARENA_BYTES = 256 << 20
 
 
-def _new_arrays(entries: List[ArrayEntry]) -> List[np.ndarray]:
-    """New arrays for ``entries``, in order, carved from as few allocations as
-    ``ARENA_BYTES`` allows (each array at a multiple of 64 bytes). Fresh memory is paid
-    for page by page when first written; one large region is faulted in far faster than
-    hundreds of small ones (huge pages). An array keeps its whole region alive."""
+def _is_fresh(target: Any) -> bool:
+    """Whether a ``read_arrays`` target asks for a new array (None, or its dtype)."""
+    return target is None or isinstance(target, np.dtype)
+
+
+def _fresh_nbytes(entry: ArrayEntry, dtype: Optional[np.dtype]) -> int:
+    """Bytes of the new array for ``entry``, of ``dtype`` (None: the stored one)."""
+    return entry.nbytes if dtype is None else dtype.itemsize * math.prod(entry.shape)
+
+
+def _new_arrays(fresh: List[Tuple[ArrayEntry, Optional[np.dtype]]]) -> List[np.ndarray]:
+    """New arrays for ``fresh`` ((entry, dtype or None: the stored one) each), in order,
+    carved from as few allocations as ``ARENA_BYTES`` allows (each array at a multiple of
+    64 bytes). Fresh memory is paid for page by page when first written; one large region
+    is faulted in far faster than hundreds of small ones (huge pages). An array keeps its
+    whole region alive."""
     out: List[np.ndarray] = []
-    group: List[ArrayEntry] = []
+    group: List[Tuple[ArrayEntry, Optional[np.dtype], int]] = []
     size = 0
-    for entry in entries + [None]:
-        step = -(-entry.nbytes // 64) * 64 if entry is not None else 0
-        if group and (entry is None or size + step > ARENA_BYTES):
+    for item in fresh + [None]:
+        nbytes = _fresh_nbytes(*item) if item is not None else 0
+        step = -(-nbytes // 64) * 64
+        if group and (item is None or size + step > ARENA_BYTES):
             buf = np.empty(size + 64, dtype=np.uint8)
             at = -buf.ctypes.data % 64  # (the region itself 64-byte aligned)
-            for e in group:
-                out.append(_array_at(e, buf[at:at + e.nbytes]))
-                at += -(-e.nbytes // 64) * 64
+            for e, dtype, n in group:
+                out.append(_array_at(e, buf[at:at + n], dtype))
+                at += -(-n // 64) * 64
             group, size = [], 0
-        if entry is not None:
-            group.append(entry)
+        if item is not None:
+            group.append((item[0], item[1], nbytes))
             size += step
     return out
 
 
-def _array_at(entry: ArrayEntry, raw: np.ndarray) -> np.ndarray:
+def _array_at(entry: ArrayEntry, raw: np.ndarray, dtype: Optional[np.dtype] = None
+              ) -> np.ndarray:
     try:
-        return raw.view(dtypes.to_numpy(entry.dtype)).reshape(entry.shape)
+        return raw.view(dtype or dtypes.to_numpy(entry.dtype)).reshape(entry.shape)
     except ValueError as e:  # e.g. more dimensions than NumPy supports
         raise ManifestError(f"leaf {entry.path!r}: cannot make an array of shape "
                             f"{list(entry.shape)} ({entry.dtype}): {e}", leaf=entry.path) from None
+
+
+def chunk_region(chunk: Chunk, target_start: tuple, dest: np.ndarray):
+    """(start, shape) of where ``chunk`` meets ``dest`` (a box of the array starting at
+    ``target_start``), in the array's coordinates, and ``dest``'s region there (a view)."""
+    start, shape = _intersection(chunk.start, chunk.shape, target_start, dest.shape)
+    region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, target_start, shape))
+                  + (...,)]
+    return start, shape, region
 
 
 def _intersection(start_a, shape_a, start_b, shape_b):

@@ -27,18 +27,25 @@ from ..adapter import Adapter, ArraySpec
 from ..errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError, StateMismatchError,
                       UckptError, UnsupportedObjectError)
 from ..format import Manifest
+from .cast import Cast, CastPolicy, CastSpec, with_hint
+from .report import LoadReport
 from .reader import CheckpointReader
 from ..registry import find_adapter, no_adapter_error
 from ..tree.shard import PerRank, Shard
-from ..tree.flatten import array_leaf_value, decode, escape, join
+from ..tree.flatten import array_leaf_value, decode, escape, join, unescape
 
 
-def spec_leaf(manifest: Manifest):
+def spec_leaf(manifest: Manifest, policy: Optional[CastPolicy] = None):
     arrays, new = manifest.arrays, object.__new__
 
     def leaf(node):
         entry = arrays[node["path"]]
-        spec = new(ArraySpec)  # (its fields are checked: without the frozen __init__'s cost)
+        if policy is not None:  # (its fields are checked: without the frozen __init__'s cost)
+            spec = new(CastSpec)
+            spec.__dict__.update(dtype=entry.dtype, shape=entry.shape, path=entry.path,
+                                 policy=policy)
+            return spec
+        spec = new(ArraySpec)
         spec.__dict__.update(dtype=entry.dtype, shape=entry.shape)
         return spec
     return leaf
@@ -49,14 +56,18 @@ _PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
 
 
 class _Matcher:
-    def __init__(self, manifest: Manifest, rank: int = 0) -> None:
+    def __init__(self, manifest: Manifest, rank: int = 0, policy: Optional[CastPolicy] = None,
+                 report: Optional[LoadReport] = None) -> None:
         self.m = manifest
         self.rank = rank
+        self.policy = policy if policy is not None else CastPolicy()
+        self.report = report if report is not None else LoadReport()
         self.targets: Dict[str, Any] = {}  # path -> array, or a Shard for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
         self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
+        self.skipped: List[List[str]] = []  # tree keys of what strict=False left unread
 
     def match(self, obj: Any, node: Dict[str, Any], path_keys: List[str], strict: bool) -> None:
         path = join(path_keys) or "<root>"
@@ -99,12 +110,20 @@ class _Matcher:
                     f"{path!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
                     f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=path)
             sub = node["state"]
-        spec = decode(sub, spec_leaf(self.m))
+        spec = decode(sub, spec_leaf(self.m, self.policy))
+        keys = self.report.at(path_keys) if not strict and getattr(adapter, "partial", False) \
+            else None
         try:
-            targets = adapter.prepare(obj, spec)
+            targets = adapter.prepare(obj, spec) if keys is None else \
+                adapter.prepare(obj, spec, keys=keys)  # type: ignore[call-arg]  # (partial)
         except UckptError as e:
             e.at_path(join(path_keys))  # names the path in e itself
+            if isinstance(e, DtypeMismatchError):
+                with_hint(e, self.policy.hint())
             raise
+        if keys is not None and keys.skipped:
+            sub = pruned(sub, keys.skipped)
+            self.skipped += [_raw(path_keys) + parts for parts in keys.skipped]
         self.collect_targets(sub, targets)
         self.needed.append(sub)
         self.actions.append((adapter, obj, sub, join(path_keys)))
@@ -123,11 +142,18 @@ class _Matcher:
         keys = {str(k): k for k in obj}
         missing = [k for k in keys if k not in items]
         unexpected = [k for k in items if k not in keys]
-        if missing or (strict and unexpected):
+        if strict and (missing or unexpected):
             raise KeyMismatchError(f"state {join(path_keys) or '<root>'!r}", missing=missing,
-                                   unexpected=unexpected if strict else (),
-                                   hint="pass strict=False to restore only the keys you give"
-                                   if unexpected and not missing else None)
+                                   unexpected=unexpected,
+                                   hint="pass strict=False to restore only the keys both have "
+                                        "(and report=uckpt.LoadReport() to see the others)")
+        sink = self.report.at(path_keys)
+        for name in missing:
+            sink.missing(name)
+            del keys[name]
+        for name in unexpected:
+            sink.unexpected(name)
+            self.skipped.append(_raw(path_keys) + [name])
         for name, key in keys.items():
             value = obj[key]
             if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
@@ -141,7 +167,7 @@ class _Matcher:
             raise StateMismatchError(f"{path!r}: the state has an array, the checkpoint a "
                                      f"{node['type']}", leaf=path)
         entry = self.m.arrays[node["path"]]
-        check_spec(obj, ArraySpec(entry.dtype, entry.shape), path)
+        check_spec(obj, ArraySpec(entry.dtype, entry.shape), path, self.policy, node["path"])
         if _writable(obj) and node["path"] not in self.targets:
             self.targets[node["path"]] = obj
         else:
@@ -157,7 +183,8 @@ class _Matcher:
             raise ShapeMismatchError(f"{path!r}: the checkpoint holds shape {list(entry.shape)}, "
                                      f"the Shard's global shape is {list(obj.global_shape)}",
                                      leaf=path)
-        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), path)
+        check_spec(obj.array, ArraySpec(entry.dtype, tuple(obj.array.shape)), path, self.policy,
+                   node["path"])
         if _writable(obj.array):
             self.targets[node["path"]] = obj
         else:
@@ -169,8 +196,14 @@ class _Matcher:
         """Read array ``path`` into ``target`` if it fits (else it is read and copied)."""
         entry = self.m.arrays[path]
         if path not in self.targets and target.shape == entry.shape and \
-                target.dtype == dtypes.to_numpy(entry.dtype) and _writable(target):
+                self.delivers(path, entry.dtype, target) and _writable(target):
             self.targets[path] = target
+
+    def delivers(self, path: str, stored: str, target: np.ndarray) -> bool:
+        """Whether leaf ``path`` is read into ``target``'s dtype: its own, or the one its
+        cast was approved to."""
+        return target.dtype == dtypes.to_numpy(stored) or \
+            self.policy.approved.get(path) == _name(target.dtype)
 
     def collect_targets(self, node: Dict[str, Any], targets: Any) -> None:
         if targets is None:
@@ -180,7 +213,7 @@ class _Matcher:
             entry = self.m.arrays[node["path"]]
             if node["path"] not in self.targets and _writable(targets.array) and \
                     tuple(targets.global_shape) == entry.shape and \
-                    targets.array.dtype == dtypes.to_numpy(entry.dtype):
+                    self.delivers(entry.path, entry.dtype, targets.array):
                 self.targets[node["path"]] = targets
             return
         if kind == "array" and isinstance(targets, np.ndarray):
@@ -202,17 +235,27 @@ class _Matcher:
             self.collect_targets(node["state"], targets)
 
 
-def check_spec(arr: np.ndarray, spec: ArraySpec, path: str) -> None:
+def _name(dtype: np.dtype) -> str:
+    try:
+        return dtypes.name_of(dtype)
+    except Exception:  # noqa: BLE001 - a dtype the format cannot hold: named as NumPy does
+        return str(dtype)
+
+
+def check_spec(arr: np.ndarray, spec: ArraySpec, path: str,
+               policy: Optional[CastPolicy] = None, leaf: Optional[str] = None) -> None:
+    """Refuse a destination of another shape, or of a dtype ``policy`` does not convert
+    to (leaf ``leaf``'s entry: the leaf's checkpoint path, ``path`` by default)."""
     if tuple(arr.shape) != tuple(spec.shape):
         raise ShapeMismatchError(f"{path!r}: the checkpoint holds shape {list(spec.shape)}, "
                                  f"the destination has {list(arr.shape)}", leaf=path)
-    try:
-        have = dtypes.name_of(arr.dtype)
-    except Exception:
-        have = str(arr.dtype)
+    have = _name(arr.dtype)
     if have != spec.dtype:
-        raise DtypeMismatchError(f"{path!r}: the checkpoint holds {spec.dtype}, the destination "
-                                 f"is {have}", leaf=path)
+        (policy or CastPolicy()).check(leaf or path, spec.dtype, have)
+
+
+def _raw(path_keys: List[str]) -> List[str]:
+    return [unescape(k) for k in path_keys]
 
 
 def _writable(arr: np.ndarray) -> bool:
@@ -239,14 +282,18 @@ def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
 
 
 def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
-                 rank: int = 0) -> Dict[str, Any]:
+                 rank: int = 0, cast: Cast = None, report: Optional[LoadReport] = None
+                 ) -> Dict[str, Any]:
     """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys.
 
-    ``rank`` picks the values of :class:`~uckpt.tree.shard.PerRank` subtrees."""
+    ``rank`` picks the values of :class:`~uckpt.tree.shard.PerRank` subtrees; ``cast``: the
+    dtype policy (:mod:`uckpt.loading.cast`); ``report``: filled with the keys a
+    ``strict=False`` load skipped (:mod:`uckpt.loading.report`)."""
     if not isinstance(state, Mapping):
         raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
     m = reader.manifest
-    matcher, wanted = matched(m, state, strict, rank)  # phase 1: raises before any read
+    # phase 1: raises before any read
+    matcher, wanted = matched(m, state, strict, rank, CastPolicy(cast), report)
     arrays = reader.read_arrays(wanted)
 
     def leaf(node):  # None: not read (another rank's PerRank value)
@@ -267,24 +314,81 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
             raise
     for mapping, key, node in matcher.assign:
         mapping[key] = decode(node, leaf)
-    items = m.tree["items"]
+    items = (pruned(m.tree, matcher.skipped) if matcher.skipped else m.tree)["items"]
     return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
 
 
-def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0
+def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0,
+            policy: Optional[CastPolicy] = None, report: Optional[LoadReport] = None
             ) -> Tuple["_Matcher", Dict[str, Any]]:
     """Phase 1 of :func:`restore_into`: the matcher of ``state`` against ``m`` and what
-    it reads (path -> target, as :meth:`CheckpointReader.read_arrays` takes it)."""
-    matcher = _Matcher(m, rank)
+    it reads (path -> target, as :meth:`CheckpointReader.read_arrays` takes it: a new
+    array's dtype where a cast makes it another than the stored one)."""
+    if report is not None:
+        report.clear()
+    matcher = _Matcher(m, rank, policy, report)
     matcher.mapping(state, m.tree, [], strict)
+    matcher.report.missing_keys.sort()
+    matcher.report.unexpected_keys.sort()
     paths: set = set()
     for node in matcher.needed:
         paths_in(node, paths)
-    return matcher, {p: matcher.targets.get(p) for p in m.arrays if p in paths}
+    for dest, path in matcher.copies:  # read in the destination's dtype, then copied
+        if dest.dtype != dtypes.to_numpy(m.arrays[path].dtype):
+            matcher.targets.setdefault(path, dest.dtype)
+    return matcher, {p: matcher.targets.get(p, fresh(matcher.policy, m.arrays[p]))
+                     for p in m.arrays if p in paths}
 
 
-def load_tree(reader: CheckpointReader) -> Dict[str, Any]:
-    """The whole checkpoint as NumPy arrays and plain values."""
+def fresh(policy: CastPolicy, entry) -> Optional[np.dtype]:
+    """What a leaf without a destination is read into: None (a new array of its stored
+    dtype) or the dtype ``policy`` converts it to."""
+    if not policy.approved and not policy.entries:
+        return None
+    name = policy.fresh_dtype(entry.path, entry.dtype)
+    return None if name == entry.dtype else dtypes.to_numpy(name)
+
+
+def pruned(node: Dict[str, Any], skipped: List[List[str]]) -> Dict[str, Any]:
+    """A copy of ``node`` without the entries at the key paths ``skipped`` (lists of tree
+    keys below it, through adapters' object nodes): what ``strict=False`` skipped as
+    unexpected is neither read, nor restored, nor returned. Only the nodes on those paths
+    are copied."""
+    own: Dict[int, Dict[str, Any]] = {}  # id(copy) -> copy: nodes already copied
+
+    def copy(n: Dict[str, Any]) -> Dict[str, Any]:
+        if id(n) in own:
+            return n
+        if n.get("type") == "object":
+            n = {**n, "state": copy(n["state"])}
+        elif n.get("type") == "dict":
+            n = {**n, "items": dict(n["items"])}
+        own[id(n)] = n
+        return n
+
+    def items(n: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        while n.get("type") == "object":
+            n = n["state"]
+        return n["items"] if n.get("type") == "dict" else None
+
+    top = copy(node)
+    for parts in skipped:
+        at: Optional[Dict[str, Any]] = items(top)
+        for k in parts[:-1]:
+            if at is None or k not in at:
+                break
+            child = at[k] = copy(at[k])
+            at = items(child)
+        else:
+            if at is not None:
+                at.pop(parts[-1], None)
+    return top
+
+
+def load_tree(reader: CheckpointReader, cast: Cast = None) -> Dict[str, Any]:
+    """The whole checkpoint as NumPy arrays and plain values (leaves ``cast=`` names a dtype
+    for converted to it)."""
     m = reader.manifest
-    arrays = reader.read_arrays({p: None for p in m.arrays})
+    policy = CastPolicy(cast)
+    arrays = reader.read_arrays({p: fresh(policy, e) for p, e in m.arrays.items()})
     return decode(m.tree, lambda node: array_leaf_value(node, arrays[node["path"]]))

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import node_copies, rollback as _rollback
+from ..loading.cast import Cast
 from ..loading.collective import damage_behind, load_from
+from ..loading.report import LoadReport
 from ..saving.commit import check_metadata
 from ..saving.committed import Committed
 from ..saving.collective import (copy_collective, flatten_shared, prepare_collective,
@@ -537,7 +539,8 @@ class CheckpointManager:
 
     # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
-                strict: bool = True, max_bytes: Optional[int] = None) -> Optional[int]:
+                strict: bool = True, max_bytes: Optional[int] = None, cast: Cast = None,
+                report: Optional[LoadReport] = None) -> Optional[int]:
         """Restore ``state`` in place; returns the step restored, or None if there is none.
 
         With ``step=None`` the newest checkpoint that reads back intact is
@@ -551,6 +554,9 @@ class CheckpointManager:
         like any damaged copy; if it is intact, it is genuinely too large for this
         process, and the MemoryLimitError is raised (an older checkpoint is not silently
         restored instead).
+
+        ``strict``, ``cast`` and ``report`` as for :func:`uckpt.load`: ``report`` holds the
+        keys skipped by the load of the step restored.
         """
         self._check_open()
         self.wait()
@@ -599,7 +605,7 @@ class CheckpointManager:
                 load_from(lambda: tier.store.source(name), state, strict,  # noqa: B023
                           self.comm,
                           f"restore of step {s} from tier {tier.name!r}", max_bytes,
-                          peers=(s, i) in partial)
+                          peers=(s, i) in partial, cast=cast, report=report)
             except (DistributedError, MemoryLimitError) + _DAMAGE as e:
                 if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
                                                        e.failed_with(MemoryLimitError)):
