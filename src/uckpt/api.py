@@ -132,7 +132,7 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     :class:`uckpt.LoadReport`, an out-parameter so that the return value stays the loaded
     tree) is filled with the ``missing_keys`` (in ``state``, not in the checkpoint: left as
     they were) and ``unexpected_keys`` (in the checkpoint, not in ``state``: not read), as
-    leaf paths (``"model/fc.weight"``); without ``report``, they are logged as a warning.
+    leaf paths (``"model/fc.weight"``); they are logged too (INFO, ``uckpt.loading.report``).
     Adapters of PyTorch modules, Keras layers and models, and Chainer links load their
     entries partly; an optimizer is loaded whole or not at all; a shape mismatch is an
     error either way.

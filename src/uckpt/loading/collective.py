@@ -77,5 +77,5 @@ def _load_local(open_, state, load: Load, rank: Tuple[int, int], max_bytes: Opti
         report = load.report if load.report is not None else LoadReport()
         tree = restore_into(reader, state, strict=load.strict, rank=rank[0], cast=load.cast,
                             report=report)
-        report.log(load.what, load.report is not None)
+        report.log(load.what)
         return tree

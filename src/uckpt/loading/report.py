@@ -36,13 +36,13 @@ class LoadReport:
         """The sink an adapter reports into, for the object at ``path_keys`` (escaped)."""
         return KeySink(self, path_keys)
 
-    def log(self, what: str, asked: bool) -> None:
-        """Log what was skipped: at WARNING when nobody asked for the report."""
+    def log(self, what: str) -> None:
+        """Log what was skipped, at INFO (a subset of the checkpoint's top-level keys is
+        the usual ``strict=False`` load: not worth a warning each time)."""
         if self.missing_keys or self.unexpected_keys:
-            log.log(logging.INFO if asked else logging.WARNING,
-                    "%s with strict=False: %d missing key(s) %s, %d unexpected key(s) %s", what,
-                    len(self.missing_keys), self.missing_keys[:10], len(self.unexpected_keys),
-                    self.unexpected_keys[:10])
+            log.info("%s with strict=False: %d missing key(s) %s, %d unexpected key(s) %s",
+                     what, len(self.missing_keys), self.missing_keys[:10],
+                     len(self.unexpected_keys), self.unexpected_keys[:10])
 
 
 class KeySink:
