@@ -203,12 +203,19 @@ def test_other_architecture_lists_everything_and_changes_nothing(tmp_path):
 
     smaller = keras.Sequential([keras.Input((6, 6, 1)), layers.Conv2D(4, 3),
                                 layers.Flatten(), layers.Dense(3)])
+    extra = sorted(["batch_normalization/beta", "batch_normalization/gamma",
+                    "batch_normalization/moving_mean", "batch_normalization/moving_variance",
+                    "dropout/seed_generator_state"])
     with pytest.raises(KeyMismatchError) as info:
-        uckpt.load(tmp_path / "ck", {"model": smaller}, strict=False)
-    assert info.value.unexpected == sorted(
-        ["batch_normalization/beta", "batch_normalization/gamma",
-         "batch_normalization/moving_mean", "batch_normalization/moving_variance",
-         "dropout/seed_generator_state"])
+        uckpt.load(tmp_path / "ck", {"model": smaller, "optimizer": uckpt_tf.OptimizerState(
+            keras.optimizers.Adam(0.01), smaller)})
+    assert info.value.unexpected == extra
+    # strict=False (issue 29): the variables both hold load, the others are reported
+    report = uckpt.LoadReport()
+    uckpt.load(tmp_path / "ck", {"model": smaller}, strict=False, report=report)
+    assert report.unexpected_keys == ["model/" + k for k in extra] + ["optimizer"]
+    assert report.missing_keys == []
+    assert_bitwise(values(smaller.layers[-1].variables), values(model.layers[-1].variables))
 
 
 def test_unbuilt_model_is_refused_with_a_hint(tmp_path):

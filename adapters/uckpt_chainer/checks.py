@@ -86,7 +86,7 @@ def leaf_problem(path: str, live: Any, saved: Any, *, strict: bool) -> Optional[
             if tuple(saved.shape) != tuple(live.shape):
                 return ShapeMismatchError, (f"{path}: shape {list(saved.shape)} in the checkpoint, "
                                             f"{list(live.shape)} in the object")
-            if saved.dtype != have:
+            if not saved.fits(have):  # (its own dtype, or a cast the load's cast= allows)
                 return DtypeMismatchError, (f"{path}: dtype {saved.dtype} in the checkpoint, "
                                             f"{have} in the object")
             return None
@@ -113,6 +113,15 @@ class Findings:
     def add(self, problem: Optional[Problem]) -> None:
         if problem is not None:
             self.problems.append(problem)
+
+    def report_keys(self, keys: Any) -> None:
+        """Hand the missing and unexpected paths to ``keys`` (a ``strict=False`` load's
+        :class:`uckpt.loading.report.KeySink`) instead of raising them."""
+        for path in sorted(self.missing):
+            keys.missing(path.split("/"))
+        for path in sorted(self.unexpected):
+            keys.unexpected(path.split("/"))
+        self.missing, self.unexpected = [], []
 
     def raise_if_any(self, hint: Optional[str] = None) -> None:
         if self.missing or self.unexpected:

@@ -15,6 +15,8 @@ already read them in place, persistent values are set to what was saved.
 """
 from __future__ import annotations
 
+import weakref
+
 import chainer
 
 from uckpt.adapter import Adapter
@@ -37,6 +39,11 @@ def check_link(link, live, saved, findings: Findings, prefix: str = ""):
 
 class LinkAdapter(Adapter):
     name = "chainer.link"
+    partial = True  # strict=False: the entries both hold are loaded, the others reported
+
+    def __init__(self) -> None:
+        #: links being loaded with strict=False (from ``prepare`` to ``restore``)
+        self._partial: "weakref.WeakSet" = weakref.WeakSet()
 
     def handles(self, obj):
         return isinstance(obj, chainer.Link)
@@ -44,11 +51,17 @@ class LinkAdapter(Adapter):
     def extract(self, obj):
         return serialize_tree(obj, serialize_link)
 
-    def prepare(self, obj, spec):
+    def prepare(self, obj, spec, keys=None):
         findings = Findings(f"the {type(obj).__name__} link")
         targets = check_link(obj, probe(obj, serialize_link), spec, findings)
+        self._partial.discard(obj)
+        if keys is not None:
+            findings.report_keys(keys)
+            self._partial.add(obj)
         findings.raise_if_any(HINT)
         return targets
 
     def restore(self, obj, tree):
-        restore_with(obj, tree, serialize_link, f"the {type(obj).__name__} link")
+        strict = obj not in self._partial
+        self._partial.discard(obj)
+        restore_with(obj, tree, serialize_link, f"the {type(obj).__name__} link", strict)

@@ -115,12 +115,13 @@ class MissingEntry(KeyError):
 class TreeDeserializer(_protocol.Deserializer):
     """Gives the entries of a loaded tree back to ``obj.serialize(self)``."""
 
-    def __init__(self, tree: Any, parts: Tuple[str, ...] = ()) -> None:
+    def __init__(self, tree: Any, parts: Tuple[str, ...] = (), strict: bool = True) -> None:
         self.tree = tree
         self.parts = parts
+        self.strict = strict  # False: an entry the tree lacks leaves the value as it is
 
     def __getitem__(self, key):
-        return TreeDeserializer(self.tree, self.parts + split(key))
+        return TreeDeserializer(self.tree, self.parts + split(key), self.strict)
 
     def _lookup(self, parts):
         node = self.tree
@@ -135,8 +136,8 @@ class TreeDeserializer(_protocol.Deserializer):
         path = join(parts)
         stored = self._lookup(parts)
         if stored is _ABSENT:
-            if value is None:
-                return None
+            if value is None or not self.strict:
+                return value
             raise MissingEntry(path)
         if isinstance(stored, dict):
             raise StateMismatchError(f"{path!r}: the checkpoint holds entries below this path, "
@@ -191,8 +192,9 @@ def probe(obj: Any, serialize) -> Dict[str, Any]:
     return s.target
 
 
-def restore_with(obj, tree, serialize, what: str) -> None:
-    """Run ``serialize(obj, TreeDeserializer(tree))``.
+def restore_with(obj, tree, serialize, what: str, strict: bool = True) -> None:
+    """Run ``serialize(obj, TreeDeserializer(tree, strict=strict))`` (``strict=False``:
+    entries the tree lacks are left as they are).
 
     NumPy's global generator is left as it was: restoring a link initializes
     its uninitialized parameters (with the saved shape, then overwritten), and
@@ -202,7 +204,7 @@ def restore_with(obj, tree, serialize, what: str) -> None:
     """
     rng = np.random.get_state()
     try:
-        serialize(obj, TreeDeserializer(tree))
+        serialize(obj, TreeDeserializer(tree, strict=strict))
     except MissingEntry as e:
         raise KeyMismatchError(
             what, missing=[e.path],

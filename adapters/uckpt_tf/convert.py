@@ -103,17 +103,21 @@ def leaf_problem(key: str, var: Any, leaf: Any) -> Optional[Problem]:
     if shape != shape_of(var):
         return ShapeMismatchError, \
             f"{key}: shape {list(shape)} in the checkpoint, {list(shape_of(var))} in the object"
-    if dtype != dtype_name(var):
+    have = dtype_name(var)
+    if dtype != have and not (isinstance(leaf, ArraySpec) and leaf.fits(have)):
         return DtypeMismatchError, \
-            f"{key}: dtype {dtype} in the checkpoint, {dtype_name(var)} in the object"
+            f"{key}: dtype {dtype} in the checkpoint, {have} in the object"
     return None
 
 
-def check_variables(what: str, live: Mapping[str, Any], saved: Any, hint: str) -> None:
+def check_variables(what: str, live: Mapping[str, Any], saved: Any, hint: str,
+                    keys: Any = None) -> None:
     """Compare flat ``{key: variable}`` with the checkpoint's nested tree; raise on any difference.
 
     Missing and unexpected keys raise one :class:`KeyMismatchError` that also
-    lists shape and dtype differences; otherwise those raise alone.
+    lists shape and dtype differences; otherwise those raise alone. With ``keys`` (a
+    ``strict=False`` load's :class:`uckpt.loading.report.KeySink`) they are reported there
+    instead, and only the variables both hold are compared.
     """
     if not isinstance(saved, Mapping):
         raise StateMismatchError(f"the checkpoint holds a {type(saved).__name__} where {what} "
@@ -123,6 +127,12 @@ def check_variables(what: str, live: Mapping[str, Any], saved: Any, hint: str) -
     problems = [p for p in problems if p]
     missing = live.keys() - saved.keys()
     unexpected = saved.keys() - live.keys()
+    if keys is not None:
+        for k in sorted(missing):
+            keys.missing(k.split("/"))
+        for k in sorted(unexpected):
+            keys.unexpected(k.split("/"))
+        missing = unexpected = set()
     if missing or unexpected:
         raise KeyMismatchError(what, missing=missing, unexpected=unexpected,
                                mismatched=[msg for _, msg in problems], hint=hint)

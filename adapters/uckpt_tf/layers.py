@@ -130,6 +130,6 @@ class LayerAdapter(NamedVariablesAdapter):
         remember_optimizer(obj)
         return super().extract(obj)
 
-    def prepare(self, obj, spec):
+    def prepare(self, obj, spec, keys=None):
         remember_optimizer(obj)
-        return super().prepare(obj, spec)
+        return super().prepare(obj, spec, keys)

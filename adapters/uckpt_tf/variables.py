@@ -16,6 +16,7 @@ them directly, the layer adapter handles them.)
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import Any, Dict
 
 from uckpt.adapter import Adapter
@@ -76,6 +77,11 @@ class NamedVariablesAdapter(Adapter):
     """
 
     hint = ""
+    partial = True  # strict=False: the variables both hold are loaded, the others reported
+
+    def __init__(self) -> None:
+        #: objects being loaded with strict=False (from ``prepare`` to ``restore``)
+        self._partial: "weakref.WeakSet" = weakref.WeakSet()
 
     def variables(self, obj) -> Dict[str, Any]:
         raise NotImplementedError
@@ -91,14 +97,20 @@ class NamedVariablesAdapter(Adapter):
         by the checkpoint's layout)."""
         return self.variables(obj)
 
-    def prepare(self, obj, spec):
-        check_variables(self.describe(obj), self.variables_for(obj, spec), spec, self.hint)
+    def prepare(self, obj, spec, keys=None):
+        check_variables(self.describe(obj), self.variables_for(obj, spec), spec, self.hint, keys)
+        self._partial.discard(obj)
+        if keys is not None:
+            self._partial.add(obj)
         return None
 
     def restore(self, obj, tree):
         live = self.variables_for(obj, tree)
+        saved = flat(tree) if isinstance(tree, dict) else tree
+        if obj in self._partial and isinstance(saved, dict):
+            self._partial.discard(obj)
+            live = {k: v for k, v in live.items() if k in saved}
         check_variables(self.describe(obj), live, tree, self.hint)
-        saved = flat(tree)
         for key, var in live.items():
             assign(var, saved[key])
 

@@ -4,7 +4,9 @@
 in ``prepare``, the loaded ``ndarray`` in ``restore``) with its destination
 tensor (for a DTensor: the global shape in ``prepare``; in ``restore`` the
 loaded array may also be the local box it was read into) and
-``raise_problems`` turns every problem found into one error; ``check_class``
+``raise_problems`` turns every problem found into one error (a dtype differs only
+where the load's ``cast=`` does not convert it: :meth:`ArraySpec.fits`; the core then
+delivers the array in the tensor's dtype); ``check_class``
 compares the class recorded by ``extract`` with the object's own.
 """
 from __future__ import annotations
@@ -50,7 +52,8 @@ def array_problem(key: str, t: torch.Tensor, leaf: Any) -> Optional[Problem]:
     if shape != tuple(t.shape) and not _is_local_box(key, leaf, t):
         return ShapeMismatchError, \
             f"{key}: shape {list(shape)} in the checkpoint, {list(t.shape)} in the object"
-    if dtype != dtype_name(t.dtype):
+    have = dtype_name(t.dtype)
+    if dtype != have and not (isinstance(leaf, ArraySpec) and leaf.fits(have)):
         return DtypeMismatchError, \
-            f"{key}: dtype {dtype} in the checkpoint, {dtype_name(t.dtype)} in the object"
+            f"{key}: dtype {dtype} in the checkpoint, {have} in the object"
     return None

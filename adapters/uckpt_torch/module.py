@@ -4,7 +4,9 @@ save: ``extract`` returns ``{name: array}`` viewing the live tensors. Tied
 parameters appear under each of their names as the *same* array object, so the
 core stores them once.
 load: ``prepare`` compares names, shapes and dtypes with the module, collects
-every difference and raises one error before anything changes; it returns the
+every difference and raises one error before anything changes (with
+``strict=False``, entries on one side only are reported, not refused, and the
+others loaded, as ``load_state_dict(strict=False)`` does); it returns the
 tensors' own memory as read targets where it can (CPU, contiguous), so the core
 reads straight into the parameters. ``restore`` then calls
 ``module.load_state_dict`` (hooks and ``_extra_state`` included), handing it the
@@ -51,8 +53,9 @@ def _is_array(key: str, value) -> bool:
 def _matches(t, leaf) -> bool:
     """The common case of ``array_problem(key, t, leaf) is None``, for a plain tensor and
     an ArraySpec or ndarray leaf of its shape and dtype (False: ask array_problem)."""
-    if type(leaf) is ArraySpec:
-        return leaf.shape == t.shape and leaf.dtype == _NAMES.get(t.dtype)
+    if isinstance(leaf, ArraySpec):
+        name = _NAMES.get(t.dtype)
+        return leaf.shape == t.shape and name is not None and leaf.fits(name)
     return type(leaf) is np.ndarray and leaf.shape == t.shape and \
         name_of(leaf.dtype) == _NAMES.get(t.dtype)
 
@@ -110,11 +113,14 @@ def _rename(tree, names: dict):
 
 class ModuleAdapter(Adapter):
     name = "torch.module"
+    partial = True  # strict=False: the entries both hold, as load_state_dict(strict=False)
 
     def __init__(self) -> None:
         #: module -> {key: (tensor, the view of its memory handed to the core)}, from
         #: ``prepare`` to ``restore``: a loaded array that *is* that view was read in place
         self._views: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        #: modules being loaded with strict=False (from ``prepare`` to ``restore``)
+        self._partial: "weakref.WeakSet" = weakref.WeakSet()
 
     def handles(self, obj):
         return isinstance(obj, nn.Module)
@@ -131,10 +137,20 @@ class ModuleAdapter(Adapter):
                 out[key] = tree_to_numpy(value, key)
         return out
 
-    def prepare(self, obj, spec):
+    def prepare(self, obj, spec, keys=None):
         live = obj.state_dict(keep_vars=True)
         names = _renames(spec, live, obj, note=True)
         spec = _rename(spec, names)
+        self._partial.discard(obj)
+        if keys is not None and isinstance(spec, dict):  # strict=False
+            back = {new: old for old, new in names.items()}
+            for key in sorted(live.keys() - spec.keys()):
+                keys.missing(key)
+            for key in sorted(spec.keys() - live.keys()):
+                keys.unexpected(back.get(key, key))
+            live = {k: t for k, t in live.items() if k in spec}
+            spec = {k: v for k, v in spec.items() if k in live}
+            self._partial.add(obj)
         self._check(obj, live, spec)
         targets = {key: _target(key, t, spec[key]) for key, t in live.items()}
         self._views[obj] = {key: (live[key], view) for key, view in targets.items()
@@ -148,6 +164,10 @@ class ModuleAdapter(Adapter):
         live = obj.state_dict(keep_vars=True)
         tree = _rename(tree, _renames(tree, live, obj, note=False))
         views = self._views.pop(obj, {})
+        partial = obj in self._partial
+        self._partial.discard(obj)
+        if partial and isinstance(tree, dict):
+            live = {k: t for k, t in live.items() if k in tree}
         read_into = set() if not isinstance(tree, dict) else {
             key for key, (t, view) in views.items()
             if live.get(key) is t and tree.get(key) is view}
@@ -171,7 +191,7 @@ class ModuleAdapter(Adapter):
                 sd[key] = from_numpy(value)
                 in_place = False
         if not (in_place and _loads_plainly(obj)):
-            obj.load_state_dict(sd, strict=True)
+            obj.load_state_dict(sd, strict=not partial)
 
     @staticmethod
     def _check(obj, live, tree, read_into=frozenset()):
@@ -195,5 +215,6 @@ class ModuleAdapter(Adapter):
         if missing or unexpected:
             raise KeyMismatchError(what, missing=missing, unexpected=unexpected,
                                    mismatched=[msg for _, msg in problems],
-                                   hint="build the same architecture that was saved")
+                                   hint="build the same architecture that was saved, or "
+                                        "pass strict=False to load the entries both hold")
         raise_problems(what, problems)

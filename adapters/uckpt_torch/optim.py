@@ -83,7 +83,8 @@ class OptimizerAdapter(Adapter):
                                               in_place=ref is t)
                     sharded[(index, name)] = ref
                 elif isinstance(t, torch.Tensor) and not is_dtensor(t) and \
-                        tuple(t.shape) == tuple(want.shape) and _NAMES.get(t.dtype) == want.dtype:
+                        tuple(t.shape) == tuple(want.shape) and t.dtype in _NAMES and \
+                        want.fits(_NAMES[t.dtype]):
                     view = views[name] = writable_view(t)
                     if view is not None:
                         own[(index, name)] = (t, view)
