@@ -104,3 +104,27 @@ def test_strict_false_still_refuses_a_shape_mismatch(tmp_path):
     wider = nn.Sequential(nn.Linear(8, 7), nn.BatchNorm1d(7))
     with pytest.raises(ShapeMismatchError, match=r"0.weight: shape \[6, 8\] in the checkpoint"):
         uckpt.load(path, {"model": wider}, strict=False)
+
+
+def test_optimizer_state_is_not_narrowed_to_its_parameters_dtype_without_cast(tmp_path):
+    """torch's load_state_dict casts a floating parameter's state to its dtype: a float32
+    Adam state into a bfloat16 model's optimizer is a narrowing, refused unless cast=
+    names it; 'step' is never cast (torch keeps it as saved)."""
+    full = _model()
+    path = _saved(tmp_path, full)
+    ref = torch.optim.Adam(full.parameters())
+    uckpt.load(path, {"optim": ref}, strict=False)
+    half = _model().to(torch.bfloat16)
+    opt = torch.optim.Adam(half.parameters())
+    with pytest.raises(DtypeMismatchError) as e:
+        uckpt.load(path, {"model": half, "optim": opt}, cast={"model/*": "bfloat16"})
+    assert "'optim'" in str(e.value)
+    assert "state/0/exp_avg: dtype float32 in the checkpoint, bfloat16 in its parameter" \
+        in str(e.value)
+    assert "cast={'optim/state/*': 'bfloat16'}" in str(e.value)
+    assert not opt.state
+    uckpt.load(path, {"model": half, "optim": opt}, cast={"*": "bfloat16"})
+    got, want = opt.state_dict()["state"][0], ref.state_dict()["state"][0]
+    assert got["exp_avg"].dtype == torch.bfloat16
+    assert torch.equal(got["exp_avg"], want["exp_avg"].to(torch.bfloat16))
+    assert got["step"].dtype == torch.float32 and torch.equal(got["step"], want["step"])

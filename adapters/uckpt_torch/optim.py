@@ -9,6 +9,9 @@ groups or of parameters in a group, and state for parameters the groups do not
 list. When the optimizer already has state tensors of the checkpoint's shapes
 and dtypes (a restore into a running optimizer), ``prepare`` hands them to the
 core to read into in place; otherwise the core reads into fresh arrays.
+A floating-point parameter's state entry (but ``step``) of another dtype than the
+parameter is refused unless the load's ``cast=`` converts it: ``load_state_dict`` would
+cast it to the parameter's dtype, a silent narrowing for float32 state of a bfloat16 model.
 ``restore`` converts the arrays to tensors (sharing their memory: the
 optimizer keeps them) and calls ``optimizer.load_state_dict``, which moves them
 to the parameters' devices.
@@ -26,8 +29,10 @@ import weakref
 import numpy as np
 import torch
 
-from uckpt.adapter import Adapter, ArraySpec
-from uckpt.errors import StateMismatchError
+from typing import Optional
+
+from uckpt.adapter import Adapter, ArraySpec, Problem, raise_problems
+from uckpt.errors import DtypeMismatchError, StateMismatchError
 
 from .checks import class_name
 from .convert import _NAMES, tree_from_numpy, writable_view
@@ -45,6 +50,19 @@ def _layout_of(t, param, want: ArraySpec):
     if is_dtensor(t) and tuple(t.shape) == tuple(want.shape):
         return t
     return None
+
+
+def _cast_by_torch(index, name: str, want: ArraySpec, param) -> Optional[Problem]:
+    """A state entry ``load_state_dict`` would cast to its parameter's dtype (every one of
+    a floating-point parameter but ``step``) of a dtype the load's ``cast=`` does not
+    convert to that one: refused, not narrowed silently."""
+    if param is None or name == "step" or not param.is_floating_point():
+        return None
+    have = _NAMES.get(param.dtype)
+    if have is None or want.fits(have):
+        return None
+    return DtypeMismatchError, (f"state/{index}/{name}: dtype {want.dtype} in the checkpoint, "
+                                f"{have} in its parameter (to which load_state_dict casts it)")
 
 
 class OptimizerAdapter(Adapter):
@@ -69,6 +87,7 @@ class OptimizerAdapter(Adapter):
         self._check(obj, spec, note=True)
         params = [p for g in obj.param_groups for p in g["params"]]
         targets, sharded, own = {}, {}, {}
+        problems = []
         for index, entries in spec["state"].items():
             param = params[index] if index < len(params) else None
             live = obj.state.get(param, {}) if param is not None else {}
@@ -76,6 +95,7 @@ class OptimizerAdapter(Adapter):
             for name, want in entries.items():
                 if not isinstance(want, ArraySpec):
                     continue
+                problems.append(_cast_by_torch(index, name, want, param))
                 t = live.get(name)
                 ref = _layout_of(t, param, want)
                 if ref is not None:
@@ -89,6 +109,7 @@ class OptimizerAdapter(Adapter):
                     if view is not None:
                         own[(index, name)] = (t, view)
             targets[index] = views
+        raise_problems(f"the {class_name(obj)}", problems)
         self._sharded[obj] = sharded
         self._views[obj] = own
         return {"state": targets}

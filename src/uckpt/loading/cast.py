@@ -19,10 +19,12 @@ kind of number (floats, bfloat16 and float8 included; integers) or that NumPy's
 ``"same_kind"`` admits, never float -> integer or complex -> real.
 
 The destination's dtype decides what a leaf becomes: a leaf already of its destination's
-dtype is loaded as it is, whatever the policy. A leaf with no destination (a load without
-``state``, an adapter that reads into fresh arrays) is converted to the dtype its pattern
-names, if any. The conversion runs while reading, chunk by chunk into the destination
-(:mod:`uckpt.loading.castread`): no whole copy of the array in its stored dtype is made.
+dtype is loaded as it is, whatever the policy, and an adapter's leaf is converted only
+where the adapter accepted the cast (:meth:`uckpt.adapter.ArraySpec.fits`; a fresh array
+is then made in that dtype). In a load without ``state``, leaves are converted to the
+dtype their pattern names, if any. The conversion runs while reading, chunk by chunk into
+the destination (:mod:`uckpt.loading.castread`): no whole copy of the array in its stored
+dtype is made.
 """
 from __future__ import annotations
 
@@ -76,10 +78,12 @@ class CastPolicy:
                 return value
         return None
 
-    def fresh_dtype(self, path: str, stored: str) -> str:
-        """The dtype leaf ``path`` is delivered in when it has no destination."""
+    def fresh_dtype(self, path: str, stored: str, named: bool = False) -> str:
+        """The dtype leaf ``path`` is read into when it has no destination of its own: the
+        one a cast was approved to, else (``named``: a load without ``state``) the dtype
+        its pattern names, else its stored one."""
         value = self.approved.get(path)
-        if value is None:
+        if value is None and named:
             value = self._entry(path)
         return value if value is not None and value not in RULES else stored
 

@@ -340,12 +340,12 @@ def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0,
                      for p in m.arrays if p in paths}
 
 
-def fresh(policy: CastPolicy, entry) -> Optional[np.dtype]:
+def fresh(policy: CastPolicy, entry, named: bool = False) -> Optional[np.dtype]:
     """What a leaf without a destination is read into: None (a new array of its stored
-    dtype) or the dtype ``policy`` converts it to."""
-    if not policy.approved and not policy.entries:
+    dtype) or the dtype ``policy`` converts it to (``named``: a load without ``state``)."""
+    if not policy.approved and not (named and policy.entries):
         return None
-    name = policy.fresh_dtype(entry.path, entry.dtype)
+    name = policy.fresh_dtype(entry.path, entry.dtype, named)
     return None if name == entry.dtype else dtypes.to_numpy(name)
 
 
@@ -390,5 +390,5 @@ def load_tree(reader: CheckpointReader, cast: Cast = None) -> Dict[str, Any]:
     for converted to it)."""
     m = reader.manifest
     policy = CastPolicy(cast)
-    arrays = reader.read_arrays({p: fresh(policy, e) for p, e in m.arrays.items()})
+    arrays = reader.read_arrays({p: fresh(policy, e, True) for p, e in m.arrays.items()})
     return decode(m.tree, lambda node: array_leaf_value(node, arrays[node["path"]]))
