@@ -16,6 +16,7 @@ import numpy as np
 
 from .. import dtypes, knobs
 from ..format import ArrayEntry, Chunk
+from .boxes import chunk_region
 
 if TYPE_CHECKING:
     from .reader import CheckpointReader
@@ -25,8 +26,6 @@ def read_converted(reader: "CheckpointReader", entry: ArrayEntry, chunk: Chunk,
                    dest: np.ndarray, target_start: Tuple[int, ...]) -> None:
     """Read ``chunk`` of ``entry`` into its part of ``dest`` (whose box starts at
     ``target_start`` in the array), converting from the stored dtype to ``dest``'s."""
-    from .reader import chunk_region
-
     start, shape, region = chunk_region(chunk, target_start, dest)
     stored = dtypes.to_numpy(entry.dtype)
     if not chunk.compressed and tuple(shape) == tuple(chunk.shape) and \

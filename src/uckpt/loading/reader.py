@@ -40,6 +40,7 @@ from ..format import part_roots
 from ..runtime.parallel import parallel_map
 from ..tree.shard import Shard
 from . import castread
+from .boxes import chunk_region, intersection as _intersection
 from .readruns import ChunkRead, flat_chunks, plan_runs, split_whole
 from ..storage import open_source
 from ..storage.base import wrong_size
@@ -616,21 +617,3 @@ def _array_at(entry: ArrayEntry, raw: np.ndarray, dtype: Optional[np.dtype] = No
     except ValueError as e:  # e.g. more dimensions than NumPy supports
         raise ManifestError(f"leaf {entry.path!r}: cannot make an array of shape "
                             f"{list(entry.shape)} ({entry.dtype}): {e}", leaf=entry.path) from None
-
-
-def chunk_region(chunk: Chunk, target_start: tuple, dest: np.ndarray):
-    """(start, shape) of where ``chunk`` meets ``dest`` (a box of the array starting at
-    ``target_start``), in the array's coordinates, and ``dest``'s region there (a view)."""
-    start, shape = _intersection(chunk.start, chunk.shape, target_start, dest.shape)
-    region = dest[tuple(slice(s - o, s - o + n) for s, o, n in zip(start, target_start, shape))
-                  + (...,)]
-    return start, shape, region
-
-
-def _intersection(start_a, shape_a, start_b, shape_b):
-    """The box where two boxes overlap, ``(start, shape)``, or None when they do not."""
-    lo = [max(a, b) for a, b in zip(start_a, start_b)]
-    hi = [min(a + m, b + n) for a, m, b, n in zip(start_a, shape_a, start_b, shape_b)]
-    if any(h <= low for low, h in zip(lo, hi)):
-        return None
-    return tuple(lo), tuple(h - low for low, h in zip(lo, hi))
