@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from .saving.collective import (flatten_shared, prepare_collective, save_collective,
                                 submit_async_share)
@@ -115,7 +115,8 @@ def baseline_at(store, name: str, base, storage_options=None) -> Baseline:
 def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool = True,
          comm: Any = None, storage_options: Optional[Mapping[str, Any]] = None,
          max_bytes: Optional[int] = None, cast: Cast = None,
-         report: Optional[LoadReport] = None) -> Dict[str, Any]:
+         report: Optional[LoadReport] = None,
+         select: Optional[Union[str, Sequence[str]]] = None) -> Dict[str, Any]:
     """Load a checkpoint (a local path, or an ``s3://`` URL with ``storage_options``).
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
@@ -146,6 +147,18 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     read, chunk by chunk into their destinations (:mod:`uckpt.loading.cast`); without
     ``state``, leaves whose pattern names a dtype are returned in it.
 
+    Part: ``select`` (a glob pattern or a list of them, matched against leaf paths such as
+    ``"model/fc.weight"``: see :mod:`uckpt.loading.selection`; ``*`` matches across ``/``,
+    and a node's path selects everything below it) loads only the leaves it picks, and
+    reads only their chunks. Without ``state``, the tree returned holds those leaves
+    alone. With ``state``, only they are restored and the rest of ``state`` is left
+    untouched: the checkpoint counts as holding the selected leaves alone, so ``strict``
+    compares ``state``'s keys with the checkpoint's keys that hold one (keys of ``state``
+    holding none are neither refused nor reported); in a framework object only the
+    selected leaves change, its adapter given the others as the object holds them. A
+    pattern that picks nothing raises :class:`~uckpt.errors.UnknownKeyError` (a
+    ``KeyError``) naming it.
+
     Any number of ranks can load a checkpoint written by any number: replicated
     arrays are read whole by each rank; a :class:`uckpt.Shard` in ``state``
     receives its box of the saved array, however the saved array was sliced
@@ -162,7 +175,8 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     ``MemoryError`` while reading is a MemoryLimitError too.
     """
     return load_from(lambda: open_source(directory, storage_options), state, strict, comm,
-                     f"load of {str(directory)!r}", max_bytes, cast=cast, report=report)
+                     f"load of {str(directory)!r}", max_bytes, cast=cast, report=report,
+                     select=select)
 
 
 def consolidate(src, dst, *, overwrite: bool = False,

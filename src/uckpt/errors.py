@@ -189,6 +189,23 @@ class KeyMismatchError(StateMismatchError):
         super().__init__("\n".join(lines), hint=hint, **where)
 
 
+class UnknownKeyError(UckptError, KeyError):
+    """A key or ``select=`` pattern names no leaf of the checkpoint (``uckpt.open(...)[key]``,
+    ``uckpt.load(..., select=...)``); the message names it and the nearest keys there are."""
+
+    def __str__(self) -> str:  # KeyError would quote the whole message
+        return UckptError.__str__(self)
+
+
+class UnsupportedIndexError(UckptError, IndexError):
+    """An index of ``uckpt.open(...).slice(key)[...]`` that the lazy reader does not take
+    (a step other than 1, ``None``, an array or list), or one out of range; the message
+    names the key and the index."""
+
+    def __str__(self) -> str:
+        return UckptError.__str__(self)
+
+
 class ShapeMismatchError(StateMismatchError):
     """A stored array has a different shape than its destination."""
 

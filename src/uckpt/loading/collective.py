@@ -12,19 +12,22 @@ from .reader import CheckpointReader
 from .cast import Cast
 from .report import LoadReport
 from .restore import load_tree, restore_into
+from .selection import Patterns
 
 
 def load_from(open_, state, strict: bool, comm, what: str,
               max_bytes: Optional[int] = None, peers: bool = False, *, cast: Cast = None,
-              report: Optional[LoadReport] = None) -> Dict[str, Any]:
+              report: Optional[LoadReport] = None,
+              select: Optional[Patterns] = None) -> Dict[str, Any]:
     """:func:`load` from the source ``open_()`` returns (opened by every rank itself, so
     that a failure to open is told to the other ranks). ``peers``: ``open_()`` is a
     node-local copy; the chunks a rank reads from files its node lacks are first fetched
     from ranks whose copies hold them (:mod:`uckpt.loading.peer_chunks`). ``cast``: the
     dtype policy (:mod:`uckpt.loading.cast`); ``report``: filled with the keys a
-    ``strict=False`` load skipped on this rank (:mod:`uckpt.loading.report`)."""
+    ``strict=False`` load skipped on this rank (:mod:`uckpt.loading.report`); ``select``:
+    the leaves to load (:mod:`uckpt.loading.selection`), None: all."""
     c = get_communicator(comm)
-    load = Load(strict, cast, report, what)
+    load = Load(strict, cast, report, what, select)
     if c.size == 1:
         return _load_local(open_, state, load, (0, 1), max_bytes)
     if peers:
@@ -58,12 +61,14 @@ def damage_behind(open_, comm, what: str) -> Optional[BaseException]:
 
 
 class Load(NamedTuple):
-    """How a load treats what does not match: keys (``strict``, ``report``), dtypes (``cast``)."""
+    """How a load treats what does not match: keys (``strict``, ``report``), dtypes
+    (``cast``); and which leaves it loads (``select``, None: all)."""
 
     strict: bool
     cast: Cast
     report: Optional[LoadReport]
     what: str
+    select: Optional[Patterns] = None
 
 
 @pausing
@@ -73,9 +78,9 @@ def _load_local(open_, state, load: Load, rank: Tuple[int, int], max_bytes: Opti
     those that cover what this rank loads."""
     with CheckpointReader(open_(), max_bytes=max_bytes, rank=rank) as reader:
         if state is None:
-            return load_tree(reader, load.cast)
+            return load_tree(reader, load.cast, load.select)
         report = load.report if load.report is not None else LoadReport()
         tree = restore_into(reader, state, strict=load.strict, rank=rank[0], cast=load.cast,
-                            report=report)
+                            report=report, select=load.select)
         report.log(load.what)
         return tree

@@ -29,7 +29,9 @@ from ..errors import (DtypeMismatchError, KeyMismatchError, ShapeMismatchError, 
 from ..format import Manifest
 from .cast import Cast, CastPolicy, CastSpec, with_hint
 from .report import LoadReport
+from . import partial
 from .reader import CheckpointReader
+from .selection import Patterns, Selection, selection_of
 from ..registry import find_adapter, no_adapter_error
 from ..tree.shard import PerRank, Shard
 from ..tree.flatten import array_leaf_value, decode, escape, join, unescape
@@ -57,16 +59,19 @@ _PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
 
 class _Matcher:
     def __init__(self, manifest: Manifest, rank: int = 0, policy: Optional[CastPolicy] = None,
-                 report: Optional[LoadReport] = None) -> None:
+                 report: Optional[LoadReport] = None, sel: Optional[Selection] = None) -> None:
         self.m = manifest
         self.rank = rank
+        self.sel = sel  # select=: only these leaves are restored
+        #: path -> what a partly selected object holds now (:mod:`uckpt.loading.partial`)
+        self.current: Dict[str, Any] = {}
         self.policy = policy if policy is not None else CastPolicy()
         self.report = report if report is not None else LoadReport()
         self.targets: Dict[str, Any] = {}  # path -> array, or a Shard for a box
         self.copies: List[Tuple[np.ndarray, str]] = []  # (destination, array path)
         self.actions: List[Tuple[Adapter, Any, Dict[str, Any], str]] = []  # (.., path)
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
-        self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any]]] = []  # plain values
+        self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any], str]] = []  # plain values
         self.skipped: List[List[str]] = []  # tree keys of what strict=False left unread
 
     def match(self, obj: Any, node: Dict[str, Any], path_keys: List[str], strict: bool) -> None:
@@ -110,7 +115,17 @@ class _Matcher:
                     f"{path!r}: the checkpoint holds a {node['adapter']} ({node['class']}), the "
                     f"object is a {cls.__module__}.{cls.__qualname__} ({adapter.name})", leaf=path)
             sub = node["state"]
-        spec = decode(sub, spec_leaf(self.m, self.policy))
+        here = join(path_keys)
+        if self.sel is not None and not self.sel.whole(here):  # keeps its other leaves
+            try:
+                self.current[here] = adapter.extract(obj)
+            except UckptError as e:
+                e.at_path(here)
+                raise
+            spec = partial.merged(sub, self.current[here], here, self.sel,
+                                  spec_leaf(self.m, self.policy), partial.as_spec)
+        else:
+            spec = decode(sub, spec_leaf(self.m, self.policy))
         keys = self.report.at(path_keys) if not strict and getattr(adapter, "partial", False) \
             else None
         try:
@@ -140,6 +155,10 @@ class _Matcher:
                     f"{'int' if int_keys else 'str'}" for k in wrong[:5]],
                 hint="use keys of the type that was saved")
         keys = {str(k): k for k in obj}
+        if self.sel is not None:  # the rest of the state is left as it is
+            wants = self.sel.wants
+            keys = {n: k for n, k in keys.items() if wants(join(path_keys + [escape(n)]))}
+            items = {n: v for n, v in items.items() if wants(join(path_keys + [escape(n)]))}
         missing = [k for k in keys if k not in items]
         unexpected = [k for k in items if k not in keys]
         if strict and (missing or unexpected):
@@ -157,7 +176,7 @@ class _Matcher:
         for name, key in keys.items():
             value = obj[key]
             if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
-                self.assign.append((obj, key, items[name]))
+                self.assign.append((obj, key, items[name], join(path_keys + [escape(name)])))
             self.match(value, items[name], path_keys + [escape(name)], strict)
 
     def array(self, obj: np.ndarray, node: Dict[str, Any], path: str) -> None:
@@ -282,18 +301,23 @@ def paths_in(node: Dict[str, Any], out: Optional[set] = None) -> set:
 
 
 def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
-                 rank: int = 0, cast: Cast = None, report: Optional[LoadReport] = None
-                 ) -> Dict[str, Any]:
+                 rank: int = 0, cast: Cast = None, report: Optional[LoadReport] = None,
+                 select: Optional[Patterns] = None) -> Dict[str, Any]:
     """Restore ``state`` in place from ``reader``; return the loaded tree for ``state``'s keys.
 
     ``rank`` picks the values of :class:`~uckpt.tree.shard.PerRank` subtrees; ``cast``: the
     dtype policy (:mod:`uckpt.loading.cast`); ``report``: filled with the keys a
-    ``strict=False`` load skipped (:mod:`uckpt.loading.report`)."""
+    ``strict=False`` load skipped (:mod:`uckpt.loading.report`); ``select``
+    (:mod:`uckpt.loading.selection`) restores only the leaves it picks: keys of ``state``
+    holding none are left as they are (not refused), an object holding some keeps its
+    other leaves (:mod:`uckpt.loading.partial`), and the tree returned holds those leaves
+    alone."""
     if not isinstance(state, Mapping):
         raise UnsupportedObjectError(f"state must be a mapping, got {type(state).__name__}")
     m = reader.manifest
+    sel = selection_of(m.tree, select, str(reader.directory))
     # phase 1: raises before any read
-    matcher, wanted = matched(m, state, strict, rank, CastPolicy(cast), report)
+    matcher, wanted = matched(m, state, strict, rank, CastPolicy(cast), report, sel)
     arrays = reader.read_arrays(wanted)
 
     def leaf(node):  # None: not read (another rank's PerRank value)
@@ -308,31 +332,40 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
     # may draw random numbers (e.g. lazy initialisation) from a generator restored before
     for adapter, obj, sub, path in sorted(matcher.actions, key=lambda a: a[0].restore_last):
         try:
-            adapter.restore(obj, decode(sub, leaf))
+            if sel is None or path not in matcher.current:
+                adapter.restore(obj, decode(sub, leaf))
+            else:  # some of its leaves selected: the others as it holds them
+                adapter.restore(obj, partial.merged(sub, matcher.current[path], path, sel, leaf,
+                                                    partial.on_host))
         except UckptError as e:
             e.at_path(path)  # names the path in e itself
             raise
-    for mapping, key, node in matcher.assign:
-        mapping[key] = decode(node, leaf)
-    items = (pruned(m.tree, matcher.skipped) if matcher.skipped else m.tree)["items"]
+    for mapping, key, node, path in matcher.assign:
+        mapping[key] = decode(node, leaf) if sel is None or sel.whole(path) else \
+            partial.merged(node, mapping[key], path, sel, leaf, partial.on_host)
+    tree = m.tree if sel is None else sel.prune(m.tree)
+    items = (pruned(tree, matcher.skipped) if matcher.skipped else tree)["items"]
     return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
 
 
 def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0,
-            policy: Optional[CastPolicy] = None, report: Optional[LoadReport] = None
-            ) -> Tuple["_Matcher", Dict[str, Any]]:
+            policy: Optional[CastPolicy] = None, report: Optional[LoadReport] = None,
+            sel: Optional[Selection] = None) -> Tuple["_Matcher", Dict[str, Any]]:
     """Phase 1 of :func:`restore_into`: the matcher of ``state`` against ``m`` and what
     it reads (path -> target, as :meth:`CheckpointReader.read_arrays` takes it: a new
-    array's dtype where a cast makes it another than the stored one)."""
+    array's dtype where a cast makes it another than the stored one); with ``sel``, the
+    selected arrays alone."""
     if report is not None:
         report.clear()
-    matcher = _Matcher(m, rank, policy, report)
+    matcher = _Matcher(m, rank, policy, report, sel)
     matcher.mapping(state, m.tree, [], strict)
     matcher.report.missing_keys.sort()
     matcher.report.unexpected_keys.sort()
     paths: set = set()
     for node in matcher.needed:
         paths_in(node, paths)
+    if sel is not None:
+        paths &= sel.arrays
     for dest, path in matcher.copies:  # read in the destination's dtype, then copied
         if dest.dtype != dtypes.to_numpy(m.arrays[path].dtype):
             matcher.targets.setdefault(path, dest.dtype)
@@ -385,10 +418,15 @@ def pruned(node: Dict[str, Any], skipped: List[List[str]]) -> Dict[str, Any]:
     return top
 
 
-def load_tree(reader: CheckpointReader, cast: Cast = None) -> Dict[str, Any]:
+def load_tree(reader: CheckpointReader, cast: Cast = None,
+              select: Optional[Patterns] = None) -> Dict[str, Any]:
     """The whole checkpoint as NumPy arrays and plain values (leaves ``cast=`` names a dtype
-    for converted to it)."""
+    for converted to it); with ``select`` (:mod:`uckpt.loading.selection`), only the leaves
+    it picks (and only their arrays read)."""
     m = reader.manifest
     policy = CastPolicy(cast)
-    arrays = reader.read_arrays({p: fresh(policy, e, True) for p, e in m.arrays.items()})
-    return decode(m.tree, lambda node: array_leaf_value(node, arrays[node["path"]]))
+    sel = selection_of(m.tree, select, str(reader.directory))
+    tree = m.tree if sel is None else sel.prune(m.tree)
+    arrays = reader.read_arrays({p: fresh(policy, e, True) for p, e in m.arrays.items()
+                                 if sel is None or p in sel.arrays})
+    return decode(tree, lambda node: array_leaf_value(node, arrays[node["path"]]))

@@ -540,7 +540,8 @@ class CheckpointManager:
     # -- restore -----------------------------------------------------------------------------
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
                 strict: bool = True, max_bytes: Optional[int] = None, cast: Cast = None,
-                report: Optional[LoadReport] = None) -> Optional[int]:
+                report: Optional[LoadReport] = None,
+                select: Optional[Union[str, Sequence[str]]] = None) -> Optional[int]:
         """Restore ``state`` in place; returns the step restored, or None if there is none.
 
         With ``step=None`` the newest checkpoint that reads back intact is
@@ -556,7 +557,9 @@ class CheckpointManager:
         restored instead).
 
         ``strict``, ``cast`` and ``report`` as for :func:`uckpt.load`: ``report`` holds the
-        keys skipped by the load of the step restored.
+        keys skipped by the load of the step restored. ``select``: restore only the leaves
+        these glob patterns pick, reading only their chunks, and leave the rest of
+        ``state`` untouched (as for :func:`uckpt.load`).
         """
         self._check_open()
         self.wait()
@@ -605,7 +608,8 @@ class CheckpointManager:
                 load_from(lambda: tier.store.source(name), state, strict,  # noqa: B023
                           self.comm,
                           f"restore of step {s} from tier {tier.name!r}", max_bytes,
-                          peers=(s, i) in partial, cast=cast, report=report)
+                          peers=(s, i) in partial, cast=cast, report=report,
+                          select=select)
             except (DistributedError, MemoryLimitError) + _DAMAGE as e:
                 if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
                                                        e.failed_with(MemoryLimitError)):
