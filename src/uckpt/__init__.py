@@ -2,7 +2,8 @@
 
 ``import uckpt`` imports no deep-learning framework; adapters are loaded when a
 framework object is handed to :func:`save` or :func:`load`. :func:`convert`
-(conversion between checkpoint formats, :mod:`uckpt.conversion`) is imported
+(conversion between checkpoint formats, :mod:`uckpt.conversion`) and
+:func:`open` (a checkpoint read array by array, :mod:`uckpt.loading.lazy`) are imported
 on first use.
 """
 from . import errors
@@ -37,7 +38,8 @@ __all__ += list(_OPTIONS)
 
 
 def __getattr__(name: str):
-    """``uckpt.convert`` (:func:`uckpt.conversion.convert`) and the option objects
+    """``uckpt.convert`` (:func:`uckpt.conversion.convert`), ``uckpt.open``
+    (:func:`uckpt.loading.lazy.open_checkpoint`) and the option objects
     (:class:`uckpt.options.SaveOptions`, :mod:`uckpt.manager.options`) are imported on
     first use, so ``import uckpt`` stays light."""
     if name == "convert":
@@ -45,6 +47,11 @@ def __getattr__(name: str):
 
         globals()["convert"] = convert
         return convert
+    if name == "open":  # (not in __all__: a star import would hide the built-in open)
+        from .loading.lazy import open_checkpoint
+
+        globals()["open"] = open_checkpoint
+        return open_checkpoint
     if name in _OPTIONS:
         import importlib
 
