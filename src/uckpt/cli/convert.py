@@ -26,7 +26,8 @@ SRC's format is detected from its content and DST's from its name (.npz, .pt,
 extension, an existing directory or a name ending in / is a uckpt directory;
 any other extension is an error); --from and --to override them.
 --max-shard-size writes a Hugging Face directory of shards and an index.
---select, --strip-prefix and --add-prefix convert a part of SRC under new names.
+--select (glob patterns of leaf paths, or one node path), --strip-prefix and
+--add-prefix convert a part of SRC under new names.
 
 Arrays are copied bit for bit with
 their dtypes (bfloat16 and float8 where the target has none: stored as raw bits
@@ -68,8 +69,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    choices=sorted(detect.TARGETS + tuple(detect.ALIASES)),
                    help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, uckpt "
                         "(default: from its name)")
-    p.add_argument("--select", metavar="PATH",
-                   help="convert only the node at PATH (e.g. model; see `uckpt inspect`)")
+    p.add_argument("--select", metavar="PATTERN", action="append",
+                   help="convert only the leaves whose paths match this glob (* matches "
+                        "across /; repeat for more); one PATH without wildcards converts "
+                        "the node there as the root (e.g. model; see `uckpt inspect`)")
     p.add_argument("--strip-prefix", metavar="P",
                    help="remove P from the keys of the (selected) root that start with it")
     p.add_argument("--add-prefix", metavar="P",

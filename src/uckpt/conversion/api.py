@@ -9,7 +9,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..errors import UckptError
 from . import detect as _detect
@@ -83,7 +83,7 @@ def open_checkpoint(path, format: Optional[str] = None, *,
 def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[str] = None,
             force: bool = False, dry_run: bool = False,
             progress: Optional[Callable[[int, int], None]] = None,
-            limits: Optional[Limits] = None, select: Optional[str] = None,
+            limits: Optional[Limits] = None, select: Union[str, Sequence[str], None] = None,
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None,
             compress: Optional[str] = None, max_shard_size=None,
             hf_weights: str = "safetensors",
@@ -106,8 +106,11 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     :class:`~uckpt.conversion.limits.Limits`) raise the limits on hostile input for a
     legitimate source that exceeds them (tree nodes, bytes made per byte stored).
 
-    ``select`` converts only the node at that path (``"model"``); ``strip_prefix`` and
-    ``add_prefix`` rename the keys of the (selected) root dict. ``compress`` (``"default"``
+    ``select`` (a glob pattern or a list of them, matched against leaf paths as for
+    :func:`uckpt.load`: ``"model/encoder.*"``) converts only the leaves it picks, under
+    their own paths, and reads no other; one path without wildcards (``"model"``)
+    converts the node there as the root. ``strip_prefix`` and ``add_prefix`` rename the
+    keys of the (selected) root dict. ``compress`` (``"default"``
     or a codec: ``deflate`` for NPZ, ``gzip``/``lzf`` for HDF5 and .keras, ``zstd`` for
     uckpt) compresses the target; ``max_shard_size`` (bytes, or text such as ``"5GB"``)
     writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,
@@ -125,7 +128,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
 
     from .options import WriteOptions, for_target, parse_size, target_of
     from .prefetch import prefetch
-    from .subtree import rename_keys, select as select_node
+    from .subtree import is_node_path, keep, rename_keys, select as select_node
+    from ..loading.selection import patterns_of
 
     start = time.monotonic()
     src_fmt = _detect.canonical(src_format) or _detect.detect(src)
@@ -157,7 +161,11 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     kwargs = _write_arguments(writer, dst_fmt, options, save_options)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
         if select:
-            select_node(tree, select)
+            patterns = patterns_of(select)
+            if is_node_path(patterns):
+                select_node(tree, patterns[0])
+            else:
+                keep(tree, patterns)
         rename_keys(tree, strip_prefix, add_prefix)
         # the frameworks' own file layouts, after the user's selection
         layouts.adapt(tree, dst_fmt, dst)

@@ -1,28 +1,74 @@
-"""``--select PATH``, ``--strip-prefix P``, ``--add-prefix P``: the part of a tree to convert,
+"""``--select``, ``--strip-prefix P``, ``--add-prefix P``: the part of a tree to convert,
 and the names its top-level keys get (a ``model/`` subtree whose keys ``from_pretrained``
 takes, a Lightning ``state_dict`` without its ``model.`` prefix).
 
-``select`` is a uckpt array path (components joined with ``/``, docs/format.md 5.1): the
-node there becomes the root, and what formats keep beside it (``Tree.extras``) moves with
-it. The prefixes then apply to the keys of the root dict: ``strip`` removes ``P`` from the
-keys that start with it (the others are kept, and a note says how many), ``add`` puts ``P``
-before every key.
+``select`` takes glob patterns matched against leaf paths as ``uckpt.load``'s ``select=``
+does (:mod:`uckpt.loading.selection`; paths are uckpt array paths, components joined with
+``/``, docs/format.md 5.1): :func:`keep` drops every leaf no pattern picks, so it is never
+read, and the others keep their paths. One pattern without wildcards names a node, and
+:func:`select` makes it the root, as before patterns: what formats keep beside it
+(``Tree.extras``) moves with it. The prefixes then apply to the keys of the root dict:
+``strip`` removes ``P`` from the keys that start with it (the others are kept, and a note
+says how many), ``add`` puts ``P`` before every key.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from dataclasses import replace
+from typing import Any, Dict, List, Optional, Sequence
 
-from ..errors import UckptError
+from ..errors import UnknownKeyError
+from ..loading.selection import matches, unknown
 from ..tree.flatten import escape
-from .interchange import Obj, Tree, children, key_text
+from .interchange import Obj, Tree, children, key_text, walk
 
 
-class SelectError(UckptError, KeyError):
+class SelectError(UnknownKeyError):
     """``--select`` names no node of the tree, or a prefix was asked of a root that is not
     a dict."""
 
-    def __str__(self) -> str:  # KeyError would quote the message
-        return UckptError.__str__(self)
+
+def is_node_path(patterns: Sequence[str]) -> bool:
+    """Whether ``select`` is one path without wildcards (the node :func:`select` roots at)."""
+    return len(patterns) == 1 and not any(c in patterns[0] for c in "*?[")
+
+
+def keep(tree: Tree, patterns: Sequence[str]) -> None:
+    """Drop from ``tree`` every leaf no pattern picks (their containers too, when left
+    empty; an item of a list or tuple becomes None, so the others keep their indices);
+    a pattern that picks no leaf raises :class:`SelectError` naming it."""
+    paths = [_path(parts) for parts, node in walk(tree.root)
+             if children(node) is None and not isinstance(node, Obj)]
+    for pattern in patterns:
+        if not any(matches(p, pattern) for p in paths):
+            e = unknown(pattern, paths, f"the {tree.format} source", "--select pattern")
+            raise SelectError(str(e.args[0]).split("\n")[0], leaf=pattern,
+                              hint=e.hint) from None
+    tree.root = _kept(tree.root, [], patterns)
+
+
+def _path(parts: List[str]) -> str:
+    return "/".join(parts)
+
+
+_GONE = object()  # what is left of a node without picked leaves
+
+
+def _kept(node: Any, parts: List[str], patterns: Sequence[str]) -> Any:
+    """``node`` at ``parts`` with only the leaves ``patterns`` pick (``_GONE``: none)."""
+    if isinstance(node, Obj):
+        state = _kept(node.state, parts, patterns)
+        return _GONE if state is _GONE else replace(node, state=state)
+    items = children(node)
+    if items is None:
+        path = _path(parts)
+        return node if any(matches(path, p) for p in patterns) else _GONE
+    kept = [_kept(child, parts + [name], patterns) for name, child in items]
+    if all(value is _GONE for value in kept):
+        return _GONE
+    if isinstance(node, dict):
+        return {key: value for key, value in zip(node, kept) if value is not _GONE}
+    values = [None if value is _GONE else value for value in kept]
+    return tuple(values) if isinstance(node, tuple) else values
 
 
 def _child(node: Any, part: str) -> Any:
