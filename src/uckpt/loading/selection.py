@@ -84,7 +84,7 @@ def choose(paths: Iterable[str], patterns: Sequence[str], where: str) -> List[st
 
 def unknown(key: str, paths: Sequence[str], where: str, what: str = "key") -> UnknownKeyError:
     """The error for ``key`` that names nothing in ``paths`` (of checkpoint ``where``)."""
-    near = difflib.get_close_matches(key, paths, n=5, cutoff=0.5)
+    near = nearest(key, paths)
     have = ", ".join(repr(p) for p in (near or paths[:5]))
     return UnknownKeyError(
         f"{what} {key!r} names no leaf of {where}; "
@@ -92,6 +92,20 @@ def unknown(key: str, paths: Sequence[str], where: str, what: str = "key") -> Un
         f"{'' if near or len(paths) <= 5 else ', ...'}", leaf=key, path=where,
         hint="see the paths with `uckpt inspect CKPT` or uckpt.open(CKPT).keys()" +
              ("; a pattern is a glob (* matches across /)" if "pattern" in what else ""))
+
+
+def nearest(key: str, paths: Sequence[str], n: int = 5) -> List[str]:
+    """The ``n`` paths most like ``key`` (compared whole, and by their start as long as
+    ``key``: a misspelt prefix ``"modle/*"`` finds ``"model/..."``), best first."""
+    bare = key.rstrip("*?")
+    scored = []
+    for path in paths:
+        match = difflib.SequenceMatcher(None, bare, path)
+        score = max(match.ratio(),
+                    difflib.SequenceMatcher(None, bare, path[:len(bare)]).ratio())
+        if score >= 0.6:
+            scored.append((-score, path))
+    return [path for _, path in sorted(scored)[:n]]
 
 
 class Selection:
