@@ -12,7 +12,7 @@ bases) all work.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
 import numpy as np
 
@@ -28,7 +28,7 @@ class LazyCheckpoint:
     """A committed checkpoint opened for reading array by array (made by
     :func:`uckpt.open`; close it, or use it as a context manager)."""
 
-    def __init__(self, target, *, storage_options: Optional[Mapping[str, Any]] = None,
+    def __init__(self, target: Any, *, storage_options: Optional[Mapping[str, Any]] = None,
                  max_bytes: Optional[int] = None) -> None:
         self._reader = CheckpointReader(target, storage_options=storage_options,
                                         max_bytes=max_bytes, on_demand=True)
@@ -156,7 +156,7 @@ class LazySlice:
 
 
 def box_of(index: Any, shape: Tuple[int, ...], key: str
-           ) -> Tuple[Tuple[int, ...], Tuple[int, ...], set]:
+           ) -> Tuple[Tuple[int, ...], Tuple[int, ...], Set[int]]:
     """``(start, shape, axes indexed by an integer)`` of the box that basic index
     ``index`` takes of an array of ``shape``; anything else is refused."""
     items = list(index) if isinstance(index, tuple) else [index]
@@ -170,7 +170,7 @@ def box_of(index: Any, shape: Tuple[int, ...], key: str
     items += [slice(None)] * (len(shape) - len(items))
     start: List[int] = []
     size: List[int] = []
-    drop = set()
+    drop: Set[int] = set()
     for d, (item, n) in enumerate(zip(items, shape)):
         if isinstance(item, slice):
             if item.step not in (None, 1):
@@ -200,7 +200,7 @@ def _bad(key: str, index: Any, why: str) -> UnsupportedIndexError:
              "returned (e.g. ck.slice(key)[a:b][::2])")
 
 
-def open_checkpoint(path_or_url, *, storage_options: Optional[Mapping[str, Any]] = None,
+def open_checkpoint(path_or_url: Any, *, storage_options: Optional[Mapping[str, Any]] = None,
                     max_bytes: Optional[int] = None) -> LazyCheckpoint:
     """Open checkpoint ``path_or_url`` lazily (see :class:`LazyCheckpoint`)."""
     return LazyCheckpoint(path_or_url, storage_options=storage_options, max_bytes=max_bytes)
