@@ -120,7 +120,7 @@ def test_values_of_other_leaf_kinds(saved):
         assert ck.slice("scalar")[...][()] == 2.5
 
 
-def _damage(path, key, index):
+def damage(path, key, index):
     """Flip one byte inside chunk ``index`` of array ``key``."""
     chunk = chunks_of(path, key)[index]
     data = path / chunk.file
@@ -130,7 +130,7 @@ def _damage(path, key, index):
 
 
 def test_damage_outside_the_selection_does_not_stop_a_read_inside_it_raises(saved):
-    _damage(saved, "embed", 3)  # rows 768..1023
+    damage(saved, "embed", 3)  # rows 768..1023
     embed = state()["embed"]
     with uckpt.open(saved) as ck:
         np.testing.assert_array_equal(ck["model/layer0.weight"],

@@ -9,8 +9,8 @@ import pytest
 
 import uckpt
 import uckpt_chainer  # noqa: F401  (before chainer: the NumPy 2 shim)
-from uckpt.errors import KeyMismatchError, OptionsError, UnknownKeyError
-from test_lazy_open import counted
+from uckpt.errors import ChecksumMismatchError, KeyMismatchError, OptionsError, UnknownKeyError
+from test_lazy_open import damage, counted
 
 torch = pytest.importorskip("torch")
 chainer = pytest.importorskip("chainer")
@@ -35,6 +35,16 @@ def test_load_without_state_reads_the_selected_arrays_alone(tmp_path):
     entry = uckpt.manifest(tmp_path / "ck").arrays["model/enc.weight"]
     stored = sum(c.length for c in entry.chunks)
     assert sum(blob.read.values()) == (tmp_path / "ck" / "manifest.json").stat().st_size + stored
+
+
+def test_damage_outside_the_selection_is_not_read_inside_it_raises(tmp_path):
+    uckpt.save(tmp_path / "ck", plain_state())
+    damage(tmp_path / "ck", "model/dec.weight", 0)
+    got = uckpt.load(tmp_path / "ck", select=["model/enc.weight", "head"])
+    assert (got["head"] == 7).all()
+    with pytest.raises(ChecksumMismatchError, match=r"checksum mismatch in leaf "
+                                                    r"'model/dec.weight'"):
+        uckpt.load(tmp_path / "ck", select="model/dec*")
 
 
 def test_a_node_path_selects_below_it_and_star_crosses_slashes(tmp_path):
