@@ -120,6 +120,15 @@ def test_values_of_other_leaf_kinds(saved):
         assert ck.slice("scalar")[...][()] == 2.5
 
 
+def test_a_tied_array_is_listed_once_and_read_by_either_path(tmp_path):
+    shared = np.arange(12, dtype=np.float32).reshape(3, 4)
+    uckpt.save(tmp_path / "ck", {"embed": shared, "decoder": shared})
+    with uckpt.open(tmp_path / "ck") as ck:
+        assert ck.keys() == ["embed"] and "decoder" in ck
+        np.testing.assert_array_equal(ck["decoder"], shared)
+        np.testing.assert_array_equal(ck.slice("decoder")[1], shared[1])
+
+
 def damage(path, key, index):
     """Flip one byte inside chunk ``index`` of array ``key``."""
     chunk = chunks_of(path, key)[index]

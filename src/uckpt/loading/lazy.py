@@ -34,6 +34,7 @@ class LazyCheckpoint:
                                         max_bytes=max_bytes, on_demand=True)
         self.where = str(self._reader.directory)
         self._values: Optional[Dict[str, Any]] = None
+        self._aliases: Optional[Dict[str, str]] = None  # tied leaf path -> its array's
 
     def __enter__(self) -> "LazyCheckpoint":
         return self
@@ -59,7 +60,7 @@ class LazyCheckpoint:
         """The array paths, in the checkpoint's tree naming (``"model/fc.weight"``: the
         keys joined with ``/``, a ``/`` or ``~`` inside a key written ``~1`` / ``~0``), as
         the manifest lists them (an array tied to another is listed once, under the path
-        it was saved at first)."""
+        it was saved at first; reading it by its other paths works too)."""
         return list(self._reader.manifest.arrays)
 
     def __iter__(self) -> Iterator[str]:
@@ -69,7 +70,7 @@ class LazyCheckpoint:
         return len(self._reader.manifest.arrays)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._reader.manifest.arrays
+        return key in self._reader.manifest.arrays or key in self._tied()
 
     def shape(self, key: str) -> Tuple[int, ...]:
         return tuple(self._entry(key).shape)
@@ -95,8 +96,8 @@ class LazyCheckpoint:
     def __getitem__(self, key: str) -> np.ndarray:
         """Array ``key``, read whole (a NumPy array; a NumPy scalar saved is a 0-d array,
         ``bytes`` a uint8 array), every chunk's checksum checked."""
-        self._entry(key)
-        return self._reader.read_arrays({key: None})[key]
+        path = self._entry(key).path
+        return self._reader.read_arrays({path: None})[path]
 
     def get_tensor(self, key: str) -> np.ndarray:
         """``ck[key]`` (safetensors' name)."""
@@ -111,9 +112,19 @@ class LazyCheckpoint:
 
     def _entry(self, key: str) -> ArrayEntry:
         arrays = self._reader.manifest.arrays
+        if isinstance(key, str) and key not in arrays:
+            key = self._tied().get(key, key)
         if not isinstance(key, str) or key not in arrays:
             raise unknown(str(key), list(arrays), self.where, "array")
         return arrays[key]
+
+    def _tied(self) -> Dict[str, str]:
+        """The other paths of tied arrays (an array saved at two places of the tree)."""
+        if self._aliases is None:
+            self._aliases = {path: node["path"] for path, node in
+                             leaves(self._reader.manifest.tree)
+                             if node["type"] in ("array", "bytes") and node["path"] != path}
+        return self._aliases
 
     def _read_box(self, entry: ArrayEntry, start: Tuple[int, ...], shape: Tuple[int, ...]
                   ) -> np.ndarray:
