@@ -45,6 +45,7 @@ SLOW_MODULES = {
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
     "tests/test_lazy_open.py::test_one_tensor_of_a_2gb_checkpoint_reads_its_chunks_and_the_manifest",
+    "tests/test_select.py::test_keras_model_and_optimizer_restore_only_the_selected_leaves",
     "tests/test_async.py::test_functional_async_error_nobody_saw_is_printed_at_exit",
     "tests/test_async.py::test_torch_training_step_right_after_async_save",
     "tests/test_async.py::test_unreported_background_failure_is_printed_at_exit",

@@ -181,3 +181,31 @@ def test_convert_select_patterns_api_and_cli(tmp_path):
     with pytest.raises(UnknownKeyError, match=r"--select pattern 'nope\*' names no leaf"):
         uckpt.convert(tmp_path / "ck", tmp_path / "d.safetensors", select=["head", "nope*"])
     assert not (tmp_path / "d.safetensors").exists()
+
+
+def test_keras_model_and_optimizer_restore_only_the_selected_leaves(tmp_path):
+    keras = pytest.importorskip("keras")
+
+    def pair(seed):
+        keras.utils.set_random_seed(seed)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="d0"),
+                                  keras.layers.Dense(2, name="d1")])
+        opt = keras.optimizers.Adam(0.01)
+        model.compile(opt, "mse")
+        model.fit(np.ones((4, 4)), np.ones((4, 2)), verbose=0)
+        return model, opt
+
+    model, opt = pair(0)
+    uckpt.save(tmp_path / "ck", {"model": model, "opt": opt})
+    fresh, fresh_opt = pair(1)
+    d1 = fresh.get_layer("d1").kernel.numpy().copy()
+    slots = [v.numpy().copy() for v in fresh_opt.variables]
+    assert not np.array_equal(slots[4], opt.variables[4].numpy())  # (the check below can fail)
+    # the first dense layer's kernel, and the Adam slots of that kernel (slots/0)
+    uckpt.load(tmp_path / "ck", {"model": fresh, "opt": fresh_opt},
+               select=["model/dense/kernel", "opt/slots/0/*"])
+    np.testing.assert_array_equal(fresh.get_layer("d0").kernel.numpy(),
+                                  model.get_layer("d0").kernel.numpy())
+    np.testing.assert_array_equal(fresh.get_layer("d1").kernel.numpy(), d1)
+    np.testing.assert_array_equal(fresh_opt.variables[2].numpy(), opt.variables[2].numpy())
+    np.testing.assert_array_equal(fresh_opt.variables[4].numpy(), slots[4])  # d0 bias momentum
