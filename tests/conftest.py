@@ -46,6 +46,7 @@ SLOW_MODULES = {
 SLOW_TESTS = (
     "tests/test_lazy_open.py::test_one_tensor_of_a_2gb_checkpoint_reads_its_chunks_and_the_manifest",
     "tests/test_select.py::test_keras_model_and_optimizer_restore_only_the_selected_leaves",
+    "tests/test_select.py::test_convert_cli_select_is_repeatable",
     "tests/test_async.py::test_functional_async_error_nobody_saw_is_printed_at_exit",
     "tests/test_async.py::test_torch_training_step_right_after_async_save",
     "tests/test_async.py::test_unreported_background_failure_is_printed_at_exit",
