@@ -41,6 +41,7 @@ SLOW_MODULES = {
     "test_redundant_restart",
     "test_bench_levels",  # issue 28: benchmarks/bench_levels.py on 4 MPI ranks, tiny state
     "test_load_policy_keras",  # issue 29: TensorFlow's import alone takes seconds
+    "test_mpich_segments",  # two mpiexec jobs of 2 ranks, one SIGKILLed
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -85,7 +86,7 @@ MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test
                      "test_keras_distributed", "test_torch_dtensor", "test_s3_tier",
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
                      "test_shm_restart", "test_exchange_multiproc", "test_node_kills",
-                     "test_redundant_restart", "test_bench_levels"}
+                     "test_redundant_restart", "test_bench_levels", "test_mpich_segments"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
@@ -120,6 +121,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multiproc)
         if fixtures & S3_FIXTURES:
             item.add_marker(pytest.mark.s3)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mpich_segments_left():
+    """At the end of the session (of each xdist worker), remove the MPICH segments that
+    jobs started during it left and no live process holds: those of jobs started outside
+    tests/multiproc.py's helpers, which remove them at each job's end."""
+    import mpich_segments
+
+    before = mpich_segments.segments()
+    yield
+    mpich_segments.remove_orphans(before)
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,10 @@
 
 A hang fails the test: when ``timeout`` passes, every launched process group is
 killed and :class:`MultiprocTimeout` (an ``AssertionError``) is raised with the
-output so far. Scripts report results by printing ``RESULT <json>`` lines with a
-``"rank"`` key; they come back parsed in :attr:`Run.results`.
+output so far. The MPICH shared-memory segments that a killed job leaves in /dev/shm
+are removed when it ends (tests/mpich_segments.py). Scripts report results by printing
+``RESULT <json>`` lines with a ``"rank"`` key; they come back parsed in
+:attr:`Run.results`.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import mpich_segments
 
 HAVE_MPI = (importlib.util.find_spec("mpi4py") is not None
             and Path(sys.executable).with_name("mpiexec").exists())
@@ -85,6 +89,7 @@ def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeo
     """``monitor``, if given, is called every few milliseconds while the processes run
     (e.g. to kill one of them at a chosen moment)."""
     start = time.monotonic()
+    segments = mpich_segments.segments()  # those a killed job leaves are removed at its end
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in cmds]
     procs = [subprocess.Popen(list(c), env=e, stdout=o, stderr=er, start_new_session=True)
              for c, e, (o, er) in zip(cmds, envs, files)]
@@ -104,6 +109,7 @@ def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeo
     finally:
         if timed_out or any(p.poll() is None for p in procs):
             _kill(procs)
+        mpich_segments.remove_orphans(segments)
     outs, errs = [], []
     for o, er in files:
         o.seek(0)
