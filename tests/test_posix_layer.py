@@ -307,6 +307,42 @@ def test_re_verification_reads_a_local_file_from_the_medium(tmp_path):
         source.medium_reader("data-00001.bin")
 
 
+def _cached_pages(path: Path) -> tuple:
+    """(pages of ``path`` in the page cache, pages of it): mincore(2) of a read-only map."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+            return sum(b & 1 for b in vec.raw), pages
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
+def test_a_saved_manifest_stays_in_the_page_cache_for_the_load_after(tmp_path):
+    """A small object (here the manifest) goes in one buffered write, not O_DIRECT: the
+    load or verify that follows a save reads it from memory, not from the disk."""
+    uckpt.save(tmp_path / "step_1", {"w": np.arange(40000, dtype=np.float32)})
+    cached, pages = _cached_pages(tmp_path / "step_1" / "manifest.json")
+    assert pages >= 1 and cached == pages
+    PosixStore(tmp_path / "blobs").write("a/small", b"x" * 20000)
+    assert _cached_pages(tmp_path / "blobs" / "a" / "small") == (5, 5)
+
+
 def test_a_base_whose_manifest_is_a_symlink_is_not_committed(tmp_path):
     """As local roots judged it before the layer: an incremental checkpoint's base is
     committed only by a regular manifest; a symlinked one is named, never followed."""

@@ -31,7 +31,7 @@ def fsync_dir(path: StrPath) -> None:
         os.close(fd)
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: Buffer) -> None:
     """Write all of ``data`` at ``fd``'s position (os.write may write less)."""
     view = memoryview(data)
     while view:

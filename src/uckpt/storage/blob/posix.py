@@ -4,9 +4,10 @@ Reads walk the key's directories from the root's descriptor without following a
 symbolic link, open only regular files and never block (:mod:`uckpt.storage.fsutil`), so no key
 leads outside the root. Writes go to a hidden temporary file beside the key, with
 O_DIRECT where the file system takes it (else buffered, their writeback started as they
-go), are fsynced and renamed into place, and the directory is fsynced: an object appears
-whole and survives a crash once its writer commits. ``rename_prefix`` is
-``renameat2(RENAME_NOREPLACE)``; locks are ``flock``.
+go; an object that fits one writer's buffer, such as a manifest, in one buffered write
+that leaves it in the page cache), are fsynced and renamed into place, and the
+directory is fsynced: an object appears whole and survives a crash once its writer
+commits. ``rename_prefix`` is ``renameat2(RENAME_NOREPLACE)``; locks are ``flock``.
 """
 from __future__ import annotations
 
@@ -523,24 +524,28 @@ def _rename_noreplace(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
 
 
 class _Writer(BlobWriter):
-    """Stages bytes in a page-aligned buffer, written to a hidden file whenever full."""
+    """Stages bytes in a page-aligned buffer. An object that fits it is written at
+    :meth:`publish` in one buffered write, so that it stays in the page cache for the
+    reader that usually comes next (a manifest, read back by the load or verify after
+    a save); a larger one goes to a hidden file with O_DIRECT whenever the buffer fills."""
 
     def __init__(self, store: PosixStore, key: str) -> None:
         self.store, self.key = store, key
         self._dir_fd, self._name = store._parent(key, create=True)
         self._tmp = _hidden("w")
-        path = Path(store.root, *key.split("/")[:-1], self._tmp)
+        self._path = Path(store.root, *key.split("/")[:-1], self._tmp)
+        self._out: DirectFile | None = None  # opened when the buffer first fills
+        self._open = True
         try:
-            self._out: DirectFile | None = DirectFile(path)
+            self._buf = mmap.mmap(-1, store.buffer_bytes)  # anonymous: page-aligned
         except BaseException:
             os.close(self._dir_fd)
             raise
-        self._buf = mmap.mmap(-1, store.buffer_bytes)  # anonymous: page-aligned
         self._base = self._fill = 0
 
     def write(self, data: Buffer) -> None:
         view = flat(data)
-        if self._out is None:
+        if not self._open:
             raise closed(self.key)
         while view:
             n = min(len(view), len(self._buf) - self._fill)
@@ -550,23 +555,37 @@ class _Writer(BlobWriter):
                 self._flush()
 
     def _flush(self) -> None:
-        assert self._out is not None
+        if self._out is None:
+            self._out = DirectFile(self._path)
         whole = -(-self._fill // mmap.PAGESIZE) * mmap.PAGESIZE
         self._buf[self._fill:whole] = bytes(whole - self._fill)  # cut off by finish()
         self._out.pwrite(memoryview(self._buf)[:whole], self._base)
         self._base, self._fill = self._base + self._fill, 0
 
+    def _finish(self) -> None:
+        """The hidden file, whole and fsynced."""
+        if self._out is None:  # it fits the buffer: one buffered write
+            fd = os.open(self._path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                         0o644)
+            try:
+                fsutil.write_all(fd, memoryview(self._buf)[:self._fill])
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return
+        if self._fill:
+            self._flush()
+        self._out.finish(self._base)
+        self._out.close()
+        self._out = None
+
     def publish(self, replace: bool = True) -> bool:
         """Finish the file and move it into place (only where no object is, unless
         ``replace``); returns whether it was."""
-        if self._out is None:
+        if not self._open:
             return False
         try:
-            if self._fill:
-                self._flush()
-            self._out.finish(self._base)
-            self._out.close()
-            self._out = None
+            self._finish()
             if replace:
                 os.replace(self._tmp, self._name, src_dir_fd=self._dir_fd,
                            dst_dir_fd=self._dir_fd)
@@ -587,13 +606,14 @@ class _Writer(BlobWriter):
     def abort(self) -> None:
         if self._dir_fd < 0:
             return
+        self._open = False
         if self._out is not None:
             self._out.close()
             self._out = None
         try:
             os.unlink(self._tmp, dir_fd=self._dir_fd)
         except FileNotFoundError:
-            pass  # renamed into place
+            pass  # renamed into place, or never made
         os.close(self._dir_fd)
         self._dir_fd = -1
         try:
