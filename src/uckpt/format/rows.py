@@ -9,8 +9,8 @@ to the tuple of their chunks, each chunk made when it is read and not kept (as v
 """
 from __future__ import annotations
 
-from typing import (Any, Iterable, Iterator, List, Optional, Sequence, Tuple, Union,
-                    overload)
+from typing import (Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple,
+                    Union, overload)
 
 import numpy as np
 
@@ -48,29 +48,39 @@ class Table:
             for k in ks.tolist():  # the columns costs more than reading a few items)
                 yield self.chunk(k)
             return
-        crcs = np.frombuffer(self.digests, "<u4", len(self.offset))
         for at in range(0, len(ks), _BLOCK):
-            block = ks[at:at + _BLOCK]
-            yield from map(self._make, block.tolist(), self.source[block].tolist(),
-                           self.offset[block].tolist(), self.length[block].tolist(),
-                           self.codec[block].tolist(), crcs[block].tolist(),
-                           self.box_at[block].tolist(), self.nd[block].tolist())
+            yield from self._block(ks[at:at + _BLOCK])
+
+    def _block(self, ks: np.ndarray) -> List[Chunk]:
+        """The chunks of rows ``ks``, each column read once for all of them."""
+        n = len(self.offset)
+        two = 2 * self.nd[ks].astype(np.int64)  # box values per row
+        ends = np.cumsum(two)
+        boxes = self.box[np.repeat(self.box_at[ks] - (ends - two), two) +
+                         np.arange(int(ends[-1]) if len(ends) else 0)].tolist()
+        crcs = np.frombuffer(self.digests, "<u4", n)[ks].tolist()
+        hashes = np.frombuffer(self.digests, np.uint8, 16 * n, 4 * n).reshape(n, 16)[ks] \
+            .tobytes().hex()
+        names, base_of, codecs = self.names, self.base_of, self.codecs
+        out: List[Chunk] = []
+        b = 0
+        for j, (s, off, ln, c, crc, d) in enumerate(zip(
+                self.source[ks].tolist(), self.offset[ks].tolist(), self.length[ks].tolist(),
+                self.codec[ks].tolist(), crcs, self.nd[ks].tolist())):
+            out.append(make_chunk(names[s], off, ln, tuple(boxes[b:b + d]),
+                                  tuple(boxes[b + d:b + 2 * d]), codecs[c], "crc32c:%08x" % crc,
+                                  "xxh3-128:" + hashes[32 * j:32 * j + 32], base_of[s]))
+            b += 2 * d
+        return out
 
     def chunk(self, k: int) -> Chunk:
-        """The chunk of row ``k``."""
-        return self._make(k, self.source.item(k), self.offset.item(k), self.length.item(k),
-                          self.codec.item(k),
-                          int.from_bytes(self.digests[4 * k:4 * k + 4], "little"),
-                          self.box_at.item(k), self.nd.item(k))
-
-    def _make(self, k: int, s: int, off: int, ln: int, c: int, crc: int, b: int,
-              d: int) -> Chunk:
-        """The chunk of row ``k`` from its fields (source, offset, length, codec, CRC-32C,
-        where its box starts in the box column, its number of dimensions)."""
+        """The chunk of row ``k``, its fields read one by one."""
+        d, b, s = self.nd.item(k), self.box_at.item(k), self.source.item(k)
         values = self.box[b:b + 2 * d].tolist()
         h = 4 * len(self.offset) + 16 * k
-        return make_chunk(self.names[s], off, ln, tuple(values[:d]), tuple(values[d:]),
-                          self.codecs[c], "crc32c:%08x" % crc,
+        return make_chunk(self.names[s], self.offset.item(k), self.length.item(k),
+                          tuple(values[:d]), tuple(values[d:]), self.codecs[self.codec.item(k)],
+                          "crc32c:%08x" % int.from_bytes(self.digests[4 * k:4 * k + 4], "little"),
                           "xxh3-128:" + self.digests[h:h + 16].hex(), self.base_of[s])
 
     def corners(self, ks: np.ndarray, ndim: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -115,6 +125,13 @@ class Rows(Sequence[Chunk]):
         return self._hi - self._lo + (len(self._rest) if self._rest is not None else 0)
 
     def __iter__(self) -> Iterator[Chunk]:
+        t = self._table
+        if self._rest is None and t is not None and self._order is not None \
+                and self._hi - self._lo == 1:  # (the common case: one chunk)
+            return iter((t.chunk(self._order.item(self._lo)),))
+        return self._chunks()
+
+    def _chunks(self) -> Iterator[Chunk]:
         for table, ks in self._segments():
             yield from table.chunks(ks)
 
@@ -164,3 +181,28 @@ class Rows(Sequence[Chunk]):
 
     def __repr__(self) -> str:
         return f"Rows({len(self)} chunks)"
+
+
+def made(seqs: Sequence[Sequence[Chunk]]) -> List[List[Chunk]]:
+    """The chunks of each of ``seqs`` (arrays' ``chunks``) as lists, the rows of
+    :class:`Rows` of one table made together, each column read once: a load's plan,
+    which holds the chunks of every array it reads anyway, asks for them this way."""
+    out: List[List[Chunk]] = [[] for _ in seqs]
+    groups: Dict[int, Tuple[Table, np.ndarray, List[Tuple[int, int, int]]]] = {}
+    for i, r in enumerate(seqs):
+        if type(r) is Rows and r._rest is None and r._table is not None \
+                and r._order is not None:
+            if r._hi > r._lo:  # (the rows of one order array are all of one table)
+                groups.setdefault(id(r._order), (r._table, r._order, []))[2].append(
+                    (i, r._lo, r._hi))
+        else:
+            out[i] = list(r)
+    for table, order, spans in groups.values():
+        lo = np.array([a for _, a, _ in spans], np.int64)
+        counts = np.array([b for _, _, b in spans], np.int64) - lo
+        ends = np.cumsum(counts)
+        ks = order[np.repeat(lo - (ends - counts), counts) + np.arange(int(ends[-1]))]
+        chunks = [c for at in range(0, len(ks), _BLOCK) for c in table._block(ks[at:at + _BLOCK])]
+        for (i, _, _), a, b in zip(spans, (ends - counts).tolist(), ends.tolist()):
+            out[i] = chunks[a:b]
+    return out

@@ -330,19 +330,44 @@ class _State:
         self._grouped.clear()
         while self.tables:  # (each table's array column freed once grouped)
             groups.insert(0, (self.tables[-1][1], *_by_array(self.tables.pop()[0], narrays)))
-        for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
-                                                     self.meta.shapes)):
-            chunks = Rows(None, None, 0, 0)
-            for t, order, b in reversed(groups):  # (one table: the common case)
-                if b[i] < b[i + 1]:
-                    chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
-            if not chunks.whole():
-                p.tiling(*chunks.corners(len(shape)), shape, f"chunks: array {i} ({path!r:.80})")
-            m.arrays[path] = make_entry(path, dtype, shape, chunks)
+        if len(groups) == 1:  # (the common case: one table, no parts)
+            t, order, b = groups[0]
+            whole = _whole_arrays(t, order, b)
+            arrays = m.arrays
+            for i, (path, dtype, shape, lo, hi, one) in enumerate(zip(
+                    self.meta.paths, self.names, self.meta.shapes, b, b[1:], whole)):
+                chunks = Rows(t, order, lo, hi) if hi > lo else Rows(None, None, 0, 0)
+                if not one:
+                    p.tiling(*chunks.corners(len(shape)), shape,
+                             f"chunks: array {i} ({path!r:.80})")
+                arrays[path] = make_entry(path, dtype, shape, chunks)
+        else:
+            for i, (path, dtype, shape) in enumerate(zip(self.meta.paths, self.names,
+                                                         self.meta.shapes)):
+                chunks = Rows(None, None, 0, 0)
+                for t, order, b in reversed(groups):
+                    if b[i] < b[i + 1]:
+                        chunks = Rows(t, order, b[i], b[i + 1], chunks if len(chunks) else None)
+                if not chunks.whole():
+                    p.tiling(*chunks.corners(len(shape)), shape,
+                             f"chunks: array {i} ({path!r:.80})")
+                m.arrays[path] = make_entry(path, dtype, shape, chunks)
         for table, _, _ in groups:
             used.update(table.bases_used())
         p.bases_used(self.bases, used)
         m._pending = None
+
+
+def _whole_arrays(t: Table, order: np.ndarray, starts: List[int]) -> List[bool]:
+    """Per array (its rows ``order[starts[i]:starts[i + 1]]`` of table ``t``): is it one
+    chunk whose box is the whole array (as :meth:`~.rows.Rows.whole`)?"""
+    b = np.asarray(starts, np.int64)
+    one = np.diff(b) == 1
+    if not len(order):
+        return [False] * len(one)
+    first = order[np.minimum(b[:-1], len(order) - 1)]  # (an array without rows: any row)
+    out: List[bool] = (one & t.whole[first]).tolist()
+    return out
 
 
 def _by_array(ai: np.ndarray, narrays: int) -> Tuple[np.ndarray, List[int]]:

@@ -35,6 +35,7 @@ from ..errors import (ChecksumMismatchError, CorruptCheckpointError, ManifestErr
                       TruncatedDataError, UckptError)
 from ..format import ArrayEntry, Chunk, Manifest
 from ..format.cover import attach_covering
+from ..format.rows import made
 from ..format.manifest import MAX_RATIO
 from ..format import part_roots
 from ..runtime.parallel import parallel_map
@@ -191,23 +192,28 @@ class CheckpointReader:
         for each array of ``wanted``; the manifest's parts that cover it are read first."""
         if self.manifest.parts_pending:
             self._attach_parts(wanted)
-        plan = []
         arrays = self.manifest.arrays
+        boxes = []  # (entry, target, target_start: None for the whole array)
         for path, target in wanted.items():
             entry = arrays[path]
+            target_start = None
             if (type(target) is np.ndarray and target.shape == entry.shape) or \
                     isinstance(target, np.dtype):  # (the common case; a new array)
-                plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
+                boxes.append((entry, target, None))
                 continue
-            target_start = None
             if isinstance(target, Shard):
                 target, target_start = target.array, target.offsets
             if target is not None and target_start is None and target.shape != entry.shape:
                 target_start = (0,) * len(entry.shape)
             if target_start is not None and not any(target_start) and target.shape == entry.shape:
                 target_start = None  # a box that is the whole array
+            boxes.append((entry, target, target_start))
+        # the whole arrays' chunks made together; a box's filtered as they are made
+        whole = iter(made([e.chunks for e, _, start in boxes if start is None]))
+        plan = []
+        for entry, target, target_start in boxes:
             if target_start is None:  # the whole array: every chunk that holds elements
-                plan.append((entry, target, None, [c for c in entry.chunks if all(c.shape)]))
+                plan.append((entry, target, None, [c for c in next(whole) if all(c.shape)]))
             else:
                 plan.append((entry, target, target_start,
                              [c for c in entry.chunks
