@@ -18,6 +18,7 @@ import uckpt
 from uckpt import errors
 from uckpt.codecs import hashing
 from uckpt.format import encode_manifest_files
+from uckpt.format.rows import made
 from uckpt.loading.reader import CheckpointReader
 from uckpt.testing import run_ranks
 
@@ -226,3 +227,22 @@ def test_a_bad_part_ranks_member_is_refused(tmp_path, bad, message):
     (path / "manifest.json").write_bytes(sealed(doc))
     with pytest.raises(errors.ManifestError, match=message):
         uckpt.manifest(path)
+
+
+def test_chunks_made_together_equal_those_made_one_array_at_a_time(tmp_path):
+    """rows.made (a load's plan makes the chunks of the arrays it reads whole together)
+    gives each array's chunks as iterating it does: rows in the root and in parts (several
+    tables per array), arrays of one chunk, and one of none."""
+    path = save(tmp_path / "c", 3)
+    m = uckpt.manifest(path)
+    seqs = [a.chunks for a in m.arrays.values()]
+    assert sorted(len(s) for s in seqs) == [1, 3, 3]  # "w", "v": a row per part
+    assert made(seqs) == [list(s) for s in seqs]
+    assert made(seqs[::-1]) == [list(s) for s in seqs[::-1]]
+    uckpt.save(tmp_path / "d", {"e": np.zeros((0, 4), np.float32),
+                                "m": np.arange(3000, dtype=np.int64).reshape(1000, 3)},
+               options=uckpt.SaveOptions(chunk_bytes=4096, alignment=64))
+    seqs = [a.chunks for a in uckpt.manifest(tmp_path / "d").arrays.values()]
+    assert sorted(len(s) for s in seqs)[-1] > 1
+    assert made(seqs) == [list(s) for s in seqs]
+    assert made([seqs[-1], (), seqs[0]]) == [list(seqs[-1]), [], list(seqs[0])]
