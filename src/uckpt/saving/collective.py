@@ -178,7 +178,9 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
         if isinstance(flat, BaseException):
             raise flat
         meta.update(local_metadata(flat, compare=comm.size > 1))
-        meta["key"] = structure_key(meta, comm.size, comm.rank, layout)
+        # the structure's digest only where a plan is kept for the next save (a cache)
+        meta["key"] = None if cache is None else structure_key(meta, comm.size, comm.rank,
+                                                                layout)
         if comm.rank == 0:
             check_metadata(metadata)
             check_step(step)
@@ -229,7 +231,7 @@ def prepare_collective(store: Store, name: str, flat: Union[FlatState, BaseExcep
             if cache is not None and why is not None:
                 cache.planning(what, why)
             gp, pid = _plan(got, meta, comm, exact_chunk_bytes, options), \
-                plan_id([g["key"] for g in got])
+                plan_id([g["key"] for g in got]) if cache is not None else ""
         if cache is not None and why is not None:
             cache.keep(meta["key"], pid, comm.size, gp)
         assert got is not None

@@ -66,7 +66,8 @@ def plan_at_root(comm: Communicator, gathered: Optional[List[Dict[str, Any]]],
                                             alignment=options.alignment)
             common = {"metas": [[p, m.dtype, m.shape] for p, m in metas.items()],
                       "sizes": list(columns.sizes),
-                      "id": plan_id([g["key"] for g in gathered]), "why": why, "head": head,
+                      "id": plan_id([g["key"] for g in gathered]) if cache is not None
+                      else "", "why": why, "head": head,
                       "per_rank": any(g["per_rank"] for g in gathered)}
             shares = columns.shares()  # no WriteItem per chunk of the whole plan
         except Exception as e:  # noqa: BLE001 - told to every rank, then raised everywhere
