@@ -41,7 +41,13 @@ def write_all(fd: int, data: Buffer) -> None:
 
 def pread_into(fd: int, buf: Buffer, offset: int) -> int:
     """Fill ``buf`` from ``fd`` at ``offset``; returns bytes read (short only at EOF)."""
-    return preadv_into(fd, [buf], offset)
+    view = memoryview(buf)
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B")
+    n = os.preadv(fd, [view], offset)  # (the common case: all of it at once)
+    if n == len(view) or n == 0:
+        return n
+    return n + preadv_into(fd, [view[n:]], offset + n)
 
 
 #: the most buffers one ``preadv`` takes (POSIX guarantees at least 16; Linux has 1024)
