@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build Horovod from its PyPI sdist (PyTorch + TensorFlow + MPI) into a virtual environment.
+# Build Horovod from its PyPI sdist (PyTorch + TensorFlow, MPI + Gloo) into a virtual environment.
 #
 #   bash scripts/install_horovod.sh              # into .venv of the repository
 #   bash scripts/install_horovod.sh path/to/venv
@@ -8,8 +8,9 @@
 #   bash scripts/install_horovod.sh --wheel-only DIR  # build the wheel into DIR, install nothing
 #
 # The version is the `horovod==` pin in constraints.txt. Does nothing when that
-# version already imports with MPI built in and both frameworks (horovod.torch and
-# horovod.tensorflow) built; an older PyTorch-only build is rebuilt. Otherwise it builds
+# version already imports with MPI and Gloo built in (Gloo: what elastic mode,
+# horovodrun --min-np, runs on) and both frameworks (horovod.torch and
+# horovod.tensorflow) built; an older PyTorch-only or MPI-only build is rebuilt. Otherwise it builds
 # a wheel (about 7 minutes on 2 cores; g++ and cmake 3.x >= 3.13 needed, cmake comes from
 # PyPI if missing) against the venv's torch, tensorflow and MPI (the `mpich` package's
 # mpicc/mpiexec in the venv's bin/), installs it in one `pip install --no-deps`, then runs
@@ -78,7 +79,7 @@ WANT_TF=0
 # 1. Already there? (the pinned version, built with MPI, horovod.torch importable, and
 #    horovod.tensorflow too when tensorflow is installed: a PyTorch-only build from
 #    before is rebuilt).
-CHECK='import horovod, horovod.torch as hvd; print(horovod.__version__, hvd.mpi_built())'
+CHECK='import horovod, horovod.torch as hvd; print(horovod.__version__, hvd.mpi_built() and hvd.gloo_built())'
 # (and horovod.tensorflow.keras patched for tf.keras's backend, see 4. below)
 CHECK_TF='import horovod.tensorflow as hvd, horovod.tensorflow.keras as k
 print(hvd.mpi_built() and "K = keras.backend" in open(k.__file__).read())'
@@ -94,7 +95,7 @@ if [[ $FORCE == 0 && $INSTALL == 1 ]] && have=$("$PY" -c "$CHECK" 2>/dev/null | 
         fi
         note "found horovod $VERSION in $VENV without TensorFlow support; rebuilding with it"
     else
-        note "found horovod '${have% *}' (MPI built: ${have#* }) in $VENV; building $VERSION"
+        note "found horovod '${have% *}' (MPI and Gloo built: ${have#* }) in $VENV; building $VERSION"
     fi
 fi
 
@@ -182,7 +183,7 @@ build_wheel() {  # source dir, then HOROVOD_* settings for the frameworks
     local src=$1; shift
     rm -f "$WHEELS"/horovod-"$VERSION"-*.whl
     run env "$@" HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_MPI=1 \
-            HOROVOD_WITHOUT_GLOO=1 MAKEFLAGS="-j$(nproc)" \
+            HOROVOD_WITH_GLOO=1 MAKEFLAGS="-j$(nproc)" \
         "$PY" -m pip wheel --no-deps --no-build-isolation --no-cache-dir -w "$WHEELS" "$src"
 }
 start=$SECONDS
@@ -221,6 +222,7 @@ run timeout 300 "$VENV/bin/mpiexec" -n 2 "$PY" -c '
 import horovod.torch as hvd, torch
 hvd.init()
 assert hvd.size() == 2 and hvd.mpi_enabled(), (hvd.size(), hvd.mpi_enabled())
+assert hvd.gloo_built(), "built without Gloo (elastic mode needs it)"
 total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
 assert total.item() == 3.0, total
 print("horovod.torch: rank", hvd.rank(), "of", hvd.size(), "ok")'
