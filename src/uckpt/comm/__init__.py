@@ -60,7 +60,9 @@ def _from_horovod(hvd: Any, timeout: Optional[float]) -> Communicator:
         raise ValueError(f"{hvd.__name__} is not initialized: call hvd.init() first")
     if not hvd.mpi_enabled():
         raise ValueError(f"{hvd.__name__} runs on Gloo, not MPI; uckpt needs MPI under Horovod "
-                         "(launch with horovodrun --mpi or mpirun), or pass a torch process group")
+                         "(launch with horovodrun --mpi or mpirun), or a torch process group: "
+                         "comm=uckpt.horovod.world_group() (horovod.torch; an elastic job: "
+                         "uckpt.horovod.ElasticState makes it after every reset)")
     if importlib.util.find_spec("mpi4py") is None:
         raise ValueError("uckpt talks to the ranks of a Horovod job over MPI through mpi4py, "
                          "which is not installed: pip install 'uckpt[mpi]'")
