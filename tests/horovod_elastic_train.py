@@ -23,7 +23,6 @@ momentum), ``OUT/restored-<node>.json`` (rank, size, step, its PerRank value, uc
 lines about the restore), trains on to STEPS, and writes ``OUT/done-<node>.json``.
 """
 import json
-import logging
 import os
 import shutil
 import signal
@@ -33,6 +32,8 @@ import numpy as np
 import torch
 import horovod.torch as hvd
 
+from shm_worker import kept_logs
+
 SAVE_AT, KILL_AT, STEPS, LOST = 3, 4, 7, 2
 
 
@@ -41,13 +42,7 @@ def main():
     hosts = hosts.split(",")
     node = hosts.index(os.environ["HOROVOD_HOSTNAME"])
     os.environ["UCKPT_NODE"] = f"node{node}"
-    logs = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            logs.append(record.getMessage())
-    logging.getLogger("uckpt").addHandler(Keep(logging.INFO))
-    logging.getLogger("uckpt").setLevel(logging.INFO)
+    logs = kept_logs()
 
     import uckpt
     import uckpt.horovod

@@ -61,6 +61,18 @@ def arrays(s):
     return out
 
 
+def kept_logs():
+    """A list that receives every message uckpt logs at INFO and above from now on."""
+    logs = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            logs.append(record.getMessage())
+    logging.getLogger("uckpt").addHandler(Keep(logging.INFO))
+    logging.getLogger("uckpt").setLevel(logging.INFO)
+    return logs
+
+
 def main():
     backend, mode, name, durable, per_node, pids = sys.argv[1:7]
     scheme = sys.argv[7] if len(sys.argv) > 7 else None
@@ -87,13 +99,7 @@ def main():
             time.sleep(0.01)
         m.close()
         return
-    logs = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            logs.append(record.getMessage())
-    logging.getLogger("uckpt").addHandler(Keep(logging.INFO))
-    logging.getLogger("uckpt").setLevel(logging.INFO)
+    logs = kept_logs()
     got = state(0, rank, size, zero=True)
     with uckpt.CheckpointManager(tiers=tiers, comm=comm) as m:
         step = m.restore(got)
