@@ -116,7 +116,8 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
          comm: Any = None, storage_options: Optional[Mapping[str, Any]] = None,
          max_bytes: Optional[int] = None, cast: Cast = None,
          report: Optional[LoadReport] = None,
-         select: Optional[Union[str, Sequence[str]]] = None) -> Dict[str, Any]:
+         select: Optional[Union[str, Sequence[str]]] = None,
+         cooperative: Any = None) -> Dict[str, Any]:
     """Load a checkpoint (a local path, or an ``s3://`` URL with ``storage_options``).
 
     With ``state=None``, return the whole tree as NumPy arrays and plain values
@@ -166,6 +167,14 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     (``comm``, as for :func:`save`), the call is collective: if it fails on any
     rank, every rank raises :class:`~uckpt.errors.DistributedError`.
 
+    ``cooperative`` (several ranks): ``"node"`` (the default, ``UCKPT_COOPERATIVE_LOAD``)
+    reads each chunk that several ranks of a node load (replicated arrays, overlapping
+    boxes) once on that node and sends it to the others over ``comm``; ``"job"`` once in
+    the whole job; False every rank reads all it loads itself. Every rank checks every
+    chunk's checksum either way; ``report.bytes_read`` and ``bytes_received`` say what
+    this rank read from storage and received (docs/distributed.md, "Reads shared across
+    ranks").
+
     Memory: the arrays the manifest declares that are not loaded into existing ones
     (``state``'s arrays are filled in place), plus the parsed manifest and a read block
     per thread. Their declared total is refused before anything is allocated
@@ -176,7 +185,7 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     """
     return load_from(lambda: open_source(directory, storage_options), state, strict, comm,
                      f"load of {str(directory)!r}", max_bytes, cast=cast, report=report,
-                     select=select)
+                     select=select, cooperative=cooperative)
 
 
 def consolidate(src, dst, *, overwrite: bool = False,

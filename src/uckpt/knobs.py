@@ -54,3 +54,10 @@ pause_gc: int = _env_int("pause_gc", 1)
 #: ``verify`` decodes a compressed chunk of up to this many raw bytes in memory to hash
 #: it; a larger one is decoded as a stream (uckpt.codecs.stream), in bounded memory
 verify_decode_bytes: int = _env_int("verify_decode_bytes", 16 << 20)
+#: a load on several ranks reads each chunk that several ranks need once per node
+#: ("node"), once per job ("job"), or on every rank that needs it ("off"); a load's
+#: ``cooperative=`` overrides it (uckpt.loading.cooperative, docs/distributed.md)
+cooperative_load: str = os.environ.get("UCKPT_COOPERATIVE_LOAD", "node")
+#: a cooperative load moves shared chunks in rounds: in each, a rank reads, and receives,
+#: at most this many bytes of them (or one chunk, where a chunk is larger)
+cooperative_round_bytes: int = _env_int("cooperative_round_bytes", 64 << 20)

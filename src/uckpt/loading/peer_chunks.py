@@ -156,11 +156,13 @@ class WithPeerChunks(CheckpointSource):
     """A node-local copy, with chunks of files it lacks held in memory (``got``: file ->
     [(offset, bytes)], fetched from other nodes; ``sizes``: those files' sizes). A read
     of such a file gets those bytes, zeros elsewhere (a chunk not fetched fails its
-    checksum)."""
+    checksum). ``origin`` says where they came from, in messages naming such a file
+    (cooperative loads, :mod:`uckpt.loading.cooperative`, hold chunks sent by other
+    ranks this way)."""
 
     def __init__(self, inner: CheckpointSource, got: Dict[str, List[Tuple[int, memoryview]]],
-                 sizes: Dict[str, int]) -> None:
-        self.inner, self.sizes = inner, sizes
+                 sizes: Dict[str, int], origin: str = "read from another node") -> None:
+        self.inner, self.sizes, self.origin = inner, sizes, origin
         self.got = {name: sorted(ranges, key=lambda r: r[0]) for name, ranges in got.items()}
         self._starts = {name: [o for o, _ in ranges] for name, ranges in self.got.items()}
         self.where = inner.where
@@ -201,10 +203,14 @@ class WithPeerChunks(CheckpointSource):
 
     def file_where(self, name: str) -> str:
         where = self.inner.file_where(name)
-        return where if name not in self.got else f"{where} (read from another node)"
+        return where if name not in self.got else f"{where} ({self.origin})"
 
     def medium_reader(self, name: str) -> MediumReader:
         return SourceReader(self, name) if name in self.got else self.inner.medium_reader(name)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.inner.bytes_read
 
     def sibling(self, name: str) -> CheckpointSource:
         return self.inner.sibling(name)

@@ -86,7 +86,7 @@ class CheckpointReader:
         self.source = open_source(directory, storage_options)
         self.directory = self.source.location
         self._sizes: Dict[tuple, int] = {}  # (base, name) -> actual sizes of open data files
-        self._bases: Dict[str, object] = {}  # base checkpoint name -> its source
+        self._bases: Dict[str, Any] = {}  # base checkpoint name -> its source
         try:
             self.manifest = manifest if manifest is not None else \
                 manifest_io.read_root(self.source) if rank is not None or on_demand else \
@@ -106,6 +106,12 @@ class CheckpointReader:
             source.close()
         self._bases.clear()
         self.source.close()
+
+    @property
+    def bytes_read(self) -> int:
+        """The bytes this reader's sources (the checkpoint's, its bases') read from storage
+        so far (:attr:`uckpt.storage.base.CheckpointSource.bytes_read`)."""
+        return self.source.bytes_read + sum(s.bytes_read for s in self._bases.values())
 
     def _source(self, base: Optional[str]):
         """The source holding files of ``base`` (None: this checkpoint), opened on first use."""
@@ -170,6 +176,14 @@ class CheckpointReader:
         their checksums can be verified). A target or new array of another dtype than the
         stored one is converted into while reading (:mod:`uckpt.loading.castread`; the
         caller has checked that the load's dtype policy allows it)."""
+        plan = self.checked_plan(wanted)
+        with memory.mapped("reading arrays from", self.source.where):
+            return self._read_planned(plan)
+
+    def checked_plan(self, wanted: Mapping[str, Any]) -> list:
+        """:meth:`read_arrays`' plan of ``wanted`` (see :meth:`_plan`), its data files opened
+        and size-checked and its new arrays checked against the memory limit: nothing
+        allocated or read yet."""
         plan = self._plan(wanted)
         files = {(c.base, c.file) for _, _, _, cs in plan for c in cs}
         for base, name in files:
@@ -180,8 +194,7 @@ class CheckpointReader:
         memory.check(sum(_fresh_nbytes(e, t) for e, t, _, _ in fresh), self.max_bytes,
                      ", ".join(repr(e.path) for e in new[:3]) + (", ..." if len(new) > 3 else ""),
                      self.source.where, leaf=new[0].path if len(new) == 1 else None)
-        with memory.mapped("reading arrays from", self.source.where):
-            return self._read_planned(plan)
+        return plan
 
     def chunks_for(self, wanted: Mapping[str, "np.ndarray | Shard | None"]) -> List[Chunk]:
         """The chunks :meth:`read_arrays` reads for ``wanted`` (no data is read)."""
@@ -246,9 +259,7 @@ class CheckpointReader:
         reads: List[ChunkRead] = []
         jobs: List[tuple] = []  # (entry, chunk, dest, target_start): chunks read on their own
         coalesce = self.source.coalesce
-        fresh = iter(_new_arrays([(p[0], p[1]) for p in plan if _is_fresh(p[1])]))
-        for entry, target, target_start, cs in plan:
-            dest = next(fresh) if _is_fresh(target) else target
+        for entry, dest, target_start, cs in allocated(plan):
             out[entry.path] = dest
             if dest.dtype != dtypes.to_numpy(entry.dtype):  # converted while read: chunk by chunk
                 zero = target_start or (0,) * len(entry.shape)
@@ -579,6 +590,13 @@ class CheckpointReader:
 
 #: new arrays of one read are carved from allocations of up to this many bytes
 ARENA_BYTES = 256 << 20
+
+
+def allocated(plan: list) -> list:
+    """``plan`` (:meth:`CheckpointReader.checked_plan`) with a new array in place of each
+    target that asks for one (:func:`_new_arrays`)."""
+    fresh = iter(_new_arrays([(p[0], p[1]) for p in plan if _is_fresh(p[1])]))
+    return [(e, next(fresh) if _is_fresh(t) else t, start, cs) for e, t, start, cs in plan]
 
 
 def _is_fresh(target: Any) -> bool:

@@ -1,4 +1,5 @@
-"""The key report of a load with ``strict=False``: what was missing and what was unexpected.
+"""The key report of a load with ``strict=False``: what was missing and what was unexpected;
+and what the load read from storage (and, cooperative, received from other ranks).
 
 ``uckpt.load(..., strict=False, report=r)`` and ``CheckpointManager.restore`` fill a
 :class:`LoadReport` given as ``report=`` (an out-parameter: ``load`` keeps returning the
@@ -28,6 +29,12 @@ class LoadReport:
 
     missing_keys: List[str] = field(default_factory=list)
     unexpected_keys: List[str] = field(default_factory=list)
+    #: bytes this rank's load read from storage (data files and manifest parts, through
+    #: the checkpoint's source: :attr:`uckpt.storage.base.CheckpointSource.bytes_read`)
+    bytes_read: int = field(default=0, compare=False)
+    #: bytes of chunks other ranks read and sent to this one (a cooperative load,
+    #: :mod:`uckpt.loading.cooperative`)
+    bytes_received: int = field(default=0, compare=False)
 
     def clear(self) -> None:
         del self.missing_keys[:], self.unexpected_keys[:]

@@ -541,7 +541,8 @@ class CheckpointManager:
     def restore(self, state: Mapping[str, Any], step: Optional[int] = None, *,
                 strict: bool = True, max_bytes: Optional[int] = None, cast: Cast = None,
                 report: Optional[LoadReport] = None,
-                select: Optional[Union[str, Sequence[str]]] = None) -> Optional[int]:
+                select: Optional[Union[str, Sequence[str]]] = None,
+                cooperative: Any = None) -> Optional[int]:
         """Restore ``state`` in place; returns the step restored, or None if there is none.
 
         With ``step=None`` the newest checkpoint that reads back intact is
@@ -556,10 +557,11 @@ class CheckpointManager:
         process, and the MemoryLimitError is raised (an older checkpoint is not silently
         restored instead).
 
-        ``strict``, ``cast`` and ``report`` as for :func:`uckpt.load`: ``report`` holds the
-        keys skipped by the load of the step restored. ``select``: restore only the leaves
-        these glob patterns pick, reading only their chunks, and leave the rest of
-        ``state`` untouched (as for :func:`uckpt.load`).
+        ``strict``, ``cast``, ``report`` and ``cooperative`` as for :func:`uckpt.load`:
+        ``report`` holds the keys skipped by the load of the step restored and the bytes it
+        read; ranks share reads per node as this manager names them (``node=``).
+        ``select``: restore only the leaves these glob patterns pick, reading only their
+        chunks, and leave the rest of ``state`` untouched (as for :func:`uckpt.load`).
         """
         self._check_open()
         self.wait()
@@ -609,7 +611,8 @@ class CheckpointManager:
                           self.comm,
                           f"restore of step {s} from tier {tier.name!r}", max_bytes,
                           peers=(s, i) in partial, cast=cast, report=report,
-                          select=select)
+                          select=select, cooperative=cooperative,
+                          node=self.nodes.name)
             except (DistributedError, MemoryLimitError) + _DAMAGE as e:
                 if isinstance(e, MemoryLimitError) or (isinstance(e, DistributedError) and
                                                        e.failed_with(MemoryLimitError)):

@@ -137,6 +137,13 @@ class CheckpointSource:
                 break
         return total
 
+    @property
+    def bytes_read(self) -> int:
+        """The bytes read from the storage medium so far through :meth:`read_into` and
+        :meth:`read_vectored` (data files and manifest parts; 0 where nothing is counted):
+        what a load reports as read from storage (:class:`uckpt.LoadReport`)."""
+        return 0
+
     def file_where(self, name: str) -> str:
         """The path or URL of data file ``name``, for messages."""
         raise NotImplementedError

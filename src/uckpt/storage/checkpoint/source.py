@@ -28,6 +28,8 @@ class BlobSource(base.CheckpointSource):
         self.coalesce = blob.vectored_reads
         self._readers: Dict[str, BlobReader] = {}
         self._lock = threading.Lock()
+        self._read = 0  # bytes read through read_into / read_vectored (bytes_read)
+        self._read_lock = threading.Lock()
 
     @property
     def location(self) -> Union[Path, str]:
@@ -115,10 +117,19 @@ class BlobSource(base.CheckpointSource):
         return _Medium(self.blob.open_medium_reader(self.prefix + name))
 
     def read_into(self, name: str, buf: Any, offset: int) -> int:
-        return self.reader(name).read_into(offset, buf)
+        return self._counted(self.reader(name).read_into(offset, buf))
 
     def read_vectored(self, name: str, bufs: Sequence[Any], offset: int) -> int:
-        return self.reader(name).read_vectored(offset, bufs)
+        return self._counted(self.reader(name).read_vectored(offset, bufs))
+
+    def _counted(self, n: int) -> int:
+        with self._read_lock:  # (reads run on several threads)
+            self._read += n
+        return n
+
+    @property
+    def bytes_read(self) -> int:
+        return self._read
 
     def close(self) -> None:
         with self._lock:
