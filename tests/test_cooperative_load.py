@@ -69,7 +69,7 @@ def test_rounds_bound_what_a_rank_reads_and_receives():
     assert rounds(big, 25) == [big]
 
 
-@pytest.mark.parametrize("mode, reads", [("node", 1), ("job", 1), (False, 4)])
+@pytest.mark.parametrize("mode, reads", [("node", 1), ("job", 1), (False, 4), ("auto", 4)])
 def test_each_chunk_read_once_per_node_bit_for_bit(saved, monkeypatch, mode, reads):
     """4 thread ranks (one node) load a replicated state: with cooperation its bytes are
     read from storage once in all (in several rounds) and every rank's arrays equal the
@@ -117,15 +117,17 @@ def test_two_nodes_read_once_each_and_the_job_once(saved):
 
 
 def test_manager_restore_shares_reads(tmp_path):
+    """restore(cooperative="node") reads the state once; the default ("auto") from local
+    files, whose page cache shares the reads already, on every rank."""
     state = replicated()
 
     def body(comm):
         report, dst = uckpt.LoadReport(), zeros(state)
         with uckpt.CheckpointManager(tmp_path, comm=comm) as manager:
             manager.save(1, state)
-            assert manager.restore(dst, report=report) == 1
+            assert manager.restore(dst, report=report, cooperative="node") == 1
             off = uckpt.LoadReport()
-            manager.restore(zeros(state), report=off, cooperative=False)
+            manager.restore(zeros(state), report=off)
         assert dst["w"].tobytes() == state["w"].tobytes() and dst["step"] == 5
         return report.bytes_read, off.bytes_read
 
@@ -144,7 +146,8 @@ def test_a_damaged_chunk_fails_on_every_rank(saved):
     raw = bytearray((path / name).read_bytes())
     raw[len(raw) // 2] ^= 0x10
     (path / name).write_bytes(bytes(raw))
-    out = run_ranks(4, lambda comm: uckpt.load(path, zeros(state), comm=comm))
+    out = run_ranks(4, lambda comm: uckpt.load(path, zeros(state), comm=comm,
+                                               cooperative="node"))
     for e in out:
         assert isinstance(e, DistributedError) and e.failed_with(ChecksumMismatchError), e
         assert "checksum mismatch in leaf 'w'" in str(e) and name in str(e)
@@ -171,7 +174,7 @@ def test_a_damaged_transfer_fails_its_receiver_on_every_rank(saved):
     def body(comm):
         if comm.rank == 3:
             comm = Damaging(comm.world, comm.rank, comm.group)
-        return uckpt.load(path, zeros(state), comm=comm)
+        return uckpt.load(path, zeros(state), comm=comm, cooperative="job")
 
     out = run_ranks(4, body)
     for e in out:
@@ -190,7 +193,7 @@ def test_overlapping_boxes_are_read_once(saved):
         box = np.zeros((128, 4096), np.float32)
         report = uckpt.LoadReport()
         uckpt.load(path, {"w": uckpt.Shard(box, (256, 4096), (rows.start, 0))}, comm=comm,
-                   strict=False, report=report)
+                   strict=False, report=report, cooperative="node")
         assert box.tobytes() == state["w"][rows].tobytes()
         return report.bytes_read
 

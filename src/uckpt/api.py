@@ -167,10 +167,12 @@ def load(directory, state: Optional[Mapping[str, Any]] = None, *, strict: bool =
     (``comm``, as for :func:`save`), the call is collective: if it fails on any
     rank, every rank raises :class:`~uckpt.errors.DistributedError`.
 
-    ``cooperative`` (several ranks): ``"node"`` (the default, ``UCKPT_COOPERATIVE_LOAD``)
-    reads each chunk that several ranks of a node load (replicated arrays, overlapping
-    boxes) once on that node and sends it to the others over ``comm``; ``"job"`` once in
-    the whole job; False every rank reads all it loads itself. Every rank checks every
+    ``cooperative`` (several ranks): ``"node"`` reads each chunk that several ranks of a
+    node load (replicated arrays, overlapping boxes) once on that node and sends it to
+    the others over ``comm``; ``"job"`` once in the whole job; False every rank reads all
+    it loads itself; ``"auto"`` (the default, ``UCKPT_COOPERATIVE_LOAD``) is ``"node"``
+    from an object store and False from local files (whose page cache shares a node's
+    reads already). Every rank checks every
     chunk's checksum either way; ``report.bytes_read`` and ``bytes_received`` say what
     this rank read from storage and received (docs/distributed.md, "Reads shared across
     ranks").

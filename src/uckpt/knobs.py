@@ -55,9 +55,11 @@ pause_gc: int = _env_int("pause_gc", 1)
 #: it; a larger one is decoded as a stream (uckpt.codecs.stream), in bounded memory
 verify_decode_bytes: int = _env_int("verify_decode_bytes", 16 << 20)
 #: a load on several ranks reads each chunk that several ranks need once per node
-#: ("node"), once per job ("job"), or on every rank that needs it ("off"); a load's
-#: ``cooperative=`` overrides it (uckpt.loading.cooperative, docs/distributed.md)
-cooperative_load: str = os.environ.get("UCKPT_COOPERATIVE_LOAD", "node")
+#: ("node"), once per job ("job"), on every rank that needs it ("off"), or ("auto") once
+#: per node from an object store and on every rank from local files, whose page cache
+#: shares the reads of a node's ranks already; a load's ``cooperative=`` overrides it
+#: (uckpt.loading.cooperative, docs/distributed.md)
+cooperative_load: str = os.environ.get("UCKPT_COOPERATIVE_LOAD", "auto")
 #: a cooperative load moves shared chunks in rounds: in each, a rank reads, and receives,
 #: at most this many bytes of them (or one chunk, where a chunk is larger)
 cooperative_round_bytes: int = _env_int("cooperative_round_bytes", 64 << 20)

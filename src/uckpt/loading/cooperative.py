@@ -1,7 +1,10 @@
 """Reads shared across ranks (cooperative loads, docs/distributed.md): each chunk that
 several ranks of a node (``"node"``) or of the job (``"job"``) read is read from storage by
 one of them, checked, and sent to the others over the communicator; every rank still
-checks each chunk it receives against the manifest's checksum.
+checks each chunk it receives against the manifest's checksum. ``"auto"`` (the default) is
+``"node"`` where the ranks read from a store without a shared page cache (an object
+store), else every rank reads what it loads (local files: the node's page cache shares
+the reads already, and reading it is cheaper than sending: docs/benchmarks.md).
 
 A collective load (:func:`uckpt.loading.collective.load_from`) with cooperation runs its
 reads through a :class:`CooperativeReader` on every rank:
@@ -51,12 +54,12 @@ log = logging.getLogger("uckpt.loading.cooperative")
 #: file; byte offset; length)
 Key = Tuple[str, str, int, int]
 #: what ``cooperative=`` takes besides False / "off"
-MODES = ("node", "job")
+MODES = ("auto", "node", "job")
 
 
 def mode_of(cooperative: Any) -> Optional[str]:
-    """The cooperation a load asks for with ``cooperative=``: ``"node"``, ``"job"``, or None
-    (off: False or ``"off"``); None given: ``knobs.cooperative_load``
+    """The cooperation a load asks for with ``cooperative=``: ``"auto"``, ``"node"``,
+    ``"job"``, or None (off: False or ``"off"``); None given: ``knobs.cooperative_load``
     (``UCKPT_COOPERATIVE_LOAD``). Anything else is an OptionsError."""
     value = knobs.cooperative_load if cooperative is None else cooperative
     if value is False or value == "off":
@@ -66,7 +69,8 @@ def mode_of(cooperative: Any) -> Optional[str]:
     source = "UCKPT_COOPERATIVE_LOAD" if cooperative is None else "cooperative="
     raise OptionsError(f"{source} {value!r} is not a way to share reads across ranks",
                        hint='use "node" (each chunk read once per node), "job" (once per '
-                            'job) or False / "off" (every rank reads what it loads)')
+                            'job), "auto" ("node" from an object store, else off) or False '
+                            '/ "off" (every rank reads what it loads)')
 
 
 def key(chunk: Chunk) -> Key:
@@ -207,12 +211,15 @@ class CooperativeReader(CheckpointReader):
         def prepare() -> list:
             with memory.mapped("reading arrays from", self.source.where):
                 mine["plan"] = plan = allocated(self.checked_plan(wanted))
+            if coop.mode == "auto" and self.source.shares_cache:
+                return [coop.node, None]  # (its node's page cache shares the reads)
             return [coop.node, sorted({key(c) for _, _, _, cs in plan for c in cs})]
 
         views = coop.step(prepare, LISTING)
         plan = mine["plan"]
-        groups = [v[0] if coop.mode == "node" else "" for v in views]
-        transfers = assign([[tuple(k) for k in v[1]] for v in views], groups)  # type: ignore
+        groups = [v[0] if coop.mode != "job" else "" for v in views]
+        transfers = [] if any(v[1] is None for v in views) else \
+            assign([[tuple(k) for k in v[1]] for v in views], groups)  # type: ignore
         batches = rounds(transfers, knobs.cooperative_round_bytes)
         index = {key(c): (e, c) for e, _, _, cs in plan for c in cs}
         pending: Optional[BaseException] = None

@@ -168,6 +168,7 @@ class WithPeerChunks(CheckpointSource):
         self.where = inner.where
         self.block_bytes, self.coalesce = inner.block_bytes, inner.coalesce
         self.read_threads, self.verify_threads = inner.read_threads, inner.verify_threads
+        self.shares_cache = inner.shares_cache
 
     @property
     def location(self) -> Any:

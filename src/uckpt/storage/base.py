@@ -137,6 +137,11 @@ class CheckpointSource:
                 break
         return total
 
+    #: whether the ranks of one node reading this checkpoint share their reads already (a
+    #: local file system's page cache): a cooperative load's "auto" then leaves every rank
+    #: to read what it loads (uckpt.loading.cooperative)
+    shares_cache: bool = False
+
     @property
     def bytes_read(self) -> int:
         """The bytes read from the storage medium so far through :meth:`read_into` and

@@ -26,6 +26,7 @@ class BlobSource(base.CheckpointSource):
         self.block_bytes = max(knobs.read_block_bytes, blob.read_block_bytes)
         self.read_threads = self.verify_threads = max(knobs.io_threads, blob.read_threads)
         self.coalesce = blob.vectored_reads
+        self.shares_cache = blob.local_files
         self._readers: Dict[str, BlobReader] = {}
         self._lock = threading.Lock()
         self._read = 0  # bytes read through read_into / read_vectored (bytes_read)
