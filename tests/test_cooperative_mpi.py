@@ -4,8 +4,8 @@ cooperative reads off, per node and per job (checking every rank's arrays bit fo
 against the saved state: the worker exits non-zero otherwise), then damages one byte of a
 data file and loads again.
 
-The smaller case is 40 MB (one launch, both listed slow); the acceptance case of issue 29 (400 MB: about
-400 MB read in all with cooperative reads, 1.6 GB without) is the slow one.
+The smaller case is 40 MB, one launch; the other is issue 29's acceptance case (400 MB:
+about 400 MB read in all with cooperative reads, 1.6 GB without). Both are listed slow.
 """
 from pathlib import Path
 
