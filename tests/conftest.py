@@ -45,6 +45,7 @@ SLOW_MODULES = {
     "test_horovod_elastic",  # issue 28: horovodrun elastic (gloo), 4 workers, one SIGKILLed
     # issue 29: reads shared across ranks, mpiexec -n 4 (40 MB; the 400 MB acceptance case)
     "test_cooperative_mpi",
+    "test_torchrun_elastic",  # issue 28: 4 torchrun agents, one killed, elastic restart as 3
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
@@ -90,7 +91,7 @@ MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
                      "test_shm_restart", "test_exchange_multiproc", "test_node_kills",
                      "test_redundant_restart", "test_bench_levels", "test_mpich_segments",
-                     "test_horovod_elastic", "test_cooperative_mpi"}
+                     "test_horovod_elastic", "test_cooperative_mpi", "test_torchrun_elastic"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "

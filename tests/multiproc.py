@@ -85,14 +85,18 @@ def _kill(procs) -> None:
 
 
 def _launch(cmds: Sequence[Sequence[str]], envs: Sequence[Dict[str, str]], timeout: float,
-            monitor: Optional[Callable[[], None]] = None) -> Run:
+            monitor: Optional[Callable[[], None]] = None,
+            started: Optional[List[subprocess.Popen]] = None) -> Run:
     """``monitor``, if given, is called every few milliseconds while the processes run
-    (e.g. to kill one of them at a chosen moment)."""
+    (e.g. to kill one of them at a chosen moment); ``started``, if given, receives the
+    processes (in the order of ``cmds``) before it is first called."""
     start = time.monotonic()
     segments = mpich_segments.segments()  # those a killed job leaves are removed at its end
     files = [(tempfile.TemporaryFile(), tempfile.TemporaryFile()) for _ in cmds]
     procs = [subprocess.Popen(list(c), env=e, stdout=o, stderr=er, start_new_session=True)
              for c, e, (o, er) in zip(cmds, envs, files)]
+    if started is not None:
+        started.extend(procs)
     timed_out = False
     try:
         while monitor is not None and any(p.poll() is None for p in procs) and \
@@ -130,6 +134,16 @@ def run_command(cmd: Sequence[Any], timeout: float, env: Optional[Dict[str, str]
     """One command, in a session of its own: on a timeout every process it started is
     killed too, and the output so far is in the error (``monitor``: see :func:`_launch`)."""
     return _launch([list(map(str, cmd))], [_env(env)], timeout, monitor)
+
+
+def run_commands(cmds: Sequence[Sequence[Any]], envs: Sequence[Dict[str, str]], timeout: float,
+                 monitor: Optional[Callable[[List[subprocess.Popen]], None]] = None) -> Run:
+    """Several commands at once, each with its own extra environment and in a session of
+    its own (e.g. one torchrun agent per simulated node); ``monitor(processes)``: see
+    :func:`_launch`. :attr:`Run.returncodes` are in the order of ``cmds``."""
+    procs: List[subprocess.Popen] = []
+    return _launch([list(map(str, c)) for c in cmds], [_env(e) for e in envs], timeout,
+                   None if monitor is None else lambda: monitor(procs), procs)
 
 
 def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
