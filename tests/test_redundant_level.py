@@ -25,10 +25,10 @@ def shard(step, rank, size=4, zero=False):
             "own": uckpt.PerRank(np.full(rank + 3, step * 10 + rank, dtype=np.int64))}
 
 
-def manager(tmp_path, c, scheme, **kw):
+def manager(tmp_path, c, scheme, node_of=lambda rank: f"n{rank // 2}", **kw):
     tiers = [uckpt.Tier(str(tmp_path / "{node}"), keep=2, redundancy=scheme),
              tmp_path / "durable"]
-    return uckpt.CheckpointManager(tiers=tiers, comm=c, node=f"n{c.rank // 2}", **kw)
+    return uckpt.CheckpointManager(tiers=tiers, comm=c, node=node_of(c.rank), **kw)
 
 
 def records_of(tmp_path, node, step):
@@ -68,11 +68,11 @@ def save_step_3(tmp_path):
     assert run_ranks(4, save) == [None] * 4
 
 
-def restore_all(tmp_path, caplog):
+def restore_all(tmp_path, caplog, **kw):
     """Restore on 4 thread ranks; each rank's step, its state checked against step 3's."""
     def restore(c):
         got = shard(0, c.rank, zero=True)
-        with manager(tmp_path, c, "partner") as m:
+        with manager(tmp_path, c, "partner", **kw) as m:
             return m.restore(got), got
     with caplog.at_level("INFO", logger="uckpt"):
         outcomes = run_ranks(4, restore)
@@ -92,6 +92,20 @@ def test_a_wiped_node_is_rebuilt_at_restore(tmp_path, caplog):
     said = restore_all(tmp_path, caplog)
     assert (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes() == before
     assert any("lost the copy of node 'n1' (node 1, ranks 2, 3)" in s for s in said)
+    assert not (tmp_path / "durable").exists()
+
+
+def test_a_wiped_node_is_rebuilt_when_the_job_numbers_the_nodes_anew(tmp_path, caplog):
+    """The restart puts n1 first (ranks 0, 1) and n0 second, as an elastic launcher may
+    (torchrun orders a rejoining agent last): the rebuild matches the records' nodes by
+    name, and every rank restores its own rows and value, some from the other node."""
+    save_step_3(tmp_path)
+    before = (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes()
+    shutil.rmtree(tmp_path / "n1")
+    (tmp_path / "durable").rename(tmp_path / "away")
+    said = restore_all(tmp_path, caplog, node_of=lambda rank: f"n{1 - rank // 2}")
+    assert (tmp_path / "n1" / "step_00000003" / "data-00002.bin").read_bytes() == before
+    assert any("lost the copy of node 'n1' (node 1, ranks 2, 3)" in s for s in said), said
     assert not (tmp_path / "durable").exists()
 
 

@@ -69,12 +69,13 @@ def repair_across(comm: Communicator, nodes: Sequence[str], records: Records, re
 
 
 def _leaders(nodes: Sequence[str], records: Records) -> List[Optional[int]]:
-    """The job's leader of each node of the records (None: a node not in the job, whose
-    share is rebuilt into another node's copy); ValueError where the job has a node the
-    records lack, or its nodes are in another order."""
+    """The job's leader of each node of the records, matched by node name whatever the
+    job's order (an elastic launcher may number the nodes anew); None: a node not in the
+    job, whose share is rebuilt into another node's copy. ValueError where the job has a
+    node the records lack."""
     names, ranks = node_map(nodes)
     known = [n.name for n in records.nodes]
-    if not set(names) <= set(known) or names != [n for n in known if n in names]:
+    if not set(names) <= set(known):
         raise ValueError(f"the job's nodes {names} (ranks {ranks}) are not the records' "
                          f"{known} or some of them: a rebuild needs the same nodes, or "
                          "fewer of them")
