@@ -73,11 +73,11 @@ def main():
     name, durable, run = sys.argv[1:4]
     run = Path(run)
     import torch.distributed as dist
-    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     import uckpt
     from uckpt.comm import get_communicator
 
-    comm = get_communicator(None, timeout=30)
+    comm = get_communicator(None, timeout=60)
     rank, size = comm.rank, comm.size
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     node = os.environ["UCKPT_NODE"]

@@ -81,13 +81,20 @@ def test_four_ranks_on_two_nodes_restore_as_three_from_node_local_copies(tmp_pat
 
 
 @pytest.mark.parametrize("scheme", ["partner", "xor:4"])
-def test_four_nodes_restore_as_three_rebuilding_the_lost_nodes_share(tmp_path, caplog, scheme):
-    """4 ranks as 4 nodes save with redundancy; node3 is lost (its directory wiped) and
-    not replaced; the job restarts as 3 ranks on node0-2, durable tier out of reach: node3's
-    share is rebuilt from the survivors' redundancy into the copy of its host (partner:
-    node0, which kept its partner copy; xor:4: node0, the lowest other member of its
-    group) and served from there; the state is resharded 3 ways, bit for bit against the
-    consolidated durable copy."""
+@pytest.mark.parametrize("lost, survivors, hosts", [
+    ("node3", ["node0", "node1", "node2"], {"partner": "node0", "xor:4": "node0"}),
+    ("node1", ["node3", "node0", "node2"], {"partner": "node2", "xor:4": "node0"}),
+], ids=["last-lost", "another-order"])
+def test_four_nodes_restore_as_three_rebuilding_the_lost_nodes_share(
+        tmp_path, caplog, scheme, lost, survivors, hosts):
+    """4 ranks as 4 nodes save with redundancy; one node is lost (its directory wiped) and
+    not replaced; the job restarts as 3 ranks on the others, durable tier out of reach:
+    the lost share is rebuilt from the survivors' redundancy into the copy of its host
+    (partner: the next node, which kept its partner copy; xor:4: the lowest other member
+    of its group) and served from there; the state is resharded 3 ways, bit for bit
+    against the consolidated durable copy. In ``another-order`` the survivors are ranks
+    0, 1, 2 on node3, node0, node2, as an elastic launcher may number them: the rebuild
+    matches the records' nodes by name, not by order."""
     def tiers_of():
         return [uckpt.Tier(tmp_path / "{node}" / "run", keep=2, redundancy=scheme),
                 tmp_path / "durable"]
@@ -98,41 +105,12 @@ def test_four_nodes_restore_as_three_rebuilding_the_lost_nodes_share(tmp_path, c
     assert run_ranks(4, save) == [None] * 4
     reference = uckpt.load(tmp_path / "durable" / "step_00000003")
     shutil.move(tmp_path / "durable", tmp_path / "away")
-    shutil.rmtree(tmp_path / "node3")
+    shutil.rmtree(tmp_path / lost)
 
-    lines = restore_as_three(tiers_of, "node{}".format, reference, caplog)
-    assert (tmp_path / "node0/run/step_00000003/data-00003.bin").is_file()
-    assert any(f"rebuilt the share of node 'node3' (node 3, ranks 3) (node not in the job) "
-               f"from {scheme} over the communicator, into the copy of node 'node0'" in m
-               for m in lines), lines
-    assert not (tmp_path / "durable").exists()
-
-
-@pytest.mark.parametrize("scheme", ["partner", "xor:4"])
-def test_three_of_four_nodes_in_another_order_rebuild_the_lost_nodes_share(tmp_path, caplog,
-                                                                           scheme):
-    """As above, node1 lost, but the 3 survivors restart in another order (ranks 0, 1, 2
-    on node3, node0, node2), as an elastic launcher may number them (torchrun's c10d
-    rendezvous orders a rejoining agent last): the rebuild keys on the node names of the
-    records, not on their order; node1's share is rebuilt into its host's copy (partner:
-    node2, which kept its partner copy; xor:4: node0) and served from there."""
-    def tiers_of():
-        return [uckpt.Tier(tmp_path / "{node}" / "run", keep=2, redundancy=scheme),
-                tmp_path / "durable"]
-
-    def save(c):
-        with uckpt.CheckpointManager(tiers=tiers_of(), comm=c, node=f"node{c.rank}") as m:
-            m.save(3, state(c.rank, 4))
-    assert run_ranks(4, save) == [None] * 4
-    reference = uckpt.load(tmp_path / "durable" / "step_00000003")
-    shutil.move(tmp_path / "durable", tmp_path / "away")
-    shutil.rmtree(tmp_path / "node1")
-
-    lines = restore_as_three(tiers_of, ["node3", "node0", "node2"].__getitem__, reference,
-                             caplog)
-    host = "node2" if scheme == "partner" else "node0"
-    assert (tmp_path / host / "run/step_00000003/data-00001.bin").is_file()
-    assert any(f"rebuilt the share of node 'node1' (node 1, ranks 1) (node not in the job) "
-               f"from {scheme} over the communicator, into the copy of node '{host}'" in m
-               for m in lines), lines
+    lines = restore_as_three(tiers_of, survivors.__getitem__, reference, caplog)
+    k, host = int(lost[len("node"):]), hosts[scheme]
+    assert (tmp_path / host / f"run/step_00000003/data-{k:05d}.bin").is_file()
+    assert any(f"rebuilt the share of node '{lost}' (node {k}, ranks {k}) (node not in the "
+               f"job) from {scheme} over the communicator, into the copy of node '{host}'"
+               in m for m in lines), lines
     assert not (tmp_path / "durable").exists()
