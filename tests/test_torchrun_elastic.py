@@ -76,7 +76,7 @@ def test_torchrun_elastic_restart_on_three_of_four_nodes(tmp_path, shm_name):
     result = run_commands(
         [agent(k, port, shm_name, durable, run) for k in range(NODES)],
         [{"UCKPT_NODE": f"node{k}", **NO_SHARED_STORE} for k in range(NODES)],
-        timeout=240, monitor=kill_a_node_when_every_worker_is_parked)
+        timeout=480, monitor=kill_a_node_when_every_worker_is_parked)  # (a hang guard)
     assert lost, f"the workers never all parked\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     workers, node = lost["workers"], lost["node"]
     assert sorted(w["rank"] for w in workers.values()) == list(range(NODES))
