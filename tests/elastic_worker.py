@@ -117,8 +117,9 @@ def main():
         print("\nRESULT " + json.dumps(out), flush=True)
         return
     (run / "parked").mkdir(exist_ok=True)
-    (run / "parked" / node).write_text(json.dumps({"pid": os.getpid(), "rank": rank,
-                                                   "size": size}))
+    tmp = run / f".{node}"  # (renamed in whole: the test reads it as soon as it is there)
+    tmp.write_text(json.dumps({"pid": os.getpid(), "rank": rank, "size": size}))
+    os.replace(tmp, run / "parked" / node)
     while True:  # until a node is killed: this barrier then fails, and the agent restarts
         dist.barrier()
         time.sleep(0.05)
