@@ -22,7 +22,7 @@ LAYERS = [
     ["saving"],
     ["manager"],
     ["conversion", "testing", "api"],
-    ["cli", "torch", "keras", "chainer", "lightning", "__init__", "__main__"],
+    ["cli", "torch", "keras", "chainer", "lightning", "horovod", "__init__", "__main__"],
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 ROOT = Path(uckpt.__file__).parent
