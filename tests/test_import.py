@@ -26,7 +26,7 @@ def test_import_uckpt_leaves_slow_standard_modules_for_first_use():
     """`import uckpt` stays fast: ``importlib.metadata`` (about 10-20 ms) is imported when
     adapters' entry points are first looked up, not before; and with crc32c-rs installed
     the ``crc32c`` package, which imports it, is not imported at all."""
-    code = ("import sys, json, uckpt; "
+    code = ("import sys, json, uckpt, uckpt.codecs.checksum; "
             "print(json.dumps(['importlib.metadata' in sys.modules, 'crc32c' in sys.modules, "
             "uckpt.codecs.checksum.BACKEND]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

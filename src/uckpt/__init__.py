@@ -1,61 +1,83 @@
 """uckpt: framework-agnostic checkpointing with a neutral, documented on-disk format.
 
-``import uckpt`` imports no deep-learning framework; adapters are loaded when a
-framework object is handed to :func:`save` or :func:`load`. :func:`convert`
-(conversion between checkpoint formats, :mod:`uckpt.conversion`) and
-:func:`open` (a checkpoint read array by array, :mod:`uckpt.loading.lazy`) are imported
-on first use.
+``import uckpt`` imports no deep-learning framework, and only the modules that define
+its light names (:mod:`uckpt.errors`, the adapter interface, :class:`Shard` /
+:class:`PerRank`). Every other public name — :func:`save`, :func:`load`,
+:class:`CheckpointManager`, the policies, :func:`convert`, :func:`open` (a checkpoint
+read array by array, :mod:`uckpt.loading.lazy`), the option objects, ... — is imported
+from its module on first use (:func:`__getattr__`), so a process pays only for what it
+uses. Adapters are loaded when a framework object is handed to :func:`save` or
+:func:`load`.
 """
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
 from . import errors
 from ._version import __version__
 from .adapter import Adapter, ArraySpec, RNGProvider
-from .manager import policies
-from .api import consolidate, load, manifest, save, verify
-from .loading.report import LoadReport
-from .saving.engine import SaveHandle
-from .manager.interval import EveryOptimal
-from .manager.checkpoint_manager import CheckpointManager
-from .manager.policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest, KeepEvery,
-                               KeepLast, OnSignal)
-from .registry import register_adapter
-from .rng import RandomState
 from .tree.shard import PerRank, Shard
-from .manager.tiers import Tier
 
-__all__ = ["Adapter", "AnyOf", "ArraySpec", "CheckpointManager", "EveryNSeconds", "consolidate",
-           "EveryNSteps", "EveryOptimal", "KeepAll", "KeepBest", "KeepEvery", "KeepLast",
-           "LoadReport", "OnSignal", "PerRank", "RNGProvider", "RandomState", "SaveHandle",
-           "Shard", "Tier",
-           "__version__", "errors", "load", "manifest", "policies", "register_adapter", "save",
-           "verify"]
+if TYPE_CHECKING:  # the names imported on first use, for type checkers
+    from .api import consolidate, load, manifest, save, verify
+    from .conversion.api import convert
+    from .loading.lazy import open_checkpoint as open  # noqa: F401 (not in __all__)
+    from .loading.report import LoadReport
+    from .manager import policies
+    from .manager.checkpoint_manager import CheckpointManager
+    from .manager.interval import EveryOptimal
+    from .manager.options import AsyncOptions, IncrementalOptions, RetentionOptions
+    from .manager.policies import (AnyOf, EveryNSeconds, EveryNSteps, KeepAll, KeepBest,
+                                   KeepEvery, KeepLast, OnSignal)
+    from .manager.tiers import Tier
+    from .options import SaveOptions
+    from .registry import register_adapter
+    from .rng import RandomState
+    from .saving.engine import SaveHandle
 
-__all__ += ["convert"]
+#: name -> (module relative to this package, attribute in it or None for the module
+#: itself), imported on first use
+_LAZY: Dict[str, Tuple[str, Optional[str]]] = {
+    **{n: ("api", n) for n in ("consolidate", "load", "manifest", "save", "verify")},
+    "convert": ("conversion.api", "convert"),
+    "open": ("loading.lazy", "open_checkpoint"),
+    "LoadReport": ("loading.report", "LoadReport"),
+    "policies": ("manager.policies", None),
+    "CheckpointManager": ("manager.checkpoint_manager", "CheckpointManager"),
+    "EveryOptimal": ("manager.interval", "EveryOptimal"),
+    **{n: ("manager.options", n)
+       for n in ("AsyncOptions", "IncrementalOptions", "RetentionOptions")},
+    **{n: ("manager.policies", n)
+       for n in ("AnyOf", "EveryNSeconds", "EveryNSteps", "KeepAll", "KeepBest", "KeepEvery",
+                 "KeepLast", "OnSignal")},
+    "Tier": ("manager.tiers", "Tier"),
+    "SaveOptions": ("options", "SaveOptions"),
+    "register_adapter": ("registry", "register_adapter"),
+    "RandomState": ("rng", "RandomState"),
+    "SaveHandle": ("saving.engine", "SaveHandle"),
+}
 
-#: option objects, by the module defining them (imported on first use)
-_OPTIONS = {"SaveOptions": "options", "RetentionOptions": "manager.options",
-            "AsyncOptions": "manager.options", "IncrementalOptions": "manager.options"}
-__all__ += list(_OPTIONS)
+# (`open` is not in __all__: a star import would hide the built-in open)
+__all__ = ["Adapter", "AnyOf", "ArraySpec", "AsyncOptions", "CheckpointManager",
+           "EveryNSeconds", "EveryNSteps", "EveryOptimal", "IncrementalOptions", "KeepAll",
+           "KeepBest", "KeepEvery", "KeepLast", "LoadReport", "OnSignal", "PerRank",
+           "RNGProvider", "RandomState", "RetentionOptions", "SaveHandle", "SaveOptions",
+           "Shard", "Tier", "__version__", "consolidate", "convert", "errors", "load",
+           "manifest", "policies", "register_adapter", "save", "verify"]
+
+def __getattr__(name: str) -> Any:
+    """The names of ``_LAZY``, imported from their module on first use (then cached in
+    this module), so ``import uckpt`` stays light."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'uckpt' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _LAZY[name]
+    value = importlib.import_module(f".{module}", __name__)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
 
 
-def __getattr__(name: str):
-    """``uckpt.convert`` (:func:`uckpt.conversion.convert`), ``uckpt.open``
-    (:func:`uckpt.loading.lazy.open_checkpoint`) and the option objects
-    (:class:`uckpt.options.SaveOptions`, :mod:`uckpt.manager.options`) are imported on
-    first use, so ``import uckpt`` stays light."""
-    if name == "convert":
-        from .conversion.api import convert
-
-        globals()["convert"] = convert
-        return convert
-    if name == "open":  # (not in __all__: a star import would hide the built-in open)
-        from .loading.lazy import open_checkpoint
-
-        globals()["open"] = open_checkpoint
-        return open_checkpoint
-    if name in _OPTIONS:
-        import importlib
-
-        value = getattr(importlib.import_module(f".{_OPTIONS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'uckpt' has no attribute {name!r}")
+def __dir__() -> List[str]:
+    """The module's names, those not yet imported included."""
+    return sorted(set(globals()) | set(_LAZY))
