@@ -11,7 +11,6 @@ no leaf is an :class:`~uckpt.errors.UnknownKeyError` naming it.
 """
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -97,6 +96,8 @@ def unknown(key: str, paths: Sequence[str], where: str, what: str = "key") -> Un
 def nearest(key: str, paths: Sequence[str], n: int = 5) -> List[str]:
     """The ``n`` paths most like ``key`` (compared whole, and by their start as long as
     ``key``: a misspelt prefix ``"modle/*"`` finds ``"model/..."``), best first."""
+    import difflib  # here: only a failed selection needs it
+
     bare = key.rstrip("*?")
     scored = []
     for path in paths:

@@ -11,7 +11,7 @@ every rank calls :func:`claim_roots` once, at the job's first save, then
 from __future__ import annotations
 
 import logging
-import secrets
+import os
 from typing import Any, List
 
 from .save_errors import raise_save_failure
@@ -47,7 +47,7 @@ def check_leases(locks: List[Any], comm: Any) -> None:
 
 
 def new_job_id() -> str:
-    return secrets.token_hex(8)
+    return os.urandom(8).hex()
 
 
 def claim_roots(stores: List[Any], comm: Any, shared: bool) -> List[Any]:

@@ -7,7 +7,6 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
 import stat
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
@@ -181,6 +180,8 @@ def copy_range(fd_in: int, fd_out: int, size: int, block: int = 8 << 20) -> int:
 
 
 def remove_tree(path: StrPath) -> None:
+    import shutil  # here: it imports bz2 and lzma, which the save path never needs
+
     shutil.rmtree(os.fspath(path), ignore_errors=True)
 
 

@@ -55,7 +55,6 @@ from __future__ import annotations
 import abc
 import hashlib
 import os
-import socket
 from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Self
@@ -373,6 +372,8 @@ class BlobStore(abc.ABC):
         """A name of the copy of the store that holds ``prefix``, the same for every
         process and store object that sees that copy (ranks sharing a node-local
         directory). This default: this store object's own (a copy in this process)."""
+        import socket  # here, on first use: it imports selectors
+
         return f"{socket.gethostname()}:{os.getpid()}:{id(self)}"
 
     def exists(self, key: str) -> bool:

@@ -17,7 +17,6 @@ import fcntl
 import logging
 import mmap
 import os
-import socket
 import stat
 import time
 import uuid
@@ -86,6 +85,8 @@ class PosixStore(BlobStore):
             st = os.fstat(fd)
         finally:
             os.close(fd)
+        import socket  # here, on first use: it imports selectors
+
         return f"{socket.gethostname()}:{st.st_dev}:{st.st_ino}"
 
     # --- walking the tree ----------------------------------------------------------------

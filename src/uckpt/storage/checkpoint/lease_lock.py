@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Dict, List, NamedTuple, Optional, Set, Tuple
@@ -148,6 +147,8 @@ class LeaseWriterLock(WriterLock):
 
     # -- reading and writing lock objects ----------------------------------------------------
     def _record(self) -> bytes:
+        import socket  # here, on first use: it imports selectors
+
         self._nonce = os.urandom(8).hex()  # a new ETag for every write
         return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "job": self.job,
                            "mode": "shared" if self.shared else "exclusive",

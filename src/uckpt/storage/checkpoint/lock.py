@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
@@ -47,6 +46,8 @@ def writer_lock(store: BlobCheckpointStore, job: str, shared: bool) -> WriterLoc
 
 
 def record(job: str, shared: bool, **more: Any) -> Dict[str, Any]:
+    import socket  # here, on first use: it imports selectors
+
     return {"host": socket.gethostname(), "pid": os.getpid(), "job": job,
             "mode": "shared" if shared else "exclusive",
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **more}

@@ -9,8 +9,8 @@ with ``atomic_rename`` (its save lease: the lock ``.<name>.uckpt-tmp-<token>.lea
 """
 from __future__ import annotations
 
+import os
 import re
-import secrets
 import threading
 
 from ...format import MANIFEST_NAME
@@ -39,7 +39,7 @@ _guard = threading.Lock()
 
 def hidden(name: str, mark: str) -> str:
     """A new hidden name for checkpoint ``name`` (``mark``: TMP_MARK, OLD_MARK, DEL_MARK)."""
-    return f".{name}{mark}{secrets.token_hex(4)}"
+    return f".{name}{mark}{os.urandom(4).hex()}"
 
 
 def live(where: str) -> None:
