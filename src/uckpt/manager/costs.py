@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -60,6 +59,8 @@ def summarize(records: List[Dict[str, Any]], recent: int = RECENT) -> Optional[C
     usable = [r for r in records if isinstance(r.get("stall_s"), (int, float))][-recent:]
     if not usable:
         return None
+
+    import statistics  # here: it imports decimal and fractions
 
     def median(key: str) -> Optional[float]:
         values = [float(r[key]) for r in usable if isinstance(r.get(key), (int, float))]

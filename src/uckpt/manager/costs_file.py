@@ -15,7 +15,6 @@ import errno
 import fcntl
 import logging
 import os
-import secrets
 from pathlib import Path
 from typing import Iterator
 
@@ -33,7 +32,7 @@ def replace_file(root: Path, name: str, data: bytes) -> None:
     measurements), removing the temporary files of dead replacements first."""
     with _root_lock(root, fcntl.LOCK_EX):
         _remove_dead(root, name)
-    tmp = root / f"{name}{TMP_MARK}{secrets.token_hex(4)}"
+    tmp = root / f"{name}{TMP_MARK}{os.urandom(4).hex()}"
     with _root_lock(root, fcntl.LOCK_SH):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      0o644)
