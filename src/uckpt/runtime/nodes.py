@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -22,6 +21,8 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,254}$")
 def node_name(given: Optional[str] = None) -> str:
     """This process's node name: ``given``, else ``$UCKPT_NODE``, else the host name;
     OptionsError where it is not one path component (letters, digits, ``_ - .``)."""
+    import socket  # here, on first use: it imports selectors
+
     name, source = ((given, "node=") if given is not None
                     else (os.environ[ENV], ENV) if os.environ.get(ENV)
                     else (socket.gethostname(), "the host name"))
