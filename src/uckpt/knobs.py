@@ -51,6 +51,9 @@ lock_lease_s: float = float(os.environ.get("UCKPT_LOCK_LEASE_S", "60"))
 #: 1: Python's cyclic garbage collector is paused while a save or load runs on the
 #: caller's thread (uckpt.runtime.gcpause); 0: left alone
 pause_gc: int = _env_int("pause_gc", 1)
+#: ``uckpt convert`` from NPZ reads arrays ahead on threads while it writes one: at most
+#: this many bytes of them (and always the next array) beyond the one being written
+convert_ahead_bytes: int = _env_int("convert_ahead_bytes", 256 << 20)
 #: ``verify`` decodes a compressed chunk of up to this many raw bytes in memory to hash
 #: it; a larger one is decoded as a stream (uckpt.codecs.stream), in bounded memory
 verify_decode_bytes: int = _env_int("verify_decode_bytes", 16 << 20)

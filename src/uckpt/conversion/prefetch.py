@@ -5,19 +5,19 @@ costs CPU (deflated NPZ members: zlib inflates without holding the GIL), :func:`
 makes each leaf's read start on a worker thread ahead of time, so inflating overlaps with
 writing and with the inflating of other members. At most ``budget`` bytes of arrays are
 read ahead beyond the one being written (and always at least the next one), so memory
-stays bounded; a leaf read again (a tied array stored twice) reads itself as before.
+stays bounded (``budget``: ``knobs.convert_ahead_bytes``, 256 MiB, by default); a leaf
+read again (a tied array stored twice) reads itself as before.
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .. import knobs
 from .interchange import Leaf
-
-DEFAULT_BUDGET = 256 << 20
 
 
 class _Ahead:
@@ -62,9 +62,12 @@ class _Ahead:
 
 
 def prefetch(arrays: List[Tuple[str, Leaf]], threads: int = 2,
-             budget: int = DEFAULT_BUDGET) -> Callable[[], None]:
-    """Make the leaves of ``arrays`` read ahead; returns the function that stops it and
-    gives the leaves their own readers back (call it when the writer is done)."""
+             budget: Optional[int] = None) -> Callable[[], None]:
+    """Make the leaves of ``arrays`` read ahead (at most ``budget`` bytes, default
+    ``knobs.convert_ahead_bytes``); returns the function that stops it and gives the
+    leaves their own readers back (call it when the writer is done)."""
+    if budget is None:
+        budget = knobs.convert_ahead_bytes
     unique: List[Leaf] = []
     seen = set()
     for _, leaf in arrays:
