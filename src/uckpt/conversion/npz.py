@@ -191,6 +191,7 @@ def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress,
         for name, leaf in lay.arrays:
             stored = rawbits.encode(leaf.read(), leaf.dtype, NATIVE)
             out.add_array(name + ".npy", stored, progress, npy_header(stored))
+            del stored  # written: not held while the next array is read
         for name, value in lay.values:
             arr = value_array(value)
             if arr is not None:

@@ -164,3 +164,4 @@ def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
         for _, leaf in lay.arrays:
             stored = rawbits.encode(leaf.read(), leaf.dtype, NATIVE)
             write_pieces(f.write, memoryview(stored.reshape(-1).view(np.uint8)), progress)
+            del stored  # written: not held while the next array is read

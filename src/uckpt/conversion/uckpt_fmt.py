@@ -152,7 +152,7 @@ def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Prog
                             flat[first * row_bytes:(first + rows) * row_bytes]))
             encoded = encode_chunks(cut, compress)  # checksums and content hashes too
             at = -(-end // align) * align if leaf.nbytes else end
-            chunks = []
+            chunks, data, stored = [], None, None
             for (_, key, data), (codec, stored, checksum, content) in zip(cut, encoded):
                 stored = memoryview(stored).cast("B")
                 chunks.append(Chunk(name, at, len(stored), key.start, key.shape, codec, checksum,
@@ -163,7 +163,9 @@ def write(tree: Tree, lay: skeleton.Layout, sink: CheckpointSink, progress: Prog
                 at += len(stored)
             end = at
             arrays[path] = ArrayEntry(path, leaf.dtype, leaf.shape, tuple(chunks))
-            del arr, flat, cut, encoded
+            # nothing of this array may stay referenced while the next one is read: the
+            # last piece's views would keep all of it (two arrays held, not one)
+            del arr, flat, cut, encoded, data, stored
 
     sink.write_stream(name, pieces())
     manifest = Manifest(world_size=1, tree=lay.skeleton, arrays=arrays,

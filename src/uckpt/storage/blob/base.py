@@ -492,6 +492,7 @@ class BlobStore(abc.ABC):
                 view = flat(piece)
                 out.write(view)
                 pos += len(view)
+                del view, piece  # written: not held while the next piece is made
             if size is not None:
                 pad(size)
 

@@ -216,6 +216,7 @@ def write_stream(path: Path | str, pieces: Pieces) -> None:
             put(None, gap)
             put(data, len(data))
             end = offset + len(data)
+            del data, piece  # copied: not held while the next piece is made
         flush()
         out.finish(end)
     finally:
