@@ -183,7 +183,7 @@ def test_6_gib_converted_and_consolidated_under_2_gib(tmp_path):
     touches): safetensors -> uckpt (``uckpt convert``), consolidated, uckpt -> safetensors;
     the result is the state bit for bit, and each step's peak resident memory is within
     the budget of docs/memory.md (the largest array and a constant). Writes up to 12 GiB
-    to tmp_path, removed as it goes (slow: conftest.SLOW_TESTS)."""
+    to tmp_path, removed as it goes (the module is in conftest.SLOW_MODULES)."""
     largest = BIG_ELEMENTS * 4
     gen, a, b, c = (tmp_path / n for n in ("gen.safetensors", "a", "b", "c.safetensors"))
     _write_big_safetensors(gen)
