@@ -47,7 +47,7 @@ def state(mib: int, arrays: int):
 def main() -> None:
     where = Path(sys.argv[1])
     mib = int(sys.argv[2]) if len(sys.argv) > 2 else 256
-    print(f"| operation | state | peak beyond the state (MiB) | seconds |\n|---|---|---|---|")
+    print("| operation | state | peak beyond the state (MiB) | seconds |\n|---|---|---|---|")
     for name, arrays in (("many", 64), ("one", 1)):
         base = where / name
         shutil.rmtree(base, ignore_errors=True)
