@@ -19,10 +19,13 @@ Writing, on every rank that writes (the checkpoint layer):
      ``BlobWriter.write`` any number of times, then ``commit`` (the object appears whole,
      durably) or ``abort`` (nothing appears). Objects are written under a temporary
      prefix where the store has :attr:`~BlobStore.atomic_rename`, else under their final
-     prefix.
+     prefix. The process that will rename the temporary prefix may first declare it
+     with :meth:`BlobStore.stage`: its own objects there then need not be durable one
+     by one (the rename makes the prefix durable), until :meth:`BlobStore.unstage`.
 Committing, on the coordinator only, after every rank's writers committed:
   2. with ``atomic_rename``: :meth:`BlobStore.rename_prefix` of the temporary prefix to
-     the final one (refused if the final prefix holds anything); without it:
+     the final one (refused if the final prefix holds anything; everything below the
+     temporary prefix, whoever wrote it, is made durable before it moves); without it:
      :meth:`BlobStore.create_if_absent` of the object written last (the manifest), which
      exactly one of several racing writers wins where the store has
      :attr:`~BlobStore.conditional_create`.
@@ -533,8 +536,11 @@ class BlobStore(abc.ABC):
         retried write)."""
 
     @abc.abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove the object (a missing one is no error)."""
+    def delete(self, key: str, *, durable: bool = True) -> None:
+        """Remove the object (a missing one is no error). ``durable=False``: the removal
+        need not survive a crash of the machine (for an object that the caller takes
+        for debris should it come back, such as a released save lease); a store whose
+        removals cost nothing more to make durable ignores it."""
 
     @abc.abstractmethod
     def delete_prefix(self, prefix: str) -> None:
@@ -597,17 +603,36 @@ class BlobStore(abc.ABC):
         returns how many. Nothing to do (the default) where a writer leaves nothing."""
         return 0
 
+    # --- staging: a prefix whose objects one rename commits ------------------------------
+    def stage(self, prefix: str) -> None:
+        """Declare that what this store object writes or deletes below ``prefix`` from
+        now on becomes visible only through ``rename_prefix(prefix, dst)`` (or
+        ``exchange_prefix``), or is dropped by ``delete_prefix(prefix)``: each of those
+        objects then need not be durable on its own, since the rename makes everything
+        below ``prefix`` durable before it moves it. Call order, in the process that
+        renames: ``stage(prefix)``, its writes below ``prefix``, (after every other
+        writer there committed) the rename or ``delete_prefix``, then :meth:`unstage`.
+        Other store objects (other processes) writing below ``prefix`` are unaffected:
+        their objects stay durable one by one. The default does nothing: a store whose
+        objects cost nothing more to make durable one by one ignores it."""
+
+    def unstage(self, prefix: str) -> None:
+        """End :meth:`stage` of ``prefix`` (nothing where it was not staged)."""
+
     # --- optional operations, promised by the capability flags ---------------------------
     def rename_prefix(self, src: str, dst: str) -> None:
         """Move every key below ``src`` to below ``dst``, atomically; refused with
         CheckpointExistsError if ``dst`` holds anything, CheckpointNotFoundError if
-        ``src`` holds nothing (:attr:`atomic_rename`)."""
+        ``src`` holds nothing (:attr:`atomic_rename`). Where the store is
+        :attr:`durable`, every object below ``src`` is durable before it moves, and the
+        move is durable when this returns."""
         raise self._lacks("atomic_rename", "rename_prefix")
 
     def exchange_prefix(self, a: str, b: str) -> bool:
         """Swap the keys below ``a`` with those below ``b`` at once (readers see either
         both before or both after; CheckpointNotFoundError if either holds nothing);
-        False, changing nothing, where this medium cannot (:attr:`atomic_exchange`)."""
+        False, changing nothing, where this medium cannot (:attr:`atomic_exchange`).
+        Durable as :meth:`rename_prefix` is."""
         raise self._lacks("atomic_exchange", "exchange_prefix")
 
     def lock(self, key: str, *, shared: bool = False) -> BlobLock:

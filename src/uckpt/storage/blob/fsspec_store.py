@@ -146,7 +146,7 @@ class FsspecStore(BlobStore):
         self.write(key, data)
         return True
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, durable: bool = True) -> None:
         try:
             if self.fs.isfile(self._path(check_key(key))):
                 self.fs.rm_file(self._path(key))

@@ -71,7 +71,7 @@ class MemoryStore(BlobStore):
             self._objects[key] = value
         return True
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, durable: bool = True) -> None:
         with self._mutex:
             self._objects.pop(check_key(key), None)
 

@@ -7,7 +7,10 @@ O_DIRECT where the file system takes it (else buffered, their writeback started 
 go; an object that fits one writer's buffer, such as a manifest, in one buffered write
 that leaves it in the page cache), are fsynced and renamed into place, and the
 directory is fsynced: an object appears whole and survives a crash once its writer
-commits. ``rename_prefix`` is ``renameat2(RENAME_NOREPLACE)``; locks are ``flock``.
+commits. Below a prefix this store object :meth:`~PosixStore.stage`\ d, the directory
+fsyncs after each new object, new directory or removal are left out: ``rename_prefix``
+(``renameat2(RENAME_NOREPLACE)``) and ``exchange_prefix`` fsync the directories they
+move before moving them, and their parents after. Locks are ``flock``.
 """
 from __future__ import annotations
 
@@ -69,9 +72,22 @@ class PosixStore(BlobStore):
         self.root = Path(root)
         page = mmap.PAGESIZE
         self.buffer_bytes = max(page, (buffer_bytes or knobs.stream_buffer_bytes) // page * page)
+        self._staged: set[str] = set()  # see stage()
 
     def where(self, key: str) -> str:
         return os.path.join(self.root, key)
+
+    def stage(self, prefix: str) -> None:
+        self._staged.add(check_prefix(prefix).rstrip("/") + "/")
+
+    def unstage(self, prefix: str) -> None:
+        self._staged.discard(check_prefix(prefix).rstrip("/") + "/")
+
+    def _sync_dir(self, fd: int, key: str) -> None:
+        """fsync the directory ``fd``, whose entry ``key`` (a key, or a prefix ending
+        in ``/``) changed, unless ``key`` lies below a staged prefix."""
+        if not any(key.startswith(p) for p in self._staged):
+            os.fsync(fd)
 
     def root_exists(self) -> bool:
         return self.root.is_dir()
@@ -106,7 +122,8 @@ class PosixStore(BlobStore):
                 if create:
                     try:
                         os.mkdir(part, 0o755, dir_fd=fd)
-                        os.fsync(fd)  # the new entry survives a crash
+                        # the new entry survives a crash
+                        self._sync_dir(fd, "/".join(parts[:i + 1]) + "/")
                     except FileExistsError:
                         pass
                 try:
@@ -315,7 +332,7 @@ class PosixStore(BlobStore):
         try:
             make(Path(self.root, *key.split("/")[:-1], tmp))
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            self._sync_dir(dir_fd, key)
         except BaseException:
             try:
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -330,7 +347,7 @@ class PosixStore(BlobStore):
             out.write(data)
             return out.publish(replace=False)
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, durable: bool = True) -> None:
         try:
             dir_fd, name = self._parent(key)
         except CheckpointNotFoundError:
@@ -339,7 +356,8 @@ class PosixStore(BlobStore):
             if stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
                 return  # a prefix, not an object
             os.unlink(name, dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            if durable:
+                self._sync_dir(dir_fd, key)
         except FileNotFoundError:
             pass
         finally:
@@ -406,6 +424,7 @@ class PosixStore(BlobStore):
                 raise FileNotFoundError(errno.ENOENT, "not a directory")
             dst_fd, dst_name = self._parent(dst_key, create=True)
             try:
+                _sync_entries(src_fd, src_name)
                 _rename_noreplace(src_fd, src_name, dst_fd, dst_name)
                 os.fsync(dst_fd)
                 if not os.path.samestat(os.fstat(src_fd), os.fstat(dst_fd)):
@@ -444,6 +463,7 @@ class PosixStore(BlobStore):
                     if not stat.S_ISDIR(mode):
                         raise CheckpointNotFoundError(f"nothing below {key!r} in {self.root} "
                                                       "to exchange", path=self.where(key))
+                    _sync_entries(fd, name)
                 if not _renameat2(a_fd, a_name, b_fd, b_name, _RENAME_EXCHANGE):
                     return False
                 os.fsync(a_fd)
@@ -498,6 +518,17 @@ def _linked(fd: int, dir_fd: int, name: str) -> bool:
         return False
     mine = os.fstat(fd)
     return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+def _sync_entries(dir_fd: int, name: str) -> None:
+    """fsync the directory ``name`` in ``dir_fd`` (its entries durable before it moves:
+    the objects written below a staged prefix had no directory fsync of their own)."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _hidden(what: str) -> str:
@@ -596,7 +627,7 @@ class _Writer(BlobWriter):
                             dst_dir_fd=self._dir_fd, follow_symlinks=False)
                 except FileExistsError:
                     return False
-            os.fsync(self._dir_fd)
+            self.store._sync_dir(self._dir_fd, self.key)
             return True
         finally:
             self.abort()

@@ -118,7 +118,7 @@ class S3Store(BlobStore):
             return False
         return True
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, durable: bool = True) -> None:
         self.client.delete([self._key(key)])
 
     def age(self, key: str) -> float | None:

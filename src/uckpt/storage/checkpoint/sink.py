@@ -5,7 +5,12 @@ and its commit, chosen by the store's capabilities (docs/format.md section 2):
   temporary prefix, held by its save lease, which is then renamed into place (an
   overwrite swaps it with the old checkpoint where the store has ``atomic_exchange``,
   so that readers never miss the name, else renames the old one aside first; the old
-  one is removed after);
+  one is removed after). The lease's holder, the rank that renames, stages the prefix
+  (:meth:`~uckpt.storage.blob.base.BlobStore.stage`): its own objects there are made
+  durable by the rename, not one by one; other ranks' objects stay durable one by one,
+  so the rule holds on any file system, shared by several nodes or not. The lease file
+  is removed without waiting for the removal to be durable: one that comes back after
+  a crash is a dead save's lease, which the root's writer removes (:mod:`.debris`);
 * otherwise: the data files are written under the final prefix and the manifest, written
   last (``create_if_absent`` unless overwriting), is the commit (section 2).
 """
@@ -78,6 +83,7 @@ class BlobSink(base.CheckpointSink):
                         raise
                     time.sleep(0.01)
         self.made_prefix = True
+        self.blob.stage(self.prefix)
 
     def replica(self) -> str:
         if not self.renames:
@@ -181,9 +187,11 @@ class BlobSink(base.CheckpointSink):
 
     def release(self) -> None:
         forget(self.live)
+        self.blob.unstage(self.prefix)
         if self.lease is not None:
-            try:  # removed while held, as the writer's debris removal does
-                self.blob.delete(self.prefix[:-1] + LEASE_SUFFIX)
+            try:  # removed while held, as the writer's debris removal does; not durably
+                # (one that comes back after a crash is a dead save's lease: debris)
+                self.blob.delete(self.prefix[:-1] + LEASE_SUFFIX, durable=False)
             finally:
                 self.lease.release()
                 self.lease = None
