@@ -7,10 +7,10 @@ O_DIRECT where the file system takes it (else buffered, their writeback started 
 go; an object that fits one writer's buffer, such as a manifest, in one buffered write
 that leaves it in the page cache), are fsynced and renamed into place, and the
 directory is fsynced: an object appears whole and survives a crash once its writer
-commits. Below a prefix this store object :meth:`~PosixStore.stage`\ d, the directory
-fsyncs after each new object, new directory or removal are left out: ``rename_prefix``
-(``renameat2(RENAME_NOREPLACE)``) and ``exchange_prefix`` fsync the directories they
-move before moving them, and their parents after. Locks are ``flock``.
+commits. Below a prefix this store object staged (:meth:`~PosixStore.stage`), the
+directory fsyncs after each new object, new directory or removal are left out:
+``rename_prefix`` (``renameat2(RENAME_NOREPLACE)``) and ``exchange_prefix`` fsync the
+directories they move before moving them, and their parents after. Locks are ``flock``.
 """
 from __future__ import annotations
 
