@@ -90,8 +90,9 @@ def _second_save_fails_cleanly(m, root, first, before, err, message, met=lambda:
 # calls the store ------------------------------------------------------------------------
 class _Faulty(PosixStore):
     """A PosixStore whose next call named by ``fail`` raises ``err``: ``"manifest"`` (its
-    write), ``"manifest fsync"`` (the fsync of the directory it was written into) or
-    ``"rename"`` (of a temporary prefix into place)."""
+    write), ``"manifest fsync"`` (the fsync of the directory it was written into, which
+    the rename of that temporary directory makes before moving it) or ``"rename"`` (of
+    a temporary prefix into place)."""
 
     def __init__(self, root):
         super().__init__(root)
@@ -105,15 +106,15 @@ class _Faulty(PosixStore):
     def write(self, key, data):
         if key.endswith("/manifest.json") and _is_tmp(key):
             self._raise("manifest", self.where(key))
-            if self.fail == "manifest fsync":
-                self.fail = None
-                with _fsync_fails_once(self.err):
-                    return super().write(key, data)
         return super().write(key, data)
 
     def rename_prefix(self, src, dst):
         if _is_tmp(src):
             self._raise("rename", self.where(src))
+            if self.fail == "manifest fsync":
+                self.fail = None
+                with _fsync_fails_once(self.err):
+                    return super().rename_prefix(src, dst)
         return super().rename_prefix(src, dst)
 
 

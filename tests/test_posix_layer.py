@@ -555,3 +555,19 @@ def test_what_killed_deletions_and_writes_left_is_the_writers_debris(tmp_path):
     assert m.steps() == [1]
     m.close()
     assert sorted(p.name for p in tmp_path.glob(".uckpt-part-*")) == [live.name]
+
+
+def test_a_lease_file_back_after_a_crash_is_the_writers_debris(tmp_path):
+    """A save removes its lease file without a directory fsync: one that comes back
+    after a crash (its save committed, its temporary directory renamed into place) is a
+    dead save's lease, which the root's next writer removes; the checkpoint stays."""
+    root = tmp_path / "root"
+    with uckpt.CheckpointManager(root) as mgr:
+        mgr.save(1, {"a": np.arange(6.0)})
+    back = root / ".step_00000001.uckpt-tmp-0123abcd.lease"
+    back.touch()
+    uckpt.CheckpointManager(root, role="reader").close()
+    assert back.exists()  # a reader removes nothing
+    with uckpt.CheckpointManager(root, role="writer") as mgr:  # a writer at once
+        assert not back.exists() and mgr.steps() == [1]
+    np.testing.assert_array_equal(uckpt.load(root / "step_00000001")["a"], np.arange(6.0))
