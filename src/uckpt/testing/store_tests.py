@@ -428,6 +428,29 @@ class StoreTests:
                                       "moved/here/2/5": 5, "ab/4": 4, "b": 1}
         assert self.get(store, "moved/here/2/3") == b"a/2/3"
 
+    def test_staged_prefix_is_whole_after_its_rename(self, store: BlobStore) -> None:
+        """What a store object writes, replaces and deletes below a prefix it staged is
+        there, as written, after the rename (or gone with ``delete_prefix``); staging ends
+        with ``unstage``, and nothing outside the prefix changes."""
+        store.write("b", b"b")
+        store.stage("tmp/")
+        store.write("tmp/x", b"first")
+        store.write("tmp/x", b"x")
+        store.write_pieces("tmp/sub/y", [(0, b"yy")], 3)
+        store.write("tmp/gone", b"g")
+        store.delete("tmp/gone")
+        if store.atomic_rename:
+            store.rename_prefix("tmp", "final")
+            assert dict(store.list()) == {"b": 1, "final/x": 1, "final/sub/y": 3}
+            assert self.get(store, "final/sub/y") == b"yy\0"
+        else:
+            store.delete_prefix("tmp")
+            assert dict(store.list()) == {"b": 1}
+        store.unstage("tmp/")
+        store.unstage("never/")  # nothing staged there: no error
+        store.delete("b", durable=False)
+        assert not store.exists("b")
+
     def test_rename_prefix_never_replaces(self, store: BlobStore) -> None:
         if not store.atomic_rename:
             pytest.skip(f"{type(store).__name__} has no atomic rename")
