@@ -609,12 +609,12 @@ class BlobStore(abc.ABC):
         now on becomes visible only through ``rename_prefix(prefix, dst)`` (or
         ``exchange_prefix``), or is dropped by ``delete_prefix(prefix)``: each of those
         objects then need not be durable on its own, since the rename makes everything
-        below ``prefix`` durable before it moves it. Call order, in the process that
-        renames: ``stage(prefix)``, its writes below ``prefix``, (after every other
-        writer there committed) the rename or ``delete_prefix``, then :meth:`unstage`.
-        Other store objects (other processes) writing below ``prefix`` are unaffected:
-        their objects stay durable one by one. The default does nothing: a store whose
-        objects cost nothing more to make durable one by one ignores it."""
+        below ``prefix`` durable before it moves it. Call order: ``stage(prefix)``,
+        this store object's writes below ``prefix``, then, after every writer there
+        committed, the rename or ``delete_prefix`` (by this or another process), then
+        :meth:`unstage`. Other store objects (other processes) writing below ``prefix``
+        are unaffected: their objects stay durable one by one. The default does nothing:
+        a store whose objects cost nothing more to make durable one by one ignores it."""
 
     def unstage(self, prefix: str) -> None:
         """End :meth:`stage` of ``prefix`` (nothing where it was not staged)."""

@@ -5,10 +5,12 @@ and its commit, chosen by the store's capabilities (docs/format.md section 2):
   temporary prefix, held by its save lease, which is then renamed into place (an
   overwrite swaps it with the old checkpoint where the store has ``atomic_exchange``,
   so that readers never miss the name, else renames the old one aside first; the old
-  one is removed after). The lease's holder, the rank that renames, stages the prefix
+  one is removed after). The lease's holder (the coordinator; on a node-local copy, the
+  rank of that copy that took it) stages the prefix
   (:meth:`~uckpt.storage.blob.base.BlobStore.stage`): its own objects there are made
-  durable by the rename, not one by one; other ranks' objects stay durable one by one,
-  so the rule holds on any file system, shared by several nodes or not. The lease file
+  durable by the rename, which the committing rank makes after every rank wrote, not
+  one by one; other ranks' objects stay durable one by one, so the rule holds on any
+  file system, shared by several nodes or not. The lease file
   is removed without waiting for the removal to be durable: one that comes back after
   a crash is a dead save's lease, which the root's writer removes (:mod:`.debris`);
 * otherwise: the data files are written under the final prefix and the manifest, written
