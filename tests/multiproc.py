@@ -146,6 +146,25 @@ def run_commands(cmds: Sequence[Sequence[Any]], envs: Sequence[Dict[str, str]], 
                    None if monitor is None else lambda: monitor(procs), procs)
 
 
+def kill_tagged(tag: str) -> List[int]:
+    """SIGKILL every process whose command line holds ``tag`` (a test's unique name):
+    the workers a launcher started in sessions of their own (torchrun's), which a kill of
+    the launcher's session leaves running. Returns their pids."""
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if tag.encode() not in f.read():
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            pass
+    return killed
+
+
 def run_mpi(n: int, script, *args, timeout: float = 60, mpiexec_args: Sequence[str] = (),
             env: Optional[Dict[str, str]] = None, monitor=None) -> Run:
     """``mpiexec -n N python script args...``; ``-disable-auto-cleanup`` (MPICH) in

@@ -27,7 +27,7 @@ import pytest
 
 import elastic_worker as ew
 import uckpt
-from multiproc import HAVE_TORCH, PYTHON, free_port, run_commands
+from multiproc import HAVE_TORCH, PYTHON, free_port, kill_tagged, run_commands
 from test_shm_restart import SHM, shm_name  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.xdist_group("distributed"),
@@ -73,10 +73,13 @@ def test_torchrun_elastic_restart_on_three_of_four_nodes(tmp_path, shm_name):
         lost.update(node=node, workers=workers)
         (run / "go").write_text("")
 
-    result = run_commands(
-        [agent(k, port, shm_name, durable, run) for k in range(NODES)],
-        [{"UCKPT_NODE": f"node{k}", **NO_SHARED_STORE} for k in range(NODES)],
-        timeout=480, monitor=kill_a_node_when_every_worker_is_parked)  # (a hang guard)
+    try:
+        result = run_commands(
+            [agent(k, port, shm_name, durable, run) for k in range(NODES)],
+            [{"UCKPT_NODE": f"node{k}", **NO_SHARED_STORE} for k in range(NODES)],
+            timeout=480, monitor=kill_a_node_when_every_worker_is_parked)  # (a hang guard)
+    finally:  # torchrun's workers are sessions of their own: a killed agent leaves them
+        kill_tagged(shm_name)
     assert lost, f"the workers never all parked\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     workers, node = lost["workers"], lost["node"]
     assert sorted(w["rank"] for w in workers.values()) == list(range(NODES))
