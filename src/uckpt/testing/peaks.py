@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -51,7 +52,8 @@ except BaseException as e:
     out["error"] = f"{type(e).__name__}: {e}"[:1000]
 out.update(seconds=time.perf_counter() - start, peak=_status("VmHWM") - before,
            before=before, vmpeak=_status("VmPeak"))
-print("\n" + json.dumps(out))
+with open(spec["result"], "w") as f:
+    json.dump(out, f)
 """
 
 
@@ -77,10 +79,15 @@ def peak(setup: str, op: str, *, limit: int = 0, env: Optional[Mapping[str, str]
     peak of ``op`` (see the module docstring). A child that dies (a signal, an exit
     outside ``op``) raises ``RuntimeError`` with its stderr; what ``op`` raises is
     returned in :attr:`Peak.error`."""
-    spec = json.dumps({"setup": setup, "op": op, "limit": limit, "args": args})
-    r = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True, text=True,
-                       env=dict(os.environ if env is None else env), timeout=timeout)
-    lines = r.stdout.strip().splitlines()
-    if r.returncode != 0 or not lines:
-        raise RuntimeError(f"the measuring process exited {r.returncode}: {r.stderr[-3000:]}")
-    return Peak(**json.loads(lines[-1]))
+    with tempfile.TemporaryDirectory(prefix="uckpt-peak-") as where:
+        result = os.path.join(where, "result.json")  # (not stdout, which ``op`` may use)
+        spec = json.dumps({"setup": setup, "op": op, "limit": limit, "args": args,
+                           "result": result})
+        r = subprocess.run([sys.executable, "-c", _CHILD, spec], capture_output=True,
+                           text=True, env=dict(os.environ if env is None else env),
+                           timeout=timeout)
+        if r.returncode != 0 or not os.path.exists(result):
+            raise RuntimeError(f"the measuring process exited {r.returncode}: "
+                               f"{r.stderr[-3000:]}")
+        with open(result) as f:
+            return Peak(**json.load(f))
