@@ -109,6 +109,13 @@ def _place_dir(tmp: Path, dst: Path, force: bool) -> None:
     fsutil.fsync_dir(dst.parent)
 
 
+def place(tmp: Path, dst: Path, force: bool) -> None:
+    """fsync the file ``tmp`` and put it in place as ``dst``, as :func:`write_atomically`
+    does (replacing ``dst`` only with ``force``); the caller fsyncs the directory."""
+    _fsync(tmp)
+    _place(tmp, dst, force)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
