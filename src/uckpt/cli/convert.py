@@ -12,17 +12,22 @@ from ..conversion.options import OptionError
 from .common import human_bytes, print_json, shape_str, table
 from .storage_args import add_storage_arguments, storage_options
 
-HELP = "convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face and uckpt"
+HELP = ("convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face, "
+        "TensorFlow checkpoints and uckpt")
 DESCRIPTION = """\
 Convert the checkpoint SRC to DST. Formats: npz (np.savez, Chainer save_npz and
 trainer snapshots), pickle (torch.save files), hdf5 (Keras .weights.h5 and
 legacy .h5, any h5py tree), safetensors, keras (.keras archives), hf (Hugging
 Face save_pretrained and Trainer checkpoint-N directories, sharded weights and
-their *.index.json), uckpt (checkpoint directories) and, as a source only, dcp
-(PyTorch Distributed Checkpoint directories).
+their *.index.json), tf (TensorFlow checkpoints: tf.train.Checkpoint,
+CheckpointManager, tf_keras save_weights; named by their prefix, their .index file,
+or a directory with a 'checkpoint' file for its latest; needs TensorFlow), uckpt
+(checkpoint directories) and, as a source only, dcp (PyTorch Distributed
+Checkpoint directories).
 
 SRC's format is detected from its content and DST's from its name (.npz, .pt,
-.pth, .bin, .pkl, .h5, .hdf5, .safetensors, .keras; a name without an
+.pth, .bin, .pkl, .h5, .hdf5, .safetensors, .keras, .index (a TensorFlow
+checkpoint's prefix; or --to tf with the prefix); a name without an
 extension, an existing directory or a name ending in / is a uckpt directory;
 any other extension is an error); --from and --to override them.
 --max-shard-size writes a Hugging Face directory of shards and an index.
@@ -63,12 +68,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                               "uckpt one may be an s3://bucket/prefix URL)")
     p.add_argument("--from", dest="src_format", metavar="FORMAT",
                    choices=sorted(detect.FORMATS + tuple(detect.ALIASES)),
-                   help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, uckpt, "
+                   help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, tf, uckpt, "
                         "dcp (default: detected from its content)")
     p.add_argument("--to", dest="dst_format", metavar="FORMAT",
                    choices=sorted(detect.TARGETS + tuple(detect.ALIASES)),
-                   help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, uckpt "
-                        "(default: from its name)")
+                   help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, tf, "
+                        "uckpt (default: from its name)")
     p.add_argument("--select", metavar="PATTERN", action="append",
                    help="convert only the leaves whose paths match this glob (* matches "
                         "across /; repeat for more); one PATH without wildcards converts "

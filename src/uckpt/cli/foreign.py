@@ -1,6 +1,7 @@
 """``uckpt inspect`` and ``uckpt verify`` of a file or directory in another format (NPZ,
-torch.save, HDF5, safetensors, .keras, Hugging Face, DCP): read through the converter's
-readers, so the same safety checks and limits apply and nothing of the input is run."""
+torch.save, HDF5, safetensors, .keras, Hugging Face, DCP, TensorFlow checkpoints): read
+through the converter's readers, so the same safety checks and limits apply and nothing of
+the input is run."""
 from __future__ import annotations
 
 import time
@@ -21,12 +22,16 @@ CHECKS = {
     "keras": "zip structure, config and metadata as text, the weights file as HDF5",
     "hf": "the index against its shards, every shard as its format",
     "dcp": ".metadata through the restricted unpickler, every chunk inside its file",
+    "tf": "the index and every data shard there, every tensor read by TensorFlow's reader",
 }
 
 
 def is_foreign(path: str) -> bool:
-    """A local file, or a directory of another format (DCP, Hugging Face); a directory
-    that is neither is left to uckpt's own reader (and its "no manifest.json" error)."""
+    """A local file, or a directory of another format (DCP, Hugging Face, a TensorFlow
+    checkpoint's directory), or a TensorFlow checkpoint's prefix; a directory that is
+    none of these is left to uckpt's own reader (and its "no manifest.json" error)."""
+    from ..conversion.tf_prefix import is_source as is_tf_checkpoint
+
     p = local_path(path)
     if p is None:
         return False
@@ -34,8 +39,8 @@ def is_foreign(path: str) -> bool:
         from ..conversion.hf_names import is_hf_directory
 
         return not (p / MANIFEST_NAME).is_file() and \
-            ((p / ".metadata").is_file() or is_hf_directory(p))
-    return p.is_file()
+            ((p / ".metadata").is_file() or is_hf_directory(p) or is_tf_checkpoint(p))
+    return p.is_file() or is_tf_checkpoint(p)
 
 
 def describe(path: str, fmt: Optional[str] = None) -> Dict[str, Any]:

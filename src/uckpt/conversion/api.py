@@ -22,12 +22,14 @@ from .progress import Progress
 #: format -> module reading it (``read(path) -> Tree``)
 READERS = {"npz": "npz", "pickle": "torch_pickle", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "dcp": "dcp",
-           "keras": "keras_archive", "hf": "hf"}
+           "keras": "keras_archive", "hf": "hf", "tf": "tf_checkpoint"}
 #: format -> module writing it (``plan(tree) -> Layout``, ``write(tree, layout, path, progress)``;
-#: a writer whose ``write`` takes ``options`` gets the :class:`~.options.WriteOptions`)
+#: a writer whose ``write`` takes ``options`` gets the :class:`~.options.WriteOptions`; one
+#: of several files has ``check_target(dst, force)`` and ``write_output(dst, force, write)``
+#: that put them in place)
 WRITERS = {"npz": "npz", "pickle": "torch_writer", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "keras": "keras_archive",
-           "hf": "hf"}
+           "hf": "hf", "tf": "tf_checkpoint"}
 DIRECTORY_TARGETS = ("uckpt", "hf")
 #: sources whose arrays are read ahead on threads while the target is written (reading them
 #: costs CPU that releases the GIL: inflating deflated NPZ members)
@@ -92,6 +94,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
+    ``keras``, ``hf``, ``tf`` (TensorFlow checkpoints, read and written with TensorFlow),
     and ``dcp`` (PyTorch Distributed Checkpoint, as a source only). The source format is
     detected from the content, the target's from its name (a ``.npz``, ``.pt``, ``.h5``,
     ``.safetensors`` file, else a uckpt directory); ``src_format`` and ``dst_format``
@@ -149,15 +152,17 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
                                                      "checkpoint (a name without an extension)")
     dst_path = local.absolute() if local is not None else None
     if dst_path is not None and (Path(src).absolute() == dst_path or (
-            dst_path.exists() and os.path.samefile(src, dst_path))):
+            dst_path.exists() and Path(src).exists() and os.path.samefile(src, dst_path))):
         raise UckptError(f"{str(src)!r}: source and destination are the same",
                          hint="write the conversion to another path")
+    writer = _module(WRITERS[dst_fmt])
     if not dry_run:
         if dst_fmt == "uckpt":
             check_checkpoint(dst if dst_path is None else dst_path, force, dst_options)
+        elif hasattr(writer, "check_target"):
+            writer.check_target(dst_path, force)
         else:
             check_output(dst_path, directory, force)
-    writer = _module(WRITERS[dst_fmt])
     kwargs = _write_arguments(writer, dst_fmt, options, save_options)
     with open_checkpoint(src, src_fmt, limits=limits) as tree:
         if select:
@@ -182,6 +187,9 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
                 if dst_fmt == "uckpt":  # through its store, as a save writes
                     write_checkpoint(dst if dst_path is None else dst_path, force, dst_options,
                                      lambda sink: writer.write(tree, lay, sink, done, **kwargs))
+                elif hasattr(writer, "write_output"):  # several files (a TensorFlow prefix)
+                    writer.write_output(dst_path, force,
+                                        lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))
                 else:
                     write_atomically(dst_path, directory, force,
                                      lambda tmp: writer.write(tree, lay, tmp, done, **kwargs))

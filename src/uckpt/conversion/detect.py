@@ -16,12 +16,16 @@ format                    recognised by
 ``hf``                    a Hugging Face directory (``save_pretrained``, Trainer
                           ``checkpoint-N``: ``*.index.json``, ``model.safetensors``,
                           ``pytorch_model.bin``) or an index file itself
+``tf``                    a TensorFlow checkpoint: a prefix with ``PREFIX.index`` (or data
+                          shards) beside it, an ``.index`` file (its table magic), a data
+                          shard with its index, a directory with a ``checkpoint`` state file
 ========================  ==========================================================
 
 A target is named by its extension (``.npz``, ``.pt``, ``.h5``, ``.safetensors``,
-``.keras``, ...). A name without an extension, an existing directory or a name
-ending in ``/`` is a uckpt checkpoint directory; any other extension is refused
-(name the format with ``--to``), so ``ck.pth.tar`` never becomes a directory.
+``.keras``, ``.index`` for a TensorFlow checkpoint's prefix, ...). A name without an
+extension, an existing directory or a name ending in ``/`` is a uckpt checkpoint
+directory; any other extension is refused (name the format with ``--to``), so
+``ck.pth.tar`` never becomes a directory.
 """
 from __future__ import annotations
 
@@ -31,19 +35,21 @@ from typing import Optional
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from .errors import UnknownFormatError
+from . import tf_prefix
 from .fileio import RandomAccessFile, ZipArchive, open_regular
 
-FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf")
-TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf")
+FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf", "tf")
+TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf", "tf")
 ALIASES = {"torch": "pickle", "pt": "pickle", "pth": "pickle", "pkl": "pickle", "h5": "hdf5",
-           "st": "safetensors", "huggingface": "hf"}
+           "st": "safetensors", "huggingface": "hf", "tensorflow": "tf"}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
               ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors",
-              ".keras": "keras"}
+              ".keras": "keras", ".index": "tf"}
 _HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
-         "archives), hf (Hugging Face directories); name one with --from / --to "
+         "archives), hf (Hugging Face directories), tf (TensorFlow checkpoints: a prefix, its "
+         ".index, or a directory with a 'checkpoint' file); name one with --from / --to "
          "(src_format= / dst_format=)")
 
 
@@ -63,8 +69,11 @@ def canonical(name: Optional[str], *, target: bool = False) -> Optional[str]:
 def detect(path) -> str:
     """The format of an existing file or directory, from its content."""
     p = Path(path)
+    if tf_prefix.is_source(p):
+        return "tf"
     if not p.exists():
-        raise CheckpointNotFoundError(f"{str(p)!r} does not exist", path=str(p))
+        raise CheckpointNotFoundError(f"{str(p)!r} does not exist", path=str(p),
+                                      hint=tf_prefix.nearby(p))
     if p.is_dir():
         if (p / "manifest.json").is_file():
             return "uckpt"
@@ -75,8 +84,9 @@ def detect(path) -> str:
         if is_hf_directory(p):
             return "hf"
         raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt), "
-                                 ".metadata (PyTorch DCP) or Hugging Face weights "
-                                 "(model.safetensors, pytorch_model.bin, *.index.json)",
+                                 ".metadata (PyTorch DCP), Hugging Face weights "
+                                 "(model.safetensors, pytorch_model.bin, *.index.json) or a "
+                                 "TensorFlow 'checkpoint' state file",
                                  path=str(p), hint=_HINT)
     fd = open_regular(p)  # no FIFO or device: reading one could block forever
     try:
@@ -89,6 +99,8 @@ def detect(path) -> str:
                 break
             if os.pread(fd, 8, offset) == HDF5_SIGNATURE:
                 return "hdf5"
+        if size >= 48 and tf_prefix.is_index(os.pread(fd, 8, size - 8)):
+            return "tf"
     finally:
         os.close(fd)
     if len(head) >= 9 and head[8:9] == b"{" and 0 < int.from_bytes(head[:8], "little") <= size - 8:
@@ -144,4 +156,4 @@ def target_format(path) -> str:
         f"{text!r}: uckpt does not know the extension {suffix!r}, so it cannot tell which "
         "format to write", path=text,
         hint="name the format with --to (dst_format=): npz, pickle, hdf5, safetensors, keras, "
-             "hf or uckpt; for a uckpt checkpoint directory also end the name with '/'")
+             "hf, tf or uckpt; for a uckpt checkpoint directory also end the name with '/'")
