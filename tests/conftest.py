@@ -49,6 +49,8 @@ SLOW_MODULES = {
     # issue 29: each test measures a fresh process handling 192 MiB (2-7 s); one converts
     # and consolidates a 6 GiB state under a 2 GiB address-space limit
     "test_memory_budgets",
+    # issue 30: TensorFlow checkpoints; TensorFlow's import, Keras training, CLI processes
+    "test_convert_tf_checkpoint",
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
