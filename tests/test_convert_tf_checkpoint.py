@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from convert_common import assert_error, assert_ok, cli
-from uckpt.conversion.tf_names import to_key, to_path
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -28,6 +27,7 @@ X = np.random.RandomState(0).randn(16, 4).astype(np.float32)
 Y = X.sum(axis=1, keepdims=True)
 NAME = b"run-\x00\xff"  # a string variable: bytes that are not UTF-8
 HALF = np.array([1.5, -2.0, 3.0e-3], dtype=tf.bfloat16.as_numpy_dtype)
+WORDS = [[b"a", b"bc", b""], [b"\xff", b"d\x00", b"ef"]]  # a string tensor of shape (2, 3)
 
 
 def model_and_optimizer():
@@ -51,7 +51,8 @@ def train_step(model, opt):
 def checkpoint(model, opt):
     return tf.train.Checkpoint(model=model, optimizer=opt,
                                step=tf.Variable(0, dtype=tf.int64),
-                               name=tf.Variable(b""), half=tf.Variable(np.zeros_like(HALF)))
+                               name=tf.Variable(b""), half=tf.Variable(np.zeros_like(HALF)),
+                               words=tf.Variable(tf.fill([2, 3], b"")))
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,7 @@ def run(tmp_path_factory):
     ck = checkpoint(model, opt)
     ck.name.assign(NAME)
     ck.half.assign(HALF)
+    ck.words.assign(WORDS)
     manager = tf.train.CheckpointManager(ck, root / "run", max_to_keep=3)
     for step in (1, 2):
         train_step(model, opt)
@@ -77,13 +79,15 @@ def tensors(prefix):
     reader = tf.train.load_checkpoint(str(prefix))
     out = {}
     for key, dtype in reader.get_variable_to_dtype_map().items():
-        value = reader.get_tensor(key)
-        out[key] = (dtype.name, value if dtype == tf.string else
-                    (np.asarray(value).shape, np.asarray(value).tobytes()))
+        value = np.asarray(reader.get_tensor(key), dtype=object if dtype == tf.string else None)
+        out[key] = (dtype.name, value.shape,
+                    value.tolist() if dtype == tf.string else value.tobytes())
     return out
 
 
 def test_key_mapping_is_one_to_one():
+    from uckpt.conversion.tf_names import to_key, to_path
+
     cases = {"model/layer_with_weights-0/kernel/.ATTRIBUTES/VARIABLE_VALUE":
              "model/layer_with_weights-0/kernel",
              "model/dense/kernel/.OPTIMIZER_SLOT/optimizer/m/.ATTRIBUTES/VARIABLE_VALUE":
@@ -105,7 +109,7 @@ def test_tf_to_uckpt_to_tf_bit_for_bit(run, tmp_path):
     with open_checkpoint(tmp_path / "u") as tree:
         assert tree.root["step"].dtype == "int64" and tree.root["step"].read() == 2
         assert tree.root["name"] == NAME
-        assert tree.root["half"].dtype == "bfloat16"
+        assert tree.root["half"].dtype == "bfloat16" and tree.root["words"] == WORDS
         assert tree.root["optimizer"]["_iterations"].read() == 2
     assert_ok(cli("convert", tmp_path / "u", tmp_path / "out" / "ckpt", "--to", "tf"))
     assert sorted(os.listdir(tmp_path / "out")) == ["ckpt.data-00000-of-00001", "ckpt.index"]
@@ -129,7 +133,7 @@ def test_restore_of_the_round_trip_resumes_bitwise(run, tmp_path):
     ck = checkpoint(model, opt)
     ck.restore(str(tmp_path / "back")).assert_consumed()
     assert int(opt.iterations.numpy()) == 2 and ck.name.numpy() == NAME
-    assert ck.half.numpy().tobytes() == HALF.tobytes()
+    assert ck.half.numpy().tobytes() == HALF.tobytes() and ck.words.numpy().tolist() == WORDS
     assert train_step(model, opt).tobytes() == run["next_loss"].tobytes()
 
 
@@ -202,7 +206,7 @@ def test_inspect_verify_diff_accept_a_prefix(run, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "format       tf" in out and "optimizer/_iterations" in out
     assert main(["verify", str(run["latest"])]) == 0
-    assert "OK: tf: 17 arrays" in capsys.readouterr().out
+    assert "OK: tf: 17 arrays" in capsys.readouterr().out  # string tensors are values
     assert main(["diff", str(run["latest"]), str(tmp_path / "u")]) == 0
     assert "identical" in capsys.readouterr().out
 

@@ -149,6 +149,9 @@ def _walk(node: Any, parts: List[str], strings: Dict[str, Any], by_name: bool
     """(raw path components, node) of every array, plain value and string tensor."""
     if isinstance(node, Obj):
         yield from _walk(node.state, parts, strings, by_name)
+    elif isinstance(node, (dict, list, tuple)) and not node and \
+            _key(parts, by_name) not in strings:
+        yield parts, None  # an empty container: no tensor can stand for it
     elif isinstance(node, dict):
         for k, v in node.items():
             yield from _walk(v, parts + [str(k)], strings, by_name)
@@ -171,12 +174,13 @@ def _entries(tree: Tree, notes: List[str]) -> List[Tuple[str, Any]]:
     by_name = record.get("names") == "name"
     out: List[Tuple[str, Any]] = []
     skipped = []
-    for parts, node in _walk(tree.root, [], record.get("strings", {}), by_name):
-        if not parts:
-            raise UnsupportedObjectError(
-                f"a TensorFlow checkpoint names its tensors; the tree's root is a "
-                f"{type(node).__name__}, not a mapping", hint="convert a checkpoint whose "
-                "root is a dict (or choose one with --select)")
+    root = tree.root.state if isinstance(tree.root, Obj) else tree.root
+    if not isinstance(root, dict):
+        raise UnsupportedObjectError(
+            f"a TensorFlow checkpoint names its tensors; the tree's root is a "
+            f"{type(root).__name__}, not a mapping", hint="convert a checkpoint whose "
+            "root is a dict (or choose one with --select)")
+    for parts, node in _walk(root, [], record.get("strings", {}), by_name) if root else ():
         if node is None:
             skipped.append("/".join(parts))
             continue
@@ -185,8 +189,8 @@ def _entries(tree: Tree, notes: List[str]) -> List[Tuple[str, Any]]:
                          "tensor (UTF-8), which reads back as bytes")
         out.append((_key(parts, by_name), node))
     if skipped:
-        notes.append(f"a TensorFlow checkpoint holds no None: left out {', '.join(skipped[:8])}"
-                     + (", ..." if len(skipped) > 8 else ""))
+        notes.append("a TensorFlow checkpoint holds no None and no empty container: left out "
+                     + ", ".join(skipped[:8]) + (", ..." if len(skipped) > 8 else ""))
     return out
 
 
