@@ -2,6 +2,7 @@
 and resumed from its last checkpoint with ckpt_path= ends bit for bit where an uninterrupted run
 ends (weights, optimizer state, learning rate, global step), with blocking saves, the plugin's
 own asynchronous saves and Lightning's AsyncCheckpointIO."""
+import json
 import signal
 import subprocess
 import sys
@@ -30,12 +31,21 @@ def _final(root: Path) -> dict:
         return {k: f[k] for k in f.files}
 
 
+def _losses(root: Path) -> dict:
+    return json.loads((root / "losses.json").read_text())
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("lightning-ref")
     r = _run(root, "sync")
     assert r.returncode == 0, r.stderr[-3000:]
-    return _final(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return _final(reference_run)
 
 
 @pytest.mark.slow
@@ -56,6 +66,30 @@ def test_killed_trainer_resumes_bit_for_bit(tmp_path, reference, mode):
     for k in reference:
         assert got[k].dtype == reference[k].dtype and np.array_equal(got[k], reference[k]), k
     assert int(got["global_step"]) == 16
+
+
+@pytest.mark.slow
+def test_native_ckpt_converted_resumes_through_the_plugin(tmp_path, reference_run, reference):
+    """Lightning's own .ckpt (a torch.save file, written without the plugin) after 2 of 4
+    epochs, converted by `uckpt convert`, resumes through the plugin (its arrays given back
+    as tensors: state_dict, optimizer state): the next losses and the final state are
+    bitwise the uninterrupted run's."""
+    from uckpt.conversion import convert
+
+    first = _run(tmp_path / "native", "native", "--epochs", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = tmp_path / "native" / "last.ckpt"
+    assert ckpt.is_file()  # torch.save's file, not a uckpt checkpoint
+    convert(ckpt, tmp_path / "converted")
+    resumed = _run(tmp_path / "resumed", "sync", "--resume", str(tmp_path / "converted"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    want, got = _losses(reference_run), _losses(tmp_path / "resumed")
+    assert sorted(got, key=int) == [str(step) for step in range(8, 16)]
+    assert {step: want[step] for step in got} == got
+    final = _final(tmp_path / "resumed")
+    assert final.keys() == reference.keys()
+    for k in reference:
+        assert final[k].dtype == reference[k].dtype and np.array_equal(final[k], reference[k]), k
 
 
 def test_checkpoint_dict_round_trip(tmp_path):

@@ -26,6 +26,7 @@ import logging
 import os
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+import numpy as np
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO as _LightningCheckpointIO
 
@@ -53,22 +54,37 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _tensors(node: Dict[str, Any], value: Any, device: Optional[torch.device]) -> Any:
+def _marks_tensors(node: Dict[str, Any]) -> bool:
+    """Whether the manifest tree ``node`` holds an array saved as a torch tensor (an
+    ``object`` node of the ``torch.tensor`` adapter), as this plugin saves them."""
+    kind = node["type"]
+    if kind == "object":
+        return node.get("adapter") == "torch.tensor" or _marks_tensors(node["state"])
+    items = node.get("items") if kind in ("dict", "list", "tuple") else None
+    children = items.values() if isinstance(items, dict) else items or ()
+    return any(_marks_tensors(n) for n in children)
+
+
+def _tensors(node: Dict[str, Any], value: Any, device: Optional[torch.device],
+             arrays: bool = False) -> Any:
     """``value`` (a loaded tree) with every leaf that was saved as a torch tensor (the manifest
-    ``node`` says so) turned back into one, on ``device`` when given."""
+    ``node`` says so) turned back into one, on ``device`` when given. ``arrays``: every
+    array is a tensor (a tree whose writer did not mark its tensors: a Lightning ``.ckpt``
+    converted by ``uckpt convert``, arrays saved from NumPy), NumPy scalars excepted."""
     from uckpt_torch.convert import from_numpy
 
     kind = node["type"]
-    if kind == "object" and node.get("adapter") == "torch.tensor":
+    if (kind == "object" and node.get("adapter") == "torch.tensor") or (
+            arrays and kind == "array" and isinstance(value, np.ndarray)):
         t = from_numpy(value)
         return t.to(device) if device is not None and device != t.device else t
     if kind == "object":
-        return _tensors(node["state"], value, device)
+        return _tensors(node["state"], value, device, arrays)
     if kind == "dict":
-        return {k: _tensors(n, v, device)
+        return {k: _tensors(n, v, device, arrays)
                 for (k, v), n in zip(value.items(), node["items"].values())}
     if kind in ("list", "tuple"):
-        out = [_tensors(n, v, device) for v, n in zip(value, node["items"])]
+        out = [_tensors(n, v, device, arrays) for v, n in zip(value, node["items"])]
         return tuple(out) if kind == "tuple" else out
     return value
 
@@ -131,7 +147,8 @@ class CheckpointIO(_LightningCheckpointIO):
         path = os.fspath(path)
         with CheckpointReader(path, storage_options=self._options(path)) as reader:
             tree = load_tree(reader)
-            return _tensors(reader.manifest.tree, tree, _device(map_location))
+            node = reader.manifest.tree
+            return _tensors(node, tree, _device(map_location), not _marks_tensors(node))
 
     def remove_checkpoint(self, path) -> None:
         """Delete the uckpt checkpoint at ``path`` (after a save to it still running); nothing
