@@ -92,6 +92,25 @@ def test_native_ckpt_converted_resumes_through_the_plugin(tmp_path, reference_ru
         assert final[k].dtype == reference[k].dtype and np.array_equal(final[k], reference[k]), k
 
 
+def test_arrays_of_a_tree_without_tensor_marks_load_as_tensors(tmp_path):
+    """A Lightning tree saved by another writer (plain arrays, no torch.tensor marks) loads
+    with tensors where torch expects them: the state dict, an RNG state as a ByteTensor
+    (torch.set_rng_state refused the NumPy array); NumPy scalars and plain values stay."""
+    import torch
+
+    import uckpt.lightning
+
+    rng = torch.get_rng_state().numpy()
+    uckpt.save(tmp_path / "c", {"state_dict": {"w": np.arange(4, dtype=np.float32)},
+                                "rng": rng, "epoch": 1, "score": np.float32(0.5)})
+    back = uckpt.lightning.CheckpointIO().load_checkpoint(tmp_path / "c")
+    torch.manual_seed(123)
+    torch.set_rng_state(back["rng"])
+    assert torch.equal(torch.get_rng_state(), torch.from_numpy(rng))
+    assert torch.equal(back["state_dict"]["w"], torch.arange(4, dtype=torch.float32))
+    assert back["epoch"] == 1 and type(back["score"]) is np.float32
+
+
 def test_checkpoint_dict_round_trip(tmp_path):
     """What Lightning hands the plugin comes back with the same types: tensors (dtype, values),
     ints, floats, strings, None, tuples, nested dicts; AttributeDict as a plain dict."""
