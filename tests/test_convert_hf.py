@@ -91,6 +91,8 @@ def test_save_pretrained_through_every_format(tmp_path, name, weights, shard):
     from safetensors import safe_open
 
     model, src = saved(tmp_path, name, weights, shard)
+    index = "model.safetensors.index.json" if weights == "safetensors" else \
+        "pytorch_model.bin.index.json"
     for fmt, mid_name in MIDDLES.items():
         mid = tmp_path / mid_name
         assert convert(src, mid).dst_format == fmt
@@ -98,7 +100,12 @@ def test_save_pretrained_through_every_format(tmp_path, name, weights, shard):
         back = tmp_path / f"back-{fmt}"
         convert(mid, back, dst_format="hf")
         assert (back / "config.json").read_bytes() == (src / "config.json").read_bytes()
-        with safe_open(back / "model.safetensors", "np") as f:
+        first = "model.safetensors"
+        if shard:  # cut as the source was: its index's metadata kept
+            doc = json.loads((back / "model.safetensors.index.json").read_text())
+            assert doc["metadata"] == json.loads((src / index).read_text())["metadata"]
+            first = sorted(set(doc["weight_map"].values()))[0]
+        with safe_open(back / first, "np") as f:
             assert f.metadata()["format"] == "pt"
         assert_loads_same(model, back)
         if fmt == "safetensors":
@@ -254,3 +261,66 @@ def test_cache_snapshot_of_links(tmp_path):
     index.write_text(json.dumps(doc))
     with pytest.raises(Exception, match="not a file name in its directory"):
         convert(snap, tmp_path / "x.npz")
+
+
+def test_sharded_source_keeps_its_index_metadata_without_max_shard_size(tmp_path):
+    """A sharded save_pretrained directory -> uckpt -> --to hf without --max-shard-size: cut
+    into shards no larger than the source's, so the index comes back with its metadata
+    (total_parameters, which transformers writes and uckpt does not compute); the weights
+    load bit for bit."""
+    model, src = saved(tmp_path, "gpt2", "safetensors", SHARD)
+    meta = json.loads((src / "model.safetensors.index.json").read_text())["metadata"]
+    assert "total_parameters" in meta
+    convert(src, tmp_path / "ck")
+    assert_ok(cli("convert", tmp_path / "ck", tmp_path / "back", "--to", "hf"))
+    doc = json.loads((tmp_path / "back" / "model.safetensors.index.json").read_text())
+    assert doc["metadata"] == meta
+    largest = max((src / f).stat().st_size for f in set(doc["weight_map"].values()))
+    assert all((tmp_path / "back" / f).stat().st_size <= largest
+               for f in set(doc["weight_map"].values()))
+    assert_loads_same(model, tmp_path / "back")
+
+
+def test_extra_top_level_keys_to_hf(tmp_path):
+    """--to hf of a checkpoint with keys beside model (the README's state(step) recipe): plain
+    values (step, epoch) are left out with a warning naming them and the weights written;
+    a key holding arrays (rng) is refused by name with the --select that writes the rest,
+    never an internal class name; that --select then writes weights and optimizer.pt."""
+    import uckpt
+
+    torch.manual_seed(0)
+    model = gpt2()
+    opt = torch.optim.AdamW(model.parameters())
+    uckpt.save(tmp_path / "plain", {"model": model, "step": 5, "epoch": 1})
+    back = tmp_path / "back"
+    report = convert(tmp_path / "plain", back, dst_format="hf")
+    assert any("'step', 'epoch'" in w and "not written" in w for w in report.warnings)
+    model.config.save_pretrained(back)
+    assert_loads_same(model, back)
+    uckpt.save(tmp_path / "state", {"model": model, "optimizer": opt,
+                                    "rng": uckpt.RandomState(), "step": 5})
+    proc = cli("convert", tmp_path / "state", tmp_path / "x", "--to", "hf")
+    assert_error(proc, "'rng' beside them holds", "--select model --select optimizer")
+    assert "Obj" not in proc.stderr and "'model' holds" not in proc.stderr
+    assert_ok(cli("convert", tmp_path / "state", tmp_path / "y", "--to", "hf",
+                  "--select", "model", "--select", "optimizer"))
+    assert (tmp_path / "y" / "optimizer.pt").is_file()
+    model.config.save_pretrained(tmp_path / "y")
+    assert_loads_same(model, tmp_path / "y")
+
+
+def test_diff_of_dcp_and_its_hf_output(tmp_path):
+    """A DCP {"model": sd} and its --to hf output compare identical: diff takes the weights
+    as --to hf takes them (the model level), both ways round."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = gpt2()
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(tmp_path / "dcp"))
+    convert(tmp_path / "dcp", tmp_path / "hf", dst_format="hf")
+    for a, b in ((tmp_path / "dcp", tmp_path / "hf"), (tmp_path / "hf", tmp_path / "dcp")):
+        report = diff(a, b)
+        assert report.identical, report.differences[:3]
+        assert report.compared == len(model.state_dict())
+    proc = cli("diff", tmp_path / "dcp", tmp_path / "hf")
+    assert_ok(proc)

@@ -15,7 +15,8 @@ format                    recognised by
 ``keras``                 a zip archive with ``model.weights.h5`` (a ``.keras`` file)
 ``hf``                    a Hugging Face directory (``save_pretrained``, Trainer
                           ``checkpoint-N``: ``*.index.json``, ``model.safetensors``,
-                          ``pytorch_model.bin``) or an index file itself
+                          ``pytorch_model.bin``; a PEFT adapter's
+                          ``adapter_model.safetensors`` / ``.bin``) or an index file itself
 ``tf``                    a TensorFlow checkpoint: a prefix with ``PREFIX.index`` (or data
                           shards) beside it, an ``.index`` file (its table magic), a data
                           shard with its index, a directory with a ``checkpoint`` state file
@@ -85,8 +86,9 @@ def detect(path) -> str:
             return "hf"
         raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt), "
                                  ".metadata (PyTorch DCP), Hugging Face weights "
-                                 "(model.safetensors, pytorch_model.bin, *.index.json) or a "
-                                 "TensorFlow 'checkpoint' state file",
+                                 "(model.safetensors, pytorch_model.bin, *.index.json, a PEFT "
+                                 "adapter_model.safetensors) or a TensorFlow 'checkpoint' "
+                                 "state file",
                                  path=str(p), hint=_HINT)
     fd = open_regular(p)  # no FIFO or device: reading one could block forever
     try:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import dtypes
 from ..tree.flatten import join
-from . import layouts
+from . import hf_parts, layouts
 from .api import open_checkpoint
 from .limits import Limits
 from .interchange import Leaf, Obj, Tree, same_value, walk
@@ -113,6 +113,7 @@ def diff(a, b, *, a_format: Optional[str] = None, b_format: Optional[str] = None
             open_checkpoint(b, b_format, limits=limits, streaming=True) as tb:
         report = DiffReport(str(a), str(b), ta.format, tb.format)
         ta.root, tb.root = layouts.comparable(ta.root, tb.root)  # a framework file vs uckpt
+        ta.root, tb.root = hf_parts.comparable(ta.root, tb.root, ta.format, tb.format)
         ea, eb = entries(ta), entries(tb)
         for path, node in ea.items():
             if path not in eb:

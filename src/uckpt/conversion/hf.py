@@ -1,8 +1,9 @@
-"""Hugging Face layouts: ``save_pretrained`` directories, sharded weights with their index, and
-Trainer ``checkpoint-N`` directories.
+"""Hugging Face layouts: ``save_pretrained`` directories, sharded weights with their index,
+Trainer ``checkpoint-N`` directories, and PEFT adapter directories.
 
 Reading. The weights are ``model.safetensors.index.json`` (or ``pytorch_model.bin.index.json``)
-and the shards it names, else ``model.safetensors`` (or ``pytorch_model.bin``); each shard is
+and the shards it names, else ``model.safetensors`` (or ``pytorch_model.bin``), else a PEFT
+adapter's ``adapter_model.safetensors`` (or ``adapter_model.bin``); each shard is
 read by the safetensors or Pickle reader, and every name the index maps must be in its shard.
 An index file itself is read as its directory's weights. A Trainer directory adds
 ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt`` and ``rng_state*.pth``; its tree is then
@@ -15,8 +16,13 @@ unpickled), so it comes back when the target is a Hugging Face directory again.
 
 Writing (a directory, committed atomically like any output): the weights as one file, or
 cut into shards of at most ``max_shard_size`` bytes (as transformers cuts them: in order,
-a new shard when the next tensor would overflow) with an index; the Trainer parts as
-``torch.save`` files; the carried files as they were.
+a new shard when the next tensor would overflow) with an index; without a
+``max_shard_size``, a tree read from an index is cut at its largest shard's size, so the
+index comes back with its metadata (``total_parameters``). The Trainer parts as
+``torch.save`` files; the carried files as they were. A tree carrying ``adapter_config.json``
+(a PEFT adapter's) gets its weights as ``adapter_model.safetensors`` (or ``.bin``), the one
+file ``PeftModel.from_pretrained`` reads. Which part of a tree is the weights and which the
+Trainer's: :mod:`.hf_parts`.
 """
 from __future__ import annotations
 
@@ -31,18 +37,18 @@ from ..format.strict_json import loads as strict_json_loads
 from ..format.values import key as show_key, show
 from . import safetensors_fmt, skeleton, torch_pickle, torch_writer
 from .detect import detect
-from .hf_names import WEIGHTS
+from .hf_names import ADAPTER_CONFIG, ADAPTER_WEIGHTS, WEIGHTS
+from .hf_parts import MODEL, TRAINER, describe, split_root
 from .fileio import RandomAccessFile, open_regular
 from .interchange import Leaf, Obj, Tree, reading
 from .options import WriteOptions
 from .progress import Progress
 
-#: tree key -> file of a Trainer checkpoint (``rng_state_<rank>.pth`` too, for several ranks)
-TRAINER = {"optimizer": "optimizer.pt", "scheduler": "scheduler.pt", "scaler": "scaler.pt",
-           "rng_state": "rng_state.pth"}
-MODEL = "model"
 FILES = "hf.files"  # Tree.extras[""] key: carried files, name -> {"text"} or {"base64"}
 INDEX_META = "hf.index_metadata"  # Tree.extras[""] key: the index's metadata (not total_size)
+#: Tree.extras[""] key: the bytes of the largest shard an index named (the target is cut so
+#: again when no --max-shard-size is given, so the index and its metadata are kept)
+SHARD_SIZE = "hf.shard_size"
 MAX_CARRIED = 256 << 20  # carried files, in all
 MAX_INDEX = 64 << 20
 
@@ -131,6 +137,7 @@ def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
     for name, file in weight_map.items():
         by_file.setdefault(file, []).append(name)
     out: Dict[str, Any] = {}
+    largest = 0
     for file, wanted in by_file.items():
         path = _member(index.parent, file, where)
         part = _read_file(path, tree)
@@ -151,28 +158,35 @@ def _weights_from_index(index: Path, tree: Tree) -> Dict[str, Any]:
         for n in stored:
             if n in weight_map:
                 out[n] = stored[n]
+        largest = max(largest, sum(stored[n].nbytes for n in wanted
+                                   if isinstance(stored[n], Leaf)))
+    tree.extras.setdefault("", {})[SHARD_SIZE] = largest
     return {n: out[n] for n in weight_map if n in out}
 
 
-def _weights(directory: Path, tree: Tree) -> Optional[Dict[str, Any]]:
-    found = []
+def _weights(directory: Path, tree: Tree) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """The weights of a directory and the file (or index) they were read from: a model's,
+    else a PEFT adapter's."""
+    found, reader = [], "transformers"
     for single, index, _ in WEIGHTS.values():
         for name in (index, single):
             if (directory / name).is_file():
                 found.append(name)
     if not found:
-        return None
+        found, reader = [n for n in ADAPTER_WEIGHTS.values() if (directory / n).is_file()], "PEFT"
+    if not found:
+        return None, None
     if len(found) > 1:
         tree.notes.append(f"{directory}: holds {', '.join(found)}; {found[0]} is read (as "
-                          "transformers prefers it)")
+                          f"{reader} prefers it)")
     path = directory / found[0]
     if path.name.endswith(".index.json"):
-        return _weights_from_index(path, tree)
+        return _weights_from_index(path, tree), path.name
     part = _read_file(path, tree)
     meta = part.extras.get("", {})
     if meta:
         tree.extras.setdefault("", {}).update(meta)
-    return _flat(part, str(path))
+    return _flat(part, str(path)), path.name
 
 
 def _carry(directory: Path, used: set, tree: Tree) -> None:
@@ -211,8 +225,9 @@ def read(path, fmt: str = "hf") -> Tree:
         if p.is_file():  # an index file: its directory's weights, nothing else
             tree.root = _weights_from_index(p, tree)
             return tree
-        weights = _weights(p, tree)
+        weights, source = _weights(p, tree)
         used = {n for single, index, _ in WEIGHTS.values() for n in (single, index)}
+        used.update({source} if source else ())
         for _, index, _ in WEIGHTS.values():
             if (p / index).is_file():
                 used.update(_index(p / index)[0].values())
@@ -227,32 +242,18 @@ def read(path, fmt: str = "hf") -> Tree:
                 used.add(entry)
         if weights is None and not parts:
             raise CorruptCheckpointError(f"{p}: a Hugging Face directory without weights "
-                                         "(model.safetensors, pytorch_model.bin or an index)",
-                                         path=str(p))
+                                         "(model.safetensors, pytorch_model.bin, an index, "
+                                         "or a PEFT adapter_model.safetensors)", path=str(p))
         tree.root = {MODEL: weights or {}, **parts} if parts else weights
         _carry(p, used, tree)
     return tree
 
 
 # -- writing -----------------------------------------------------------------------------------
-def split_root(root: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(weights, Trainer parts) of a tree: ``{"model": ..., "optimizer": ...}`` (also a
-    checkpoint of live objects, ``{"model": <module>}``), else the root is the weights."""
-    if isinstance(root, Obj):
-        root = root.state
-    if isinstance(root, dict) and MODEL in root and \
-            set(root) - {MODEL} <= set(TRAINER) | {k for k in root if str(k).startswith(
-                "rng_state_")}:
-        weights = root[MODEL]
-        weights = weights.state if isinstance(weights, Obj) else weights
-        return weights, {k: v for k, v in root.items() if k != MODEL}
-    return root, {}
-
-
 def _check_weights(weights: Any, lay: skeleton.Layout) -> List[Tuple[str, Leaf]]:
     if not isinstance(weights, dict):
         raise UnsupportedObjectError(
-            f"Hugging Face weights are a dict of named tensors, not a {type(weights).__name__}",
+            f"Hugging Face weights are a dict of named tensors, not {describe(weights)}",
             hint="choose the state dict with --select")
     out = []
     for name, value in weights.items():
@@ -260,8 +261,8 @@ def _check_weights(weights: Any, lay: skeleton.Layout) -> List[Tuple[str, Leaf]]
             out.append((str(name), value))
         elif isinstance(value, (dict, list, tuple, Obj)):
             raise UnsupportedObjectError(
-                f"Hugging Face weights are a flat dict of named tensors, but {name!r} holds a "
-                f"{type(value).__name__}", leaf=str(name),
+                f"Hugging Face weights are a flat dict of named tensors, but {name!r} holds "
+                f"{describe(value)}", leaf=str(name),
                 hint="choose the state dict with --select (see `uckpt inspect SRC`)")
         else:
             lay.notes.append(f"{name!r} is a plain value, which Hugging Face weights cannot "
@@ -271,7 +272,7 @@ def _check_weights(weights: Any, lay: skeleton.Layout) -> List[Tuple[str, Leaf]]
 
 def plan(tree: Tree) -> skeleton.Layout:
     lay = skeleton.layout(tree.root, copies=True)
-    weights, _ = split_root(tree.root)
+    weights, _ = split_root(tree.root, lay.notes)
     _check_weights(weights, lay)
     return lay
 
@@ -305,7 +306,19 @@ def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress,
     items = _check_weights(weights, skeleton.Layout({}))
     writer = safetensors_fmt if options.weights == "safetensors" else torch_writer
     single, index_name, pattern = WEIGHTS[options.weights]
-    cut = shards(items, options.max_shard_size)
+    carried = tree.extras.get("", {}).get(FILES, {})
+    limit = options.max_shard_size
+    if ADAPTER_CONFIG in carried:  # a PEFT adapter: one adapter_model file, as PEFT reads it
+        if limit is not None:
+            raise UnsupportedObjectError(
+                f"a PEFT adapter ({ADAPTER_CONFIG}) is read from one "
+                f"{ADAPTER_WEIGHTS[options.weights]}, not from shards",
+                hint="leave out --max-shard-size")
+        single = ADAPTER_WEIGHTS[options.weights]
+    elif limit is None:  # cut as the source's index cut it: the index and its metadata stay
+        kept = tree.extras.get("", {}).get(SHARD_SIZE)
+        limit = kept if type(kept) is int and kept > 0 else None
+    cut = shards(items, limit)
     if len(cut) == 1:
         _write_part(tree, dict(cut[0]), directory / single, writer, progress)
     else:
@@ -327,7 +340,7 @@ def write(tree: Tree, lay: skeleton.Layout, directory: Path, progress: Progress,
         name = TRAINER.get(key, f"{key}.pth")
         _write_part(tree, root, directory / name, torch_writer, progress)
     written = {p.name for p in directory.iterdir()}
-    for name, content in tree.extras.get("", {}).get(FILES, {}).items():
+    for name, content in carried.items():
         path = _member(directory, name, "the carried files")
         if name in written:
             continue  # e.g. a carried pytorch_model.bin.index.json of the other kind
