@@ -36,6 +36,9 @@ EXTRAS=(
 # (e.g. `mpich`, the MPI library that mpi4py runs on).
 PACKAGES=(
     mpich
+    # PEFT adapter directories converted and loaded back (tests/test_convert_peft.py)
+    peft
+    accelerate
 )
 
 VENV=.venv

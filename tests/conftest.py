@@ -51,6 +51,7 @@ SLOW_MODULES = {
     "test_memory_budgets",
     # issue 30: TensorFlow checkpoints; TensorFlow's import, Keras training, CLI processes
     "test_convert_tf_checkpoint",
+    "test_convert_peft",  # issue 30: transformers and peft imports, PEFT models built
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (

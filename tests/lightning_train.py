@@ -89,7 +89,8 @@ def main():
         callbacks.append(Kill(a.kill_at, a.root))
     trainer = L.Trainer(max_epochs=a.epochs, accelerator="cpu", devices=1, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
-                        plugins=[] if a.mode == "native" else [io], callbacks=callbacks, deterministic=True)
+                        plugins=[] if a.mode == "native" else [io], callbacks=callbacks,
+                        deterministic=True)
     model = Tiny()
     trainer.fit(model, loader, ckpt_path=a.resume)
     opt = trainer.optimizers[0]
