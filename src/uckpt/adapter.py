@@ -28,6 +28,11 @@ load
     the bytes, and calls ``restore(obj, tree)`` with the loaded tree. The
     arrays in that tree belong to the adapter from then on: it may keep them
     without copying (arrays it named as targets are its object's own memory).
+    ``restore`` returns None when it restored ``obj`` in place (PyTorch,
+    TensorFlow, Chainer), or a new object that stands for ``obj`` from then on
+    (immutable arrays: a ``jax.Array`` cannot be written into). The core puts a
+    new object where ``obj`` was in the state (its mapping, list, or a tuple or
+    namedtuple rebuilt around it) and in the tree ``uckpt.load`` returns.
 """
 from __future__ import annotations
 
@@ -109,16 +114,26 @@ class DeviceArray:
     ``synchronize()`` the core calls, on a background thread, before reading
     ``out``. ``key`` identifies the memory, so two leaves with the same key are
     stored once (tied parameters).
+
+    ``settle``: the source may be freed once ``save`` returns (a JAX buffer donated to
+    the next step), so an asynchronous save waits for this copy before it returns,
+    after the copies of every leaf have been started.
     """
 
     def __init__(self, shape, dtype, copy_to: Callable[[np.ndarray], Any], key: Hashable,
-                 allocator: Optional[Callable[[int], Tuple[np.ndarray, Any]]] = None) -> None:
+                 allocator: Optional[Callable[[int], Tuple[np.ndarray, Any]]] = None,
+                 settle: bool = False) -> None:
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.copy_to = copy_to
         self.key = key
         #: ``allocator(nbytes) -> (uint8 ndarray, keepalive)`` for pinned host memory
         self.allocator = allocator
+        self.settle = settle
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -154,7 +169,9 @@ class Adapter:
         """Validate ``spec`` against ``obj``; return in-place read targets (or None)."""
         return None
 
-    def restore(self, obj: Any, tree: Any) -> None:
+    def restore(self, obj: Any, tree: Any) -> Any:
+        """Put ``tree`` into ``obj``: None when done in place, else the new object that
+        replaces ``obj`` (see the module docstring)."""
         raise NotImplementedError
 
 

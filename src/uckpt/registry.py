@@ -12,10 +12,13 @@ Adapters come from three places, consulted in this order:
    ``import uckpt`` never imports a framework;
 3. the built-in adapters (NumPy and Python random generators,
    :class:`uckpt.RandomState`, and any object with ``state_dict()`` /
-   ``load_state_dict()``).
+   ``load_state_dict()``);
+4. the entry points of frameworks already imported, for classes of other modules that
+   such a framework knows (a dataclass registered as a JAX pytree node).
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any, List, Optional
 
@@ -31,6 +34,10 @@ INSTALL_HINTS = {
     "tensorflow": "pip install 'uckpt[tensorflow]'",
     "keras": "pip install 'uckpt[tensorflow]'",
     "chainer": "pip install 'uckpt[chainer]'",
+    "jax": "pip install 'uckpt[jax]'",
+    "jaxlib": "pip install 'uckpt[jax]'",
+    "flax": "pip install 'uckpt[jax]'",
+    "optax": "pip install 'uckpt[jax]'",
 }
 
 _lock = threading.Lock()
@@ -71,7 +78,8 @@ def find_adapter(obj: Any) -> Optional[Adapter]:
     # an adapter package's own classes (wrappers such as uckpt_tf.OptimizerState) lead
     # to its entry point too
     packages = {ep.value.split(":")[0].split(".")[0]: name for name, ep in eps.items()}
-    for root in module_roots(obj):
+    roots = module_roots(obj)
+    for root in roots:
         name = root if root in eps else packages.get(root)
         if name is not None:
             for adapter in _load(ADAPTER_GROUP, name):
@@ -80,6 +88,11 @@ def find_adapter(obj: Any) -> Optional[Adapter]:
     for adapter in BUILTIN:
         if adapter.handles(obj):
             return adapter
+    for name in eps:  # a class of the user's that an imported framework knows (a JAX
+        if name not in roots and sys.modules.get(name) is not None:  # pytree node)
+            for adapter in _load(ADAPTER_GROUP, name):
+                if adapter.handles(obj):
+                    return adapter
     return None
 
 

@@ -10,7 +10,10 @@ Three phases, so that a mismatch changes nothing:
    adapter or a NumPy destination allows it, verifying every chunk.
 3. *apply*: adapters ``restore`` their objects; NumPy destinations that could
    not be read into directly are copied into; plain values (numbers, strings,
-   lists, tuples, None placeholders) are written back into their mapping.
+   lists, tuples, None placeholders) are written back into their mapping. An
+   adapter whose ``restore`` returns a new object (immutable arrays: JAX) has it
+   put where the old one was (:mod:`uckpt.loading.replace`), into lists and
+   tuples holding framework objects too, which the match goes into item by item.
 
 A corrupted chunk found in phase 2 can leave objects partly overwritten; restore
 them again from a valid checkpoint (``CheckpointManager.restore`` does this).
@@ -31,6 +34,7 @@ from .cast import Cast, CastPolicy, CastSpec, with_hint
 from .report import LoadReport
 from . import partial
 from .reader import CheckpointReader
+from .replace import Replacer
 from .selection import Patterns, Selection, selection_of
 from ..registry import find_adapter, no_adapter_error
 from ..tree.shard import PerRank, Shard
@@ -55,6 +59,25 @@ def spec_leaf(manifest: Manifest, policy: Optional[CastPolicy] = None):
 
 # values that cannot be restored in place: they are written back into their mapping
 _PLAIN = (type(None), bool, int, float, str, bytes, list, tuple, np.generic)
+_VALUES = (type(None), bool, int, float, str, bytes, np.generic, np.ndarray)
+
+
+def holds_objects(obj: Any) -> bool:
+    """Whether a list, tuple or mapping holds something besides values and NumPy arrays
+    (a framework object, a Shard): the load then goes into it item by item."""
+    if isinstance(obj, (list, tuple)):
+        return any(holds_objects(v) for v in obj)
+    if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
+        return any(holds_objects(v) for v in obj.values())
+    return not isinstance(obj, _VALUES)
+
+
+def _into(obj: Any, node: Dict[str, Any]) -> bool:
+    """Whether the match goes into sequence ``obj`` (saved as ``node``) item by item: a
+    namedtuple (rebuilt of its type), or one holding framework objects."""
+    return isinstance(obj, (list, tuple)) and node["type"] in ("list", "tuple") and \
+        len(node["items"]) == len(obj) and \
+        (type(obj) not in (list, tuple) or holds_objects(obj))  # a namedtuple keeps its type
 
 
 class _Matcher:
@@ -73,6 +96,7 @@ class _Matcher:
         self.needed: List[Dict[str, Any]] = []  # subtrees whose arrays must be read
         self.assign: List[Tuple[MutableMapping, Any, Dict[str, Any], str]] = []  # plain values
         self.skipped: List[List[str]] = []  # tree keys of what strict=False left unread
+        self.sequences: set = set()  # paths of lists and tuples matched item by item
 
     def match(self, obj: Any, node: Dict[str, Any], path_keys: List[str], strict: bool) -> None:
         path = join(path_keys) or "<root>"
@@ -96,10 +120,17 @@ class _Matcher:
                        strict)
             return
         if isinstance(obj, Mapping) and not hasattr(obj, "state_dict"):
+            if node["type"] == "object" and node["state"]["type"] == "dict":
+                node = node["state"]  # an object's state loaded as a mapping (a pytree)
             if node["type"] != "dict":
                 raise StateMismatchError(f"{path!r}: the state has a mapping, the checkpoint "
                                          f"a {node['type']}", leaf=path)
             self.mapping(obj, node, path_keys, strict)
+            return
+        if _into(obj, node):  # e.g. an Optax state: namedtuples of JAX arrays
+            self.sequences.add(join(path_keys))
+            for i, (v, n) in enumerate(zip(obj, node["items"])):
+                self.match(v, n, path_keys + [str(i)], strict)
             return
         if isinstance(obj, _PLAIN):
             self.needed.append(node)  # plain values are returned, not restored in place
@@ -175,7 +206,8 @@ class _Matcher:
             self.skipped.append(_raw(path_keys) + [name])
         for name, key in keys.items():
             value = obj[key]
-            if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN):
+            if isinstance(obj, MutableMapping) and isinstance(value, _PLAIN) and \
+                    not _into(value, items[name]):
                 self.assign.append((obj, key, items[name], join(path_keys + [escape(name)])))
             self.match(value, items[name], path_keys + [escape(name)], strict)
 
@@ -330,22 +362,32 @@ def restore_into(reader: CheckpointReader, state: Mapping, strict: bool = True,
         np.copyto(dest, arrays[path])
     # adapters with restore_last (global random state) after the others, whose restore
     # may draw random numbers (e.g. lazy initialisation) from a generator restored before
+    new: Dict[str, Any] = {}  # path -> the object an adapter's restore returned for it
     for adapter, obj, sub, path in sorted(matcher.actions, key=lambda a: a[0].restore_last):
         try:
             if sel is None or path not in matcher.current:
-                adapter.restore(obj, decode(sub, leaf))
+                out = adapter.restore(obj, decode(sub, leaf))
             else:  # some of its leaves selected: the others as it holds them
-                adapter.restore(obj, partial.merged(sub, matcher.current[path], path, sel, leaf,
-                                                    partial.on_host))
+                out = adapter.restore(obj, partial.merged(sub, matcher.current[path], path, sel,
+                                                          leaf, partial.on_host))
         except UckptError as e:
             e.at_path(path)  # names the path in e itself
             raise
+        if out is not None:
+            new[path] = out
     for mapping, key, node, path in matcher.assign:
         mapping[key] = decode(node, leaf) if sel is None or sel.whole(path) else \
             partial.merged(node, mapping[key], path, sel, leaf, partial.on_host)
     tree = m.tree if sel is None else sel.prune(m.tree)
-    items = (pruned(tree, matcher.skipped) if matcher.skipped else tree)["items"]
-    return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
+    top = pruned(tree, matcher.skipped) if matcher.skipped else tree
+    items = top["items"]
+    if not new and not matcher.sequences:
+        return {k: decode(items[str(k)], leaf) for k in state if str(k) in items}
+    replacer = Replacer(new, matcher.sequences, rank)
+    out_tree = {k: replacer.returned(state[k], items[str(k)], escape(str(k)), leaf)
+                for k in state if str(k) in items}
+    replacer.write_back(state, top, "", leaf)
+    return out_tree
 
 
 def matched(m: Manifest, state: Mapping, strict: bool = True, rank: int = 0,

@@ -246,11 +246,14 @@ def _copy_all(jobs, guard=None) -> List[Any]:
     """Copy now, or (the host arrays ``guard`` covers) later; the copies to wait for."""
     waits: List[Any] = []
     host, later = split_jobs([(s, d) for s, d in jobs if not isinstance(s, DeviceArray)], guard)
+    settle: List[Any] = []  # copies waited for before the snapshot returns
     for src, dst in jobs:
         if isinstance(src, DeviceArray):
             w = src.copy_to(dst)
             if w is not None:
-                waits.append(w)
+                (settle if src.settle else waits).append(w)
+    for w in settle:  # every copy started first, then waited for (DeviceArray.settle)
+        w.synchronize()
     big = [j for j in host if j[1].nbytes >= knobs.parallel_copy_bytes]
     small = [j for j in host if j[1].nbytes < knobs.parallel_copy_bytes]
     for src, dst in small:
