@@ -140,7 +140,8 @@ def _as_dict(obj: Any, node: Dict[str, Any]) -> Dict[str, Any]:
 def _remade(like: Mapping, items: Dict[Any, Any]) -> Any:
     """A mapping of ``like``'s type (e.g. Flax's FrozenDict) holding ``items``; a dict when
     that type cannot be made from one."""
+    cls: Any = type(like)
     try:
-        return type(like)(items)
+        return cls(items)
     except TypeError:
         return dict(items)
