@@ -23,6 +23,7 @@ EXTRAS=(
     torch
     tensorflow
     chainer
+    jax
     mpi
     lightning
     test
@@ -39,6 +40,7 @@ PACKAGES=(
     # PEFT adapter directories converted and loaded back (tests/test_convert_peft.py)
     peft
     accelerate
+    orbax-checkpoint  # Orbax interop (issue 31): reading and writing Orbax checkpoints in tests
 )
 
 VENV=.venv
