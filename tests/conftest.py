@@ -52,6 +52,9 @@ SLOW_MODULES = {
     # issue 30: TensorFlow checkpoints; TensorFlow's import, Keras training, CLI processes
     "test_convert_tf_checkpoint",
     "test_convert_peft",  # issue 30: transformers and peft imports, PEFT models built
+    # issue 31: JAX and Flax imports and jit compiles take seconds; the resume test runs a
+    # Flax training loop in 4 processes (one and 8 CPU devices, each killed once)
+    "test_jax_adapter", "test_jax_resume",
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (

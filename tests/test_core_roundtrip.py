@@ -1,4 +1,5 @@
 """Round trips of plain NumPy/Python state through the core (no framework needed)."""
+import collections
 import math
 import random
 
@@ -169,6 +170,53 @@ def test_registered_adapter_takes_precedence(tmp_path):
     uckpt.load(tmp_path / "c", {"box": b})
     assert b.v == [1, 2]
     assert uckpt.manifest(tmp_path / "c").tree["items"]["box"]["adapter"] == "test.box"
+
+
+class Frozen:
+    """An object that cannot be changed, as a jax.Array: its adapter returns a new one."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = v
+
+
+class FrozenAdapter(uckpt.Adapter):
+    name = "test.frozen"
+
+    def handles(self, obj):
+        return isinstance(obj, Frozen)
+
+    def extract(self, obj):
+        return {"v": obj.v}
+
+    def restore(self, obj, tree):
+        return Frozen(tree["v"])
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+def test_objects_restore_returns_are_put_into_the_state_and_returned(tmp_path):
+    adapter = FrozenAdapter()
+    uckpt.register_adapter(adapter)
+    try:
+        uckpt.save(tmp_path / "c", {
+            "x": Frozen(np.arange(3)), "pair": Pair(Frozen(np.ones(2)), 5),
+            "seq": [Frozen(np.zeros(1)), (Frozen(np.full(2, 7)), "s")], "plain": Pair(1, 2)})
+        old, seq = Frozen(np.zeros(3)), [Frozen(np.ones(1)), (Frozen(np.zeros(2)), "t")]
+        state = {"x": old, "pair": Pair(Frozen(np.zeros(2)), 0), "seq": seq,
+                 "plain": Pair(0, 0)}
+        out = uckpt.load(tmp_path / "c", state)
+    finally:
+        uckpt.registry.unregister_adapter(adapter)
+    assert state["x"] is not old and state["x"].v.tolist() == [0, 1, 2] and out["x"] is state["x"]
+    assert type(state["pair"]) is Pair and state["pair"].b == 5
+    assert state["pair"].a.v.tolist() == [1, 1] and out["pair"].a is state["pair"].a
+    assert state["seq"] is seq and seq[0].v.tolist() == [0] and seq[1][1] == "s"
+    assert seq[1][0].v.tolist() == [7, 7] and out["seq"][1][0] is seq[1][0]
+    assert type(state["plain"]) is Pair and state["plain"] == (1, 2)
+    assert type(out["plain"]) is Pair
 
 
 def test_partial_restore_needs_strict_false(tmp_path):

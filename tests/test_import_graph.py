@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = [("uckpt", REPO / "src" / "uckpt"),
             ("uckpt_torch", REPO / "adapters" / "uckpt_torch"),
             ("uckpt_tf", REPO / "adapters" / "uckpt_tf"),
-            ("uckpt_chainer", REPO / "adapters" / "uckpt_chainer")]
+            ("uckpt_chainer", REPO / "adapters" / "uckpt_chainer"),
+            ("uckpt_jax", REPO / "adapters" / "uckpt_jax")]
 
 
 def modules(package: str, root: Path) -> Dict[str, Path]:

@@ -38,7 +38,10 @@ def is_array(x: Any) -> bool:
     return isinstance(x, (jax.Array, jax.ShapeDtypeStruct))
 
 
-def _box(index: Tuple[slice, ...], shape: Tuple[int, ...]) -> Box:
+def _box(index: Optional[Tuple[slice, ...]], shape: Tuple[int, ...]) -> Box:
+    """``(start, shape)`` of a device's index into an array of ``shape`` (None: all of it)."""
+    if index is None:
+        return (0,) * len(shape), shape
     start = tuple(s.indices(n)[0] for s, n in zip(index, shape))
     stop = tuple(s.indices(n)[1] for s, n in zip(index, shape))
     return start, tuple(b - a for a, b in zip(start, stop))
@@ -121,7 +124,7 @@ def from_host(value: np.ndarray, like: Any, path: str = "") -> jax.Array:
     box = target_box(like)
     start = box[0] if box is not None and value.shape != shape else (0,) * len(shape)
 
-    def data(index: Tuple[slice, ...]) -> np.ndarray:
+    def data(index: Optional[Tuple[slice, ...]]) -> np.ndarray:
         b_start, b_shape = _box(index, shape)
         return value[tuple(slice(s - o, s - o + n) for s, o, n in zip(b_start, start, b_shape))]
 
@@ -137,6 +140,6 @@ def key_impl(x: Any) -> str:
 
 def key_from_host(impl: str, data: np.ndarray, like: Any) -> jax.Array:
     """Typed keys of implementation ``impl`` from their raw ``data``, placed as ``like``."""
-    keys = jax.random.wrap_key_data(np.asarray(data), impl=impl)
+    keys = jax.random.wrap_key_data(jax.numpy.asarray(data), impl=impl)
     sharding = sharding_of(like)
     return keys if sharding is None else jax.device_put(keys, sharding)

@@ -207,8 +207,9 @@ def rebuild(like: Any, value: Any, path: str = "") -> Any:
         out = {k: rebuild(v, _get(value, k), _at(path, k)) for k, v in like.items()}
         if type(like) is dict:
             return out
+        cls: Any = type(like)  # FrozenDict, nnx.State: made from a dict
         try:
-            return type(like)(out)
+            return cls(out)
         except TypeError:
             return out
     kids, treedef = children(like)
