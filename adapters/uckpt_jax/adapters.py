@@ -44,36 +44,33 @@ def _checked(obj: Any, spec: Any, what: str) -> Any:
     return out
 
 
-class ArrayAdapter(Adapter):
+class _Replaced(Adapter):
+    """An immutable pytree: saved with :func:`to_state`, checked whole by ``prepare``,
+    and made anew by ``restore`` (which returns it)."""
+
+    def extract(self, obj):
+        return to_state(obj)
+
+    def prepare(self, obj, spec):
+        what = "the jax.Array" if is_array(obj) else f"the {type(obj).__qualname__}"
+        return _checked(obj, spec, what)
+
+    def restore(self, obj, tree):
+        return rebuild(obj, tree)
+
+
+class ArrayAdapter(_Replaced):
     name = "jax.array"
 
     def handles(self, obj):
         return is_array(obj)
 
-    def extract(self, obj):
-        return to_state(obj)
 
-    def prepare(self, obj, spec):
-        return _checked(obj, spec, "the jax.Array")
-
-    def restore(self, obj, tree):
-        return rebuild(obj, tree)
-
-
-class NodeAdapter(Adapter):
+class NodeAdapter(_Replaced):
     name = "jax.pytree"
 
     def handles(self, obj):
         return is_node(obj)
-
-    def extract(self, obj):
-        return to_state(obj)
-
-    def prepare(self, obj, spec):
-        return _checked(obj, spec, f"the {type(obj).__qualname__}")
-
-    def restore(self, obj, tree):
-        return rebuild(obj, tree)
 
 
 def _nnx():
