@@ -110,9 +110,9 @@ def test_cli_targets_by_name(tmp_path):
     assert (tmp_path / "ck.d" / "manifest.json").is_file()
     assert_ok(cli("convert", tmp_path / "m.weights.h5", tmp_path / "ck.v", "--to", "uckpt"))
     assert (tmp_path / "ck.v" / "manifest.json").is_file()
-    assert_ok(cli("convert", tmp_path / "m.weights.h5", tmp_path / "z.h5", "--compress"))
+    assert_ok(cli("convert", tmp_path / "m.weights.h5", tmp_path / "z.weights.h5", "--compress"))
     assert_ok(cli("convert", tmp_path / "m.weights.h5", tmp_path / "z.npz", "--compress"))
-    for out in ("z.h5", "z.npz"):
+    for out in ("z.weights.h5", "z.npz"):
         assert diff(tmp_path / "m.weights.h5", tmp_path / out).identical
     with zipfile.ZipFile(tmp_path / "z.npz") as z:
         assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_DEFLATED}
@@ -120,3 +120,70 @@ def test_cli_targets_by_name(tmp_path):
                  "cannot be compressed")
     with open_checkpoint(tmp_path / "out" / "m.keras") as tree:
         assert tree.format == "keras"
+
+
+def _legacy_h5(path, maker):
+    """A small functional model saved by ``maker``'s ``model.save(path)`` (legacy HDF5;
+    not compiled: a legacy file's optimizer weights change nothing here, and fit costs)."""
+    if maker == "tf_keras":
+        lib = pytest.importorskip("tf_keras")
+    else:
+        lib = keras
+    lib.utils.set_random_seed(0)
+    inputs = lib.Input((3,))
+    hidden = lib.layers.BatchNormalization()(lib.layers.Dense(4)(inputs))
+    model = lib.Model(inputs, lib.layers.Dense(2)(hidden))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "HDF5 ... is considered legacy"
+        model.save(path)
+    return model
+
+
+@pytest.mark.parametrize("maker", ["keras", "tf_keras"])
+def test_legacy_h5_to_keras_refused(tmp_path, maker):
+    """A legacy .h5 (Keras 3's or tf_keras's model.save) cannot become a .keras archive or a
+    .weights.h5 file without Keras (its weights are named by layer, its config is in the
+    legacy form): refused, directly and through a uckpt checkpoint, with the Keras call that
+    does it; that call works. (Issue 30 §2: the archive was written, and no loader took it.)"""
+    _legacy_h5(tmp_path / "m.h5", maker)
+    assert_error(cli("convert", tmp_path / "m.h5", tmp_path / "m.keras"),
+                 "legacy Keras HDF5 file", "keras.models.load_model('m.h5')")
+    assert not (tmp_path / "m.keras").exists()
+    from uckpt.conversion import KerasLayoutError
+
+    with pytest.raises(KerasLayoutError, match="cannot become a .weights.h5 file"):
+        convert(tmp_path / "m.h5", tmp_path / "m.weights.h5")
+    convert(tmp_path / "m.h5", tmp_path / "mid")
+    with pytest.raises(KerasLayoutError, match="cannot become a .keras archive without Keras"):
+        convert(tmp_path / "mid", tmp_path / "m.keras")
+    assert not (tmp_path / "m.keras").exists()
+    if maker == "keras":  # the hint's remedy
+        keras.models.load_model(tmp_path / "m.h5").save(tmp_path / "m.keras")
+        assert_same_weights(keras.models.load_model(tmp_path / "m.h5"),
+                            keras.models.load_model(tmp_path / "m.keras"))
+
+
+def test_keras_weights_need_a_weights_h5_name(tmp_path):
+    """A Keras model's weights (a live checkpoint, or Keras's own .weights.h5) to `x.h5`:
+    refused, naming the rule and `x.weights.h5` (Keras 3's load_weights reads `x.h5` as a
+    legacy file and finds 0 layers: issue 30 §2); the name it gives works."""
+    import uckpt
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    model.compile(optimizer="adam", loss="mse")
+    uckpt.save(tmp_path / "live", {"model": model})
+    model.save_weights(tmp_path / "k.weights.h5")
+    assert_error(cli("convert", tmp_path / "k.weights.h5", tmp_path / "z.hdf5"),
+                 "*.weights.h5", "'z.weights.h5'")
+    assert not (tmp_path / "z.hdf5").exists()
+    from uckpt.conversion import KerasLayoutError
+
+    with pytest.raises(KerasLayoutError, match=r"reads them only from a file named "
+                                               r"\*\.weights\.h5") as e:
+        convert(tmp_path / "live", tmp_path / "x.h5")
+    assert e.value.hint == "name the target 'x.weights.h5'"
+    assert not (tmp_path / "x.h5").exists()
+    convert(tmp_path / "live", tmp_path / "x.weights.h5")
+    again = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    again.load_weights(tmp_path / "x.weights.h5")
+    assert_same_weights(model, again)

@@ -43,6 +43,13 @@ class InvalidLimitError(UckptError, ValueError):
     (``Limits(...)``, ``UCKPT_CONVERT_MAX_NODES``, ``UCKPT_CONVERT_MAX_RATIO``)."""
 
 
+class KerasLayoutError(UckptError, ValueError):
+    """A Keras tree would be written where Keras cannot read it: a model's weights to an
+    HDF5 name other than ``*.weights.h5`` (Keras 3 reads its own layout only from such a
+    name), or a legacy Keras ``.h5`` to a ``.keras`` / ``.weights.h5`` target (only Keras
+    can map a legacy file's names and model config to those)."""
+
+
 class UnknownFormatError(NotACheckpointError):
     """The format of a file or directory could not be recognised (or is not a source)."""
 

@@ -14,6 +14,8 @@ stores them (``layers/dense/vars/0``, ``vars/0`` for the model's own, ``optimize
   file's tree nested under ``model``, so that ``uckpt.load(d, {"model": model})``
   restores it (the layer adapter reads Keras's layout, see ``uckpt_tf.keras_files``).
 * :func:`unnested`: the weights file's tree inside such a uckpt tree.
+* :func:`check_target`: refuses what Keras could not read at the target's name (a model's
+  weights to an HDF5 name other than ``*.weights.h5``; a legacy ``.h5`` to Keras 3's layout).
 
 :mod:`.layouts` applies them for ``convert`` and ``diff``.
 
@@ -34,8 +36,12 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
+from pathlib import PurePath
+
 from ..errors import UnsupportedObjectError
-from .interchange import Leaf, Obj, walk
+from .errors import KerasLayoutError
+from .hdf5 import ATTRS
+from .interchange import Leaf, Obj, Tree, walk
 
 LAYER, OPTIMIZER = "keras.layer", "keras.optimizer"
 #: the key a Keras weights file's tree is nested under in a uckpt checkpoint
@@ -64,6 +70,53 @@ def unnested(root: Any) -> Any:
     if isinstance(root, dict) and set(root) == {MODEL_KEY} and is_weights_file(root[MODEL_KEY]):
         return root[MODEL_KEY]
     return None
+
+
+def check_target(tree: Tree, dst_format: str, dst: Any) -> None:
+    """Refuse a target Keras could not read: the weights of one Keras model (live, or in
+    Keras's file layout) to an HDF5 name other than ``*.weights.h5`` (Keras 3's
+    ``load_weights`` reads any other ``.h5`` name as a legacy file, and finds 0 layers in
+    it), and a legacy Keras ``.h5`` to a ``.keras`` or ``.weights.h5`` target (its weights
+    are named by layer, and its model config is in the legacy form Keras 3's
+    ``load_model`` does not take from an archive: only Keras maps the model across)."""
+    name = PurePath(str(dst)).name
+    weights_name = name.endswith(".weights.h5")
+    if dst_format == "keras" or (dst_format == "hdf5" and weights_name):
+        legacy = _legacy_group(tree)
+        if legacy is not None:
+            target = "a .keras archive" if dst_format == "keras" else "a .weights.h5 file"
+            raise KerasLayoutError(
+                f"{name!r}: the source is a legacy Keras HDF5 file (layer_names on "
+                f"{legacy or 'the root'}), which cannot become {target} without Keras: "
+                "Keras 3 names the weights by their place in the model (layers/dense/vars/0), "
+                "and its load_model takes the model's config only in its own form",
+                path=str(dst), hint="let Keras convert it: keras.models.load_model('m.h5')"
+                ".save('m.keras') (or .save_weights('m.weights.h5')); uckpt converts a legacy "
+                ".h5 to .h5, .npz, .pt, .safetensors or a uckpt checkpoint")
+    elif dst_format == "hdf5" and _holds_one_model(tree.root):
+        stem = name[:-len(PurePath(name).suffix)] if PurePath(name).suffix else name
+        raise KerasLayoutError(
+            f"{name!r}: the checkpoint holds a Keras model's weights, and Keras 3's "
+            "model.load_weights reads them only from a file named *.weights.h5 (any other "
+            ".h5 name is read as a legacy HDF5 file, in which it finds no layers)",
+            path=str(dst), hint=f"name the target {stem + '.weights.h5'!r}")
+
+
+def _legacy_group(tree: Tree) -> Optional[str]:
+    """Where a legacy Keras ``.h5`` (``model.save`` or ``save_weights``) keeps its
+    ``layer_names`` attribute (``""``: the root), or None for any other tree."""
+    for path in ("model_weights", ""):
+        if "layer_names" in tree.extras.get(path, {}).get(ATTRS, {}):
+            return path
+    return None
+
+
+def _holds_one_model(root: Any) -> bool:
+    """Whether ``root`` is a Keras weights file's tree (at the root or under ``model``) or
+    holds exactly one live Keras model at its top level."""
+    if is_weights_file(root) or unnested(root) is not None:
+        return True
+    return isinstance(root, dict) and len(_objects(root, LAYER)) == 1
 
 
 def _objects(root: Dict[Any, Any], adapter: str) -> List[Any]:

@@ -5,7 +5,8 @@ A uckpt checkpoint of live objects keeps each object under its key in the state 
 root, in that framework's naming. ``adapt`` moves a tree between the two where the target
 is read by a framework (Keras ``.weights.h5``: :mod:`.keras_names`; Chainer trainer
 snapshots in NPZ/HDF5: :mod:`.chainer_names`) and nests a framework file's tree under
-its key for a uckpt target; ``comparable`` lines a file and its conversion up for ``diff``.
+its key for a uckpt target (refusing Keras targets Keras could not read:
+:func:`.keras_names.check_target`); ``comparable`` lines a file and its conversion up for ``diff``.
 What is kept beside the tree (``Tree.extras``, e.g. HDF5 attributes) moves with it.
 """
 from __future__ import annotations
@@ -29,6 +30,7 @@ def adapt(tree: Any, dst_format: str, dst: Any) -> None:
                 tree.extras = _moved(tree.extras, "", key)
                 return
         return
+    keras_names.check_target(tree, dst_format, dst)
     if dst_format == "keras" or (dst_format == "hdf5" and str(dst).endswith(".weights.h5")):
         # Keras reads only these (a .keras archive holds a model.weights.h5)
         new, key = keras_names.weights_file_root(tree.root, tree.notes), keras_names.MODEL_KEY
