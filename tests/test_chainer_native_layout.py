@@ -2,15 +2,17 @@
 extensions.snapshot() -> uckpt root -> uckpt.chainer.resume -> two more iterations identical to
 Chainer's own resume (load_npz); and a uckpt.chainer checkpoint -> NPZ -> load_npz."""
 import logging
+import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
 
 import uckpt
 import uckpt.chainer  # noqa: F401  (NumPy 2 shim, before chainer)
-from convert_sources import chainer_trainer
+from convert_sources import assert_chainer_equal, chainer_trainer
 from uckpt.conversion import convert, diff
 from uckpt.errors import StateMismatchError
 
@@ -112,3 +114,56 @@ def test_uckpt_trainer_checkpoint_to_chainer_snapshot(tmp_path):
     again = _trainer(tmp_path / "b", snapshot=False)
     chainer.serializers.load_npz(tmp_path / "snapshot.npz", again[0])
     _assert_same((trainer, model, opt), again)
+
+
+def _recipe_blocks():
+    """The shell and Python blocks of docs/frameworks/chainer.md's ``--add-prefix`` recipe."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs/frameworks/chainer.md").read_text()
+    found = re.search(r"```sh\n\s*(uckpt convert [^\n]*--add-prefix[^\n]*)\n\s*```\s*"
+                      r"```python\n(.*?)\n\s*```", text, re.S)
+    assert found, "chainer.md has no --add-prefix recipe"
+    return found.group(1), textwrap.dedent(found.group(2))
+
+
+def test_doc_add_prefix_recipe_restores_a_link(tmp_path):
+    """docs/frameworks/chainer.md's recipe, as written: a link's save_npz file converted with
+    --add-prefix restores through uckpt.load(dir, {"model": model}) (issue 30 §2: the prefix
+    was glued to the keys, `modelpredictor/...`, and the restore failed with
+    KeyMismatchError)."""
+    import shlex
+
+    import chainer
+
+    _, model, _ = chainer_trainer(tmp_path / "t", epochs=1)
+    chainer.serializers.save_npz(str(tmp_path / "model.npz"), model)
+    command, code = _recipe_blocks()
+    args = shlex.split(command)
+    r = subprocess.run([sys.executable, "-m", "uckpt.cli", *args[1:]], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    _, fresh, _ = chainer_trainer(tmp_path / "f", epochs=0)
+    for p in fresh.params():
+        p.array[...] = 0
+    namespace = {"uckpt": uckpt, "model": fresh}
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        exec(compile(code, "chainer.md", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    assert_chainer_equal(model, fresh)
+
+
+def test_add_prefix_without_slash_warns_when_it_glues(tmp_path):
+    """`--add-prefix model` on a tree of groups glues the prefix to each key, as asked, and
+    the warning names the `model/` that nests instead."""
+    import chainer
+
+    _, model, _ = chainer_trainer(tmp_path / "t", epochs=0)
+    chainer.serializers.save_npz(str(tmp_path / "model.npz"), model)
+    with pytest.warns(uckpt.conversion.ConvertWarning,
+                      match=r"'predictor' -> 'modelpredictor'.*--add-prefix 'model/'"):
+        convert(tmp_path / "model.npz", tmp_path / "glued.npz", add_prefix="model")

@@ -81,7 +81,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--strip-prefix", metavar="P",
                    help="remove P from the keys of the (selected) root that start with it")
     p.add_argument("--add-prefix", metavar="P",
-                   help="put P before every key of the (selected) root")
+                   help="put P before every key of the (selected) root; a P ending in / "
+                        "nests the root under that path instead (model/: predictor/W -> "
+                        "model/predictor/W)")
     p.add_argument("--compress", action="store_true",
                    help="compress DST: npz deflate (as savez_compressed, Chainer's default), "
                         "hdf5 and keras gzip, uckpt zstd")

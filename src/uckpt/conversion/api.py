@@ -113,7 +113,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     :func:`uckpt.load`: ``"model/encoder.*"``) converts only the leaves it picks, under
     their own paths, and reads no other; one path without wildcards (``"model"``)
     converts the node there as the root. ``strip_prefix`` and ``add_prefix`` rename the
-    keys of the (selected) root dict. ``compress`` (``"default"``
+    keys of the (selected) root dict (an ``add_prefix`` ending in ``/`` nests the root
+    under that path). ``compress`` (``"default"``
     or a codec: ``deflate`` for NPZ, ``gzip``/``lzf`` for HDF5 and .keras, ``zstd`` for
     uckpt) compresses the target; ``max_shard_size`` (bytes, or text such as ``"5GB"``)
     writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,

@@ -61,8 +61,9 @@ def is_weights_file(node: Any) -> bool:
 
 
 def uckpt_root(root: Any) -> Any:
-    """``{"model": root}`` for a Keras weights file's tree; ``root`` for any other."""
-    return {MODEL_KEY: root} if is_weights_file(root) else root
+    """``{"model": root}`` for a Keras weights file's tree; ``root`` for any other (one
+    nested under ``model`` already, e.g. by ``--add-prefix model/``, too)."""
+    return {MODEL_KEY: root} if is_weights_file(root) and unnested(root) is None else root
 
 
 def unnested(root: Any) -> Any:

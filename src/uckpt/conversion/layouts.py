@@ -27,7 +27,7 @@ def adapt(tree: Any, dst_format: str, dst: Any) -> None:
         for module, key in _FRAMEWORKS:
             if module.uckpt_root(tree.root) is not tree.root:
                 tree.root = {key: tree.root}
-                tree.extras = _moved(tree.extras, "", key)
+                tree.extras = moved(tree.extras, "", key)
                 return
         return
     keras_names.check_target(tree, dst_format, dst)
@@ -42,7 +42,7 @@ def adapt(tree: Any, dst_format: str, dst: Any) -> None:
         return
     old = tree.root.get(key)
     if old is new or (isinstance(old, Obj) and old.state is new):
-        tree.extras = _moved(tree.extras, key, "")
+        tree.extras = moved(tree.extras, key, "")
     tree.root = new
 
 
@@ -57,7 +57,7 @@ def comparable(a: Any, b: Any) -> Tuple[Any, Any]:
     return a, b
 
 
-def _moved(extras: Dict[str, Any], old: str, new: str) -> Dict[str, Any]:
+def moved(extras: Dict[str, Any], old: str, new: str) -> Dict[str, Any]:
     """``extras`` re-keyed from paths under ``old`` to the same paths under ``new``."""
     out: Dict[str, Any] = {}
     for path, value in extras.items():

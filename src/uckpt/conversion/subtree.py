@@ -20,6 +20,7 @@ from ..errors import UnknownKeyError
 from ..loading.selection import matches, unknown
 from ..tree.flatten import escape
 from .interchange import Obj, Tree, children, key_text, walk
+from .layouts import moved
 
 
 class SelectError(UnknownKeyError):
@@ -109,7 +110,30 @@ def select(tree: Tree, path: str) -> None:
 
 
 def rename_keys(tree: Tree, strip: Optional[str], add: Optional[str]) -> None:
-    """Strip ``strip`` from, then put ``add`` before, the keys of the root dict."""
+    """Strip ``strip`` from, then put ``add`` before, the keys of the root dict (an ``add``
+    ending with ``/``: nest the root under that path)."""
+    nest = add if add and add.endswith("/") else None
+    if nest:
+        add = None
+    _rename(tree, strip, add)
+    if nest:
+        _nest(tree, nest)
+
+
+def _nest(tree: Tree, path: str) -> None:
+    """Put the root under ``path`` (``a/b/``: ``{"a": {"b": root}}``), with its extras."""
+    parts = path.strip("/").split("/")
+    if any(not p or p in (".", "..") for p in parts):
+        raise SelectError(f"--add-prefix {path!r}: a path to nest the tree under has no empty, "
+                          "'.' or '..' components", hint="e.g. --add-prefix model/")
+    root = tree.root
+    for part in reversed(parts):
+        root = {part: root}
+    tree.root = root
+    tree.extras = moved(tree.extras, "", "/".join(escape(p) for p in parts))
+
+
+def _rename(tree: Tree, strip: Optional[str], add: Optional[str]) -> None:
     if not strip and not add:
         return
     if not isinstance(tree.root, dict):
@@ -119,6 +143,7 @@ def rename_keys(tree: Tree, strip: Optional[str], add: Optional[str]) -> None:
     out: Dict[Any, Any] = {}
     kept = 0
     renames: Dict[str, str] = {}
+    glued: List[str] = []
     for key, value in tree.root.items():
         name = key_text(key, [])
         new = name
@@ -136,6 +161,13 @@ def rename_keys(tree: Tree, strip: Optional[str], add: Optional[str]) -> None:
             raise SelectError(f"--strip-prefix {strip!r} leaves the key {name!r} empty")
         out[new] = value
         renames[escape(name)] = escape(new)
+        if add and (children(value) is not None or isinstance(value, Obj)):
+            glued.append(f"{name!r} -> {new!r}")
+    if glued:
+        tree.notes.append(f"--add-prefix {add!r} is glued to keys that hold groups ("
+                          + ", ".join(glued[:3]) + (", ..." if len(glued) > 3 else "")
+                          + f"); to put the tree under {add!r} instead, give "
+                            f"--add-prefix {add + '/'!r}")
     if kept:
         tree.notes.append(f"--strip-prefix {strip!r}: {kept} key(s) of the root do not start "
                           "with it and are kept as they are")
