@@ -187,3 +187,43 @@ def test_keras_weights_need_a_weights_h5_name(tmp_path):
     again = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
     again.load_weights(tmp_path / "x.weights.h5")
     assert_same_weights(model, again)
+
+
+def test_killed_keras_read_leaves_no_temporary_file(tmp_path):
+    """A process reading a .keras archive, SIGKILLed while it holds the weights copied out
+    of the zip, leaves nothing in its temporary directory (issue 30 §3: a
+    /tmp/uckpt-keras-*.weights.h5 stayed behind). The kill comes at a known point: the
+    child reads the archive with hdf5.read wrapped to say so and wait, the tree open."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4)])
+    model.save(tmp_path / "m.keras")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    code = """
+import sys, time
+import uckpt.conversion.hdf5 as hdf5
+from uckpt.conversion import open_checkpoint
+real = hdf5.read
+def holding(*args, **kwargs):
+    tree = real(*args, **kwargs)
+    print("holding", flush=True)
+    time.sleep(300)
+hdf5.read = holding
+with open_checkpoint(sys.argv[1]) as tree:
+    pass
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "m.keras")],
+                            stdout=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(temp)))
+    try:
+        assert proc.stdout.readline() == "holding\n"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert sorted(os.listdir(temp)) == []

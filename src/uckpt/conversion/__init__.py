@@ -7,9 +7,10 @@ imported only for HDF5 files.
 from .api import Report, convert, open_checkpoint
 from .diff import diff
 from .errors import (ConvertWarning, KerasLayoutError, LimitExceededError,
-                     MissingDependencyError, RefusedGlobalError, UnknownFormatError, UnsafeInputError, UnsafeNameError)
+                     MissingDependencyError, RefusedGlobalError, UnknownFormatError,
+                     UnsafeInputError, UnsafeNameError)
 from .limits import Limits
 
-__all__ = ["ConvertWarning", "KerasLayoutError", "LimitExceededError", "Limits", "MissingDependencyError",
-           "RefusedGlobalError", "Report", "UnknownFormatError", "UnsafeInputError",
-           "UnsafeNameError", "convert", "diff", "open_checkpoint"]
+__all__ = ["ConvertWarning", "KerasLayoutError", "LimitExceededError", "Limits",
+           "MissingDependencyError", "RefusedGlobalError", "Report", "UnknownFormatError",
+           "UnsafeInputError", "UnsafeNameError", "convert", "diff", "open_checkpoint"]

@@ -20,7 +20,7 @@ dataset ``__uckpt__``).
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..tree.flatten import MAX_DEPTH, escape, join
 from . import limits, names, rawbits, skeleton
 from .errors import LimitExceededError, UnsafeInputError, missing
 from .fileio import open_regular, require_fits
-from .hdf5_values import decode_attr, read_values
+from .hdf5_values import decode_attr, h5_file, read_values
 from .limits import check_ratio
 from .interchange import Leaf, Tree, check_shape, reading
 from .npz import NATIVE, marks_for, rawbits_note, value_array
@@ -241,9 +241,10 @@ def read(path, fmt: str = "hdf5") -> Tree:
     h5py = h5py_module()
     path = os.fspath(path)
     os.close(open_regular(path))  # no FIFO, device or directory reaches HDF5
+    opened = ExitStack()
     with h5py_errors(path):
-        f = h5py.File(path, "r")
-    with reading(fmt, f.close) as tree, h5py_errors(path):
+        f = opened.enter_context(h5_file(h5py, path))
+    with reading(fmt, opened.close) as tree, h5py_errors(path):
         reader = _Reader(h5py, f, path, tree)
         raw = reader.group(f, [], [], [f])
         record = _record(reader, reader.finish().get(RECORD_ATTR))

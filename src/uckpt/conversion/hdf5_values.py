@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -25,7 +26,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -33,6 +35,26 @@ from ..errors import CorruptCheckpointError
 
 SLACK = 256 << 20  # bytes of address space a child may add, beyond twice the file's size
 TIMEOUT = 60.0  # seconds a child may take (reading attributes takes milliseconds)
+
+
+_FD_PATH = re.compile(r"/proc/\d+/fd/\d+")
+
+
+@contextmanager
+def h5_file(h5py, path: str) -> Iterator[Any]:
+    """``h5py.File(path, "r")``, closed on leaving. A ``/proc/<pid>/fd/<n>`` path (a file
+    without a name, see :mod:`.keras_archive`) is opened as a Python file object, since
+    HDF5 asks for the real path of a name it opens, which such a file does not have."""
+    raw = open(path, "rb") if _FD_PATH.fullmatch(path) else None
+    try:
+        f = h5py.File(raw if raw is not None else path, "r")
+        try:
+            yield f
+        finally:
+            f.close()
+    finally:
+        if raw is not None:
+            raw.close()
 
 
 # -- attribute values as JSON -------------------------------------------------------------------
@@ -89,7 +111,7 @@ def collect(path: str, attrs: List[str], strings: List[str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {"attrs": {}, "strings": {}}
     where = ""
     try:
-        with h5py.File(path, "r") as f:
+        with h5_file(h5py, path) as f:
             for name in attrs:
                 obj = f[name]
                 kept: Dict[str, Any] = {}

@@ -3,7 +3,9 @@ and ``model.weights.h5``.
 
 Reading: the weights file is copied out of the archive (stored or deflated, with the zip
 checks of :class:`~.fileio.ZipArchive`: at most 1032 bytes, or ``max_ratio``, per byte
-stored) 1 MiB at a time into a private temporary file and read as HDF5;
+stored) 1 MiB at a time into a private temporary file and read as HDF5 (on Linux a file
+without a name, ``O_TMPFILE`` or unlinked at once, read through ``/proc/<pid>/fd/<n>``,
+so that nothing is left in the temporary directory even when the process is killed);
 ``config.json`` and ``metadata.json`` are kept as text in ``Tree.extras[""]["keras.archive"]``
 (never parsed or run). Writing: the tree as an HDF5 weights file, zipped (stored, as Keras
 writes it) with the kept config and metadata; without them (a ``.weights.h5`` source) the
@@ -18,7 +20,7 @@ import os
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict, Tuple
 
 from .._version import __version__
 from ..errors import CorruptCheckpointError
@@ -42,6 +44,39 @@ def _copy_member(archive: ZipArchive, info: zipfile.ZipInfo, fd: int) -> None:
         write_all(fd, piece)
 
 
+def _private_file() -> Tuple[int, str, Callable[[], None]]:
+    """A new temporary file for the weights: its descriptor, a path HDF5 (and the child
+    that reads its values) opens it by, and what removes it. On Linux the file has no name
+    (``O_TMPFILE``, else unlinked as soon as it is made) and the path is
+    ``/proc/<pid>/fd/<n>``: the kernel frees it with the process, however it ends.
+    Elsewhere it is a named file, removed when the tree is closed."""
+    directory = tempfile.gettempdir()
+    fd = -1
+    if hasattr(os, "O_TMPFILE"):
+        try:
+            fd = os.open(directory, os.O_TMPFILE | os.O_RDWR | getattr(os, "O_CLOEXEC", 0),
+                         0o600)
+        except OSError:  # a file system without O_TMPFILE
+            fd = -1
+    name = None
+    if fd < 0:
+        fd, name = tempfile.mkstemp(prefix="uckpt-keras-", suffix=".weights.h5",
+                                    dir=directory)
+    proc = f"/proc/{os.getpid()}/fd/{fd}"
+    if os.path.exists(proc):
+        if name is not None:
+            os.unlink(name)
+        return fd, proc, lambda: os.close(fd)
+    assert name is not None  # O_TMPFILE is Linux's, and so is /proc
+
+    def remove() -> None:
+        os.close(fd)
+        if os.path.exists(name):
+            os.unlink(name)
+
+    return fd, name, remove
+
+
 def read(path, fmt: str = "keras") -> Tree:
     raf = RandomAccessFile(path)
     with reading(fmt, raf.close) as tree:
@@ -58,12 +93,9 @@ def read(path, fmt: str = "keras") -> Tree:
                 except UnicodeDecodeError:
                     raise CorruptCheckpointError(f"{raf.path}: {name} is not UTF-8 text",
                                                  path=raf.path) from None
-        fd, tmp = tempfile.mkstemp(prefix="uckpt-keras-", suffix=".weights.h5")
-        tree.closers.append(lambda: os.path.exists(tmp) and os.unlink(tmp))
-        try:
-            _copy_member(archive, archive.members[WEIGHTS], fd)
-        finally:
-            os.close(fd)
+        fd, tmp, remove = _private_file()
+        tree.closers.append(remove)
+        _copy_member(archive, archive.members[WEIGHTS], fd)
         inner = hdf5.read(tmp, fmt)
         tree.closers.append(inner.close)
         tree.root, tree.extras = inner.root, inner.extras

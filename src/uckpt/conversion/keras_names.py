@@ -40,7 +40,6 @@ from pathlib import PurePath
 
 from ..errors import UnsupportedObjectError
 from .errors import KerasLayoutError
-from .hdf5 import ATTRS
 from .interchange import Leaf, Obj, Tree, walk
 
 LAYER, OPTIMIZER = "keras.layer", "keras.optimizer"
@@ -106,6 +105,8 @@ def check_target(tree: Tree, dst_format: str, dst: Any) -> None:
 def _legacy_group(tree: Tree) -> Optional[str]:
     """Where a legacy Keras ``.h5`` (``model.save`` or ``save_weights``) keeps its
     ``layer_names`` attribute (``""``: the root), or None for any other tree."""
+    from .hdf5 import ATTRS  # not at import: the HDF5 module is for HDF5 files only
+
     for path in ("model_weights", ""):
         if "layer_names" in tree.extras.get(path, {}).get(ATTRS, {}):
             return path
