@@ -40,6 +40,23 @@ def test_fit_with_callback_resumes_bitwise_after_sigkill(tmp_path):
     assert r["digests_equal"]
 
 
+@pytest.mark.timeout(360)
+@pytest.mark.parametrize("mode, kill_at", [("fit-steps-end", 19), ("fit-steps", 14)])
+def test_fit_with_step_checkpoints_resumes_bitwise_after_sigkill(tmp_path, mode, kill_at):
+    # every_n_steps=4 only, 12 batches per epoch: step 12 is saved after epoch 1's last batch,
+    # and is that epoch's end. fit-steps-end: killed after step 19 (checkpoint 16 mid-epoch
+    # 2), restore(at_epoch_end=True) takes 12; step 16 stays as it was, not saved again.
+    # fit-steps: killed after step 14, the newest, 12, resumes at epoch 2. (Issue 30 §2:
+    # step 12 was taken as mid-epoch; at_epoch_end started from scratch, and fit died with
+    # CheckpointExistsError on step 12.)
+    r = tf_resume.demo(mode, tmp_path, total=3, every=4, kill_at=kill_at, verbose=False)
+    assert r["restart"] == 12
+    assert r["before_kill_same"]
+    assert r["resumed_steps"] == list(range(13, 37))
+    assert (r["same"], r["compared"]) == (24, 24)
+    assert r["digests_equal"]
+
+
 def test_load_without_tensorflow_or_keras_gives_numpy(tmp_path):
     keras.utils.set_random_seed(0)
     model = small_cnn()

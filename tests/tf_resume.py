@@ -3,6 +3,7 @@
 
     python tests/tf_resume.py demo --mode loop     # custom loop (tf.GradientTape, tf.function)
     python tests/tf_resume.py demo --mode fit      # model.fit + uckpt.keras.Checkpoint
+    python tests/tf_resume.py demo --mode fit-steps-end --every 4   # step checkpoints only
 
 Like examples/resume_demo.py, the demo runs the training three times, each in
 its own process: A uninterrupted; B killed with SIGKILL right after step
@@ -25,6 +26,10 @@ mini-batches, Adam.
   function of the seed and e) with ``uckpt.keras.Checkpoint`` at the end of
   every epoch; the log is Keras's running epoch loss after every batch. The
   resumed process passes ``initial_epoch=cb.restore(model)``.
+* ``fit-steps`` / ``fit-steps-end``: the same with step checkpoints only
+  (``every_n_steps=--every``, no epoch saves); the resumed process restores the newest
+  checkpoint / passes ``at_epoch_end=True``. A step save after an epoch's last batch is
+  that epoch's end, so with ``--every`` dividing the epoch either resumes bitwise.
 
 ``train --mode M --dir DIR --log FILE`` runs the training alone, checkpointing
 into DIR (and resuming from it). Importable: ``demo(mode, ...)`` returns the
@@ -48,6 +53,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 NUM_IMAGES, IMAGE_SIZE, NUM_CLASSES, BATCH = 384, 12, 6, 32  # 12 batches per epoch
 SEED = 0
+MODES = ["loop", "fit", "fit-steps", "fit-steps-end"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -175,7 +181,8 @@ def train_loop(root, *, steps, every, log=None, lockstep=False):
 # ---------------------------------------------------------------------------------------
 # (b) model.fit with the uckpt.keras.Checkpoint callback
 # ---------------------------------------------------------------------------------------
-def train_fit(root, *, epochs, log=None, lockstep=False):
+def train_fit(root, *, epochs, log=None, lockstep=False, every_n_steps=None,
+              at_epoch_end=False):
     import uckpt_tf
 
     uckpt_tf.make_deterministic(SEED)
@@ -197,8 +204,11 @@ def train_fit(root, *, epochs, log=None, lockstep=False):
             out.step(cb.step, logs["loss"])
 
     with uckpt.CheckpointManager(root, keep_last=2) as manager:
-        cb = uckpt.keras.Checkpoint(manager, every_n_epochs=1)
-        initial_epoch = cb.restore(model)
+        if every_n_steps:
+            cb = uckpt.keras.Checkpoint(manager, every_n_steps=every_n_steps)
+        else:
+            cb = uckpt.keras.Checkpoint(manager, every_n_epochs=1)
+        initial_epoch = cb.restore(model, at_epoch_end=at_epoch_end)
         print(f"restored checkpoint at step {cb.step} (epoch {initial_epoch})" if cb.step
               else "starting from scratch", flush=True)
         data = uckpt_tf.epoch_shuffled((images, labels), batch_size=BATCH, seed=1,
@@ -342,14 +352,15 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train")
-    t.add_argument("--mode", choices=["loop", "fit"], required=True)
+    t.add_argument("--mode", choices=MODES, required=True)
     t.add_argument("--dir", required=True)
     t.add_argument("--log")
     t.add_argument("--total", type=int, required=True, help="steps (loop) or epochs (fit)")
-    t.add_argument("--every", type=int, default=10, help="loop: checkpoint every N steps")
+    t.add_argument("--every", type=int, default=10,
+                   help="loop, fit-steps*: checkpoint every N steps")
     t.add_argument("--lockstep", action="store_true")
     d = sub.add_parser("demo")
-    d.add_argument("--mode", choices=["loop", "fit"], default="loop")
+    d.add_argument("--mode", choices=MODES, default="loop")
     d.add_argument("--total", type=int)
     d.add_argument("--every", type=int, default=10)
     d.add_argument("--kill-at", type=int)
@@ -359,7 +370,9 @@ def main(argv=None):
         if args.mode == "loop":
             return train_loop(args.dir, steps=args.total, every=args.every, log=args.log,
                               lockstep=args.lockstep)
-        return train_fit(args.dir, epochs=args.total, log=args.log, lockstep=args.lockstep)
+        return train_fit(args.dir, epochs=args.total, log=args.log, lockstep=args.lockstep,
+                         every_n_steps=args.every if args.mode != "fit" else None,
+                         at_epoch_end=args.mode == "fit-steps-end")
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="uckpt-tf-resume-"))
     r = demo(args.mode, workdir, total=args.total, every=args.every, kill_at=args.kill_at)
     ok = r["same"] == r["compared"] and r["digests_equal"] and r["before_kill_same"]

@@ -25,12 +25,16 @@ checkpoint saved at the end of an epoch instead: the resumed run is then
 bitwise the uninterrupted one, provided the data order of an epoch depends
 only on the epoch (``uckpt_tf.epoch_shuffled``) and the process is
 deterministic (``uckpt_tf.make_deterministic``). Checkpoints newer than the one
-restored (mid-epoch ones skipped by ``at_epoch_end``) are kept: the resumed run
-does not save those steps again (a warning says so), and saves the later ones.
+restored (mid-epoch ones skipped by ``at_epoch_end``), or all of them when none
+was restored (none at an epoch's end), are kept: the resumed run saves no step
+up to the newest of them again (a warning says so), and saves the later ones.
 
 Saves happen at the end of every ``every_n_epochs``-th epoch, after every
 ``every_n_steps``-th batch, and whenever the manager's save policy asks
 (``manager.should_save(step)``, e.g. ``uckpt.OnSignal()`` for preemption).
+A save after an epoch's last batch is that epoch's end (``epoch`` counts it,
+``batch`` is 0); when ``fit`` does not know the epoch's length, it is saved again
+as such at the epoch's end.
 
 Several ranks (a manager whose ``comm`` has more than one rank, e.g. Horovod's
 ``hvd.DistributedOptimizer`` training, one process per rank): every rank uses

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import uckpt
 from uckpt.errors import CorruptCheckpointError, UckptError
@@ -51,7 +51,10 @@ class CheckpointLogic:
         self.batch = 0
         self.step = 0
         self._last_saved: Optional[int] = None
-        self._kept: Set[int] = set()  # steps not to save again (see restore)
+        self._last_saved_batch = 0  # the batch (0: an epoch's end) the last save recorded
+        #: the newest step that was there before the restart and was not restored (see
+        #: restore): the resumed run saves no step up to it again
+        self._kept_until: Optional[int] = None
         #: what the last ``restore`` loaded for the entries of ``state`` (plain values)
         self.restored: Dict[str, Any] = {}
 
@@ -65,8 +68,9 @@ class CheckpointLogic:
         if getattr(model, "optimizer", None) is not None:
             out["optimizer"] = model.optimizer
         rng = uckpt.RandomState()
+        epoch, batch = self._position()
         out.update({"rng": uckpt.PerRank(rng) if self._distributed() else rng,
-                    "epoch": self.epoch, "batch": self.batch, "step": self.step})
+                    "epoch": epoch, "batch": batch, "step": self.step})
         extra = self.extra() if callable(self.extra) else self.extra
         if extra:
             clash = sorted(set(extra) & set(RESERVED))
@@ -75,6 +79,16 @@ class CheckpointLogic:
                                  f"{list(RESERVED)}; rename them")
             out.update(extra)
         return out
+
+    def _position(self) -> Tuple[int, int]:
+        """(epochs completed, batches done in the current epoch) as a checkpoint records
+        them: after an epoch's last batch (``steps`` of ``fit``'s params) the epoch is
+        complete, so a step save there is that epoch's end, as ``on_epoch_end`` would save it
+        (``restore(at_epoch_end=True)`` takes it, and ``fit`` resumes at the next epoch)."""
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        if self.batch and self.batch == steps:
+            return self.epoch + 1, 0
+        return self.epoch, self.batch
 
     def _distributed(self) -> bool:
         return self.manager.comm.size > 1
@@ -132,13 +146,17 @@ class CheckpointLogic:
                 warnings.warn(f"uckpt: checkpoint step {s} is damaged; trying an older one",
                               RuntimeWarning, stacklevel=2)
         if restored is None:
+            # training starts from scratch beside checkpoints it did not take (none at an
+            # epoch's end): kept as they are, the run does not save those steps again
+            self._kept_until = max(present, default=None)
             return 0
         self.epoch, self.batch, self.step = (int(state["epoch"]), int(state["batch"]),
                                              int(state["step"]))
-        self._last_saved = self.step
+        self._last_saved, self._last_saved_batch = self.step, self.batch
         # checkpoints newer than the one restored (at_epoch_end, step=, a damaged newer one):
-        # kept as they are, the resumed run does not save those steps again
-        self._kept = {s for s in present if s > self.step}
+        # kept as they are, the resumed run saves no step up to the newest of them again
+        # (the manager refuses a step below its newest: StepOrderError)
+        self._kept_until = max((s for s in present if s > self.step), default=None)
         self.restored = {k: v for k, v in state.items() if k not in RESERVED}
         if self.batch:
             warnings.warn(
@@ -211,9 +229,12 @@ class CheckpointLogic:
         self._save()
 
     def on_epoch_end(self, epoch, logs=None):
+        # a step save after this epoch's last batch recorded it mid-epoch when fit did not
+        # know the epoch's length (no ``steps``): saved again as the epoch's end
+        relabel = self._last_saved == self.step and self._last_saved_batch != 0
         self.epoch = epoch + 1
         self.batch = 0
-        if self._epoch_save_due(epoch):
+        if self._epoch_save_due(epoch) or relabel:
             metrics = {k: float(v) for k, v in (logs or {}).items()
                        if isinstance(v, numbers.Real) and not isinstance(v, bool)}
             if self._distributed():
@@ -229,14 +250,15 @@ class CheckpointLogic:
         return self.every_n_epochs is not None and (epoch + 1) % self.every_n_epochs == 0
 
     def _save(self, metrics: Optional[Dict[str, float]] = None) -> None:
-        if self.step in self._kept:
-            warnings.warn(f"uckpt: checkpoint step {self.step} exists from before the restart "
-                          "(newer than the checkpoint restored); kept, not saved again",
-                          UserWarning, stacklevel=3)
+        if self._kept_until is not None and self.step <= self._kept_until:
+            warnings.warn(f"uckpt: step {self.step} is not saved: step {self._kept_until} "
+                          "exists from before the restart (newer than the checkpoint "
+                          "restored) and is kept as it was", UserWarning, stacklevel=3)
             return
         overwrite = self._last_saved == self.step  # e.g. a step save on an epoch's last batch
+        epoch, batch = self._position()
         self.manager.save(self.step, self.state(),
-                          metadata={"keras": {"epoch": self.epoch, "batch": self.batch,
+                          metadata={"keras": {"epoch": epoch, "batch": batch,
                                               "step": self.step}},
                           metrics=metrics or None, overwrite=overwrite)
-        self._last_saved = self.step
+        self._last_saved, self._last_saved_batch = self.step, batch
