@@ -167,7 +167,7 @@ def _rename(tree: Tree, strip: Optional[str], add: Optional[str]) -> None:
         tree.notes.append(f"--add-prefix {add!r} is glued to keys that hold groups ("
                           + ", ".join(glued[:3]) + (", ..." if len(glued) > 3 else "")
                           + f"); to put the tree under {add!r} instead, give "
-                            f"--add-prefix {add + '/'!r}")
+                            f"--add-prefix {f'{add}/'!r}")
     if kept:
         tree.notes.append(f"--strip-prefix {strip!r}: {kept} key(s) of the root do not start "
                           "with it and are kept as they are")
