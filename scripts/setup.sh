@@ -13,6 +13,11 @@
 # Last, Horovod (PyTorch + MPI) is built from source by scripts/install_horovod.sh
 # (a few minutes the first time; skipped when already installed). The tests of
 # uckpt with Horovod need it. To leave it out: UCKPT_NO_HOROVOD=1 bash scripts/setup.sh
+#
+# When nothing changed since the last complete run (same constraints.txt,
+# pyproject.toml, this script and scripts/install_*.sh, same UCKPT_NO_HOROVOD, and
+# the venv's uckpt is this checkout's), it only says so and returns (the pip runs
+# take 30-60 s even when they install nothing). --force redoes it all anyway.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -47,11 +52,33 @@ VENV=.venv
 
 run() { echo "+ $*"; "$@"; }
 
+FORCE=0
 case "${1:-}" in
     "") ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --force) FORCE=1 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown argument: $1" >&2; exit 2 ;;
 esac
+
+# 0. Nothing to do? The stamp holds a hash of what decides the environment; it is
+# written after a complete run and removed before a new one, so a run that failed
+# part-way is redone. The import check catches a venv whose editable uckpt is another
+# checkout's (a venv shared by several worktrees) or that lost uckpt.
+STAMP=$VENV/.uckpt-setup-stamp
+inputs_hash() {
+    { sha256sum constraints.txt pyproject.toml scripts/setup.sh scripts/install_*.sh
+      echo "UCKPT_NO_HOROVOD=${UCKPT_NO_HOROVOD:-}"; } | sha256sum | cut -d' ' -f1
+}
+venv_uckpt() {
+    "$VENV/bin/python" -I -c 'import os, uckpt; print(os.path.realpath(uckpt.__file__))' \
+        2>/dev/null
+}
+if [[ $FORCE == 0 && -f "$STAMP" && "$(cat "$STAMP")" == "$(inputs_hash)" &&
+      "$(venv_uckpt)" == "$(pwd -P)/src/uckpt/__init__.py" ]]; then
+    echo "setup: $VENV is up to date (nothing changed since its last setup; --force redoes it)"
+    exit 0
+fi
+rm -f "$STAMP"
 
 # 1. The virtual environment.
 if [[ -x "$VENV/bin/python" ]] && "$VENV/bin/python" -c 'import sys' 2>/dev/null; then
@@ -94,4 +121,5 @@ if [[ "${UCKPT_NO_HOROVOD:-}" == 1 ]]; then
 else
     run bash scripts/install_horovod.sh "$VENV"
 fi
+inputs_hash > "$STAMP"
 echo "setup: done ($VENV/bin/python)"
