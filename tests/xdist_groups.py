@@ -8,6 +8,14 @@ scheduled on its own (pytest-xdist issue 1386): a module-scoped launch of severa
 (tests/test_horovod_tf.py) ran once per worker, each time the whole of it. Where the
 suffix is missing after xdist's hook, this plugin sets it on the structured id the way
 xdist does on older pytest; where xdist's own one took effect, it does nothing.
+
+It also hands out the modules with a ``slow`` test before the others. xdist orders its
+work units by their number of tests (groups first), then in collection order (by file
+name), and gives a worker its next unit when it has two or fewer left: a slow test late
+in the alphabet (seconds to a minute) could start when the other worker had little left,
+which then idled to the end. Slow modules first, the last units are quick tests and both
+workers end together. Each module stays in one piece, in its own order (a module-scoped
+fixture is made once per worker, as before).
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ def group_of(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     if not getattr(config.option, "loadgroup", False):  # set on xdist's workers only
         return
+    slow_modules_first(items)
     for item in items:
         group = group_of(item)
         if group is None or item.nodeid.endswith(f"@{group}"):
@@ -35,3 +44,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
         if not item.nodeid.endswith(f"@{group}"):
             raise pytest.UsageError(f"cannot put {item.nodeid} in xdist group {group!r} on "
                                     f"pytest {pytest.__version__}: see tests/xdist_groups.py")
+
+
+def slow_modules_first(items: list) -> None:
+    """Reorder ``items`` in place: the modules holding a test marked ``slow`` (by
+    tests/conftest.py, which runs before this plugin's hook) first; a stable sort, so every
+    module keeps its place among its kind and its tests their order."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
