@@ -1,6 +1,8 @@
 """A fork server for the crash tests' savers: one process that has imported numpy, uckpt
 and what the savers import forks a child per run, so a run that is SIGKILLed soon after it
 starts does not pay for a fresh interpreter's imports (most of the crash suites' CPU time).
+Other tests start one with their own imports (``ForkServer.start(preload=...)``:
+tests/test_lightning.py's with torch and Lightning).
 
     server = ForkServer.start()          # the fixture ``saver_forks`` of conftest.py
     p = server.popen([script, *args], stdout=subprocess.PIPE)
@@ -19,7 +21,8 @@ is the server's, and OpenBLAS has no thread pool (``OPENBLAS_NUM_THREADS=1`` whi
 imported: the server starts no thread before it forks). Python's ``random`` is reseeded in
 every child by the interpreter itself.
 
-The server's side, run as ``python fork_server.py FD``: FD is its end of a socket pair.
+The server's side, run as ``python fork_server.py FD [MODULES]``: FD is its end of a
+socket pair, MODULES what it imports (comma-separated; PRELOAD when not given).
 Requests and answers are JSON, one a packet: ``{"op": "run", "argv", "cwd", "env"}`` with
 the child's stdin, stdout and stderr as passed descriptors -> ``{"pid"}``; ``{"op": "wait",
 "pid", "timeout"}`` -> ``{"status"}`` (as ``Popen.returncode``; None: still running at the
@@ -35,6 +38,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Sequence
 
 #: what the savers import (tests/crash_saver.py, rollback_saver.py, shared_root_worker.py)
 PRELOAD = ("logging", "re", "random", "json", "traceback", "warnings", "runpy", "numpy", "uckpt",
@@ -58,14 +62,14 @@ def _status(wait_status: int) -> int:
 
 # --- the server process -----------------------------------------------------------------
 
-def _preload() -> None:
-    """Import what the savers import, with no thread left behind (OpenBLAS starts its pool
-    when numpy is imported, unless told to use one thread)."""
+def _preload(names: Sequence[str]) -> None:
+    """Import ``names``, with no thread left behind (OpenBLAS starts its pool when numpy
+    is imported, unless told to use one thread)."""
     before = os.environ.get("OPENBLAS_NUM_THREADS")
     os.environ["OPENBLAS_NUM_THREADS"] = "1"
     import importlib
 
-    for name in PRELOAD:
+    for name in names:
         importlib.import_module(name)
     if before is None:
         del os.environ["OPENBLAS_NUM_THREADS"]
@@ -139,11 +143,12 @@ def _run_child(request: dict) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
-    _preload()
+    _preload(sys.argv[2].split(",") if len(sys.argv) > 2 else PRELOAD)
     _send(sock, {"ready": True})
     request = _serve(sock)
-    if request is not None:
-        _run_child(request)
+    if request is None:  # stopped: skip the interpreter's teardown of what it imported
+        os._exit(0)  # (seconds for torch and Lightning; nothing here to flush)
+    _run_child(request)
 
 
 # --- the test's side --------------------------------------------------------------------
@@ -192,10 +197,11 @@ class ForkServer:
         self.argv = [sys.executable, __file__]
 
     @classmethod
-    def start(cls, timeout: float = 120) -> "ForkServer":
-        """Start the server and wait until it has imported everything."""
+    def start(cls, timeout: float = 120, preload: Sequence[str] = PRELOAD) -> "ForkServer":
+        """Start the server and wait until it has imported the modules ``preload``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno())],
+        proc = subprocess.Popen([sys.executable, __file__, str(theirs.fileno()),
+                                 ",".join(preload)],
                                 pass_fds=[theirs.fileno()], stdout=subprocess.DEVNULL)
         theirs.close()
         server = cls(proc, ours, dict(os.environ))
@@ -211,21 +217,25 @@ class ForkServer:
             raise
         return server
 
-    def popen(self, argv, stdout=None):
+    def popen(self, argv, stdout=None, stderr=None):
         """Run ``python argv...`` in a child forked from the server (``stdout``: None, the
-        caller's, or ``subprocess.PIPE``; text). Falls back to a fresh interpreter
-        (``subprocess.Popen``) where a ``UCKPT_*`` variable, which uckpt may read when
-        imported, is not what it was when the server started."""
+        caller's, ``subprocess.PIPE`` (text) or an open file; ``stderr``: None, the
+        caller's, or an open file). Falls back to a fresh interpreter (``subprocess.Popen``)
+        where a ``UCKPT_*`` variable, which uckpt may read when imported, is not what it
+        was when the server started."""
         argv = [str(a) for a in argv]
         knobs = {k: v for k, v in os.environ.items() if k.startswith("UCKPT_")}
         if knobs != {k: v for k, v in self.env.items() if k.startswith("UCKPT_")}:
-            return subprocess.Popen([sys.executable, *argv], stdout=stdout, text=True)
+            return subprocess.Popen([sys.executable, *argv], stdout=stdout, stderr=stderr,
+                                    text=True)
         r = w = None
         if stdout == subprocess.PIPE:
             r, w = os.pipe()
+        out = w if w is not None else 1 if stdout is None else stdout.fileno()
+        err = 2 if stderr is None else stderr.fileno()
         try:
             _send(self.sock, {"op": "run", "argv": argv, "cwd": os.getcwd(),
-                              "env": dict(os.environ)}, [0, 1 if w is None else w, 2])
+                              "env": dict(os.environ)}, [0, out, err])
             if w is not None:
                 os.close(w)
                 w = None

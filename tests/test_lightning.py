@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,34 @@ pytestmark = pytest.mark.xdist_group("lightning")
 HERE = Path(__file__).resolve().parent
 
 
-def _run(root: Path, mode: str, *args: str) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def forks():
+    """A fork server (tests/fork_server.py) that has imported torch and Lightning: each run
+    of lightning_train.py is a child forked from it, not a fresh interpreter importing them
+    again (most of a run's CPU time; nine runs in this module)."""
+    from fork_server import ForkServer
+
+    server = ForkServer.start(preload=("numpy", "torch", "lightning", "lightning.pytorch",
+                                       "uckpt", "uckpt.lightning", "runpy"))
+    yield server
+    server.stop()
+
+
+def _run(forks, root: Path, mode: str, *args: str) -> subprocess.CompletedProcess:
+    """``python lightning_train.py root mode args...`` (forked); its stdout and stderr
+    together in ``.stderr``."""
     root.mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, str(HERE / "lightning_train.py"), str(root), mode,
-                           *args], capture_output=True, text=True, timeout=300)
+    argv = [str(HERE / "lightning_train.py"), str(root), mode, *args]
+    with tempfile.TemporaryFile("w+") as out:
+        proc = forks.popen(argv, stdout=out, stderr=out)
+        try:
+            returncode = proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        return subprocess.CompletedProcess(argv, returncode, None, out.read())
 
 
 def _final(root: Path) -> dict:
@@ -36,9 +61,9 @@ def _losses(root: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory):
+def reference_run(tmp_path_factory, forks):
     root = tmp_path_factory.mktemp("lightning-ref")
-    r = _run(root, "sync")
+    r = _run(forks, root, "sync")
     assert r.returncode == 0, r.stderr[-3000:]
     return root
 
@@ -50,16 +75,16 @@ def reference(reference_run):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async", "lightning-async"])
-def test_killed_trainer_resumes_bit_for_bit(tmp_path, reference, mode):
+def test_killed_trainer_resumes_bit_for_bit(tmp_path, forks, reference, mode):
     root = tmp_path / "run"
-    killed = _run(root, mode, "--kill-at", "10")  # mid-epoch 2 (4 steps an epoch)
+    killed = _run(forks, root, mode, "--kill-at", "10")  # mid-epoch 2 (4 steps an epoch)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     assert not (root / "final.npz").exists()
     last = root / "last.ckpt"
     step = uckpt.manifest(last).step  # committed whole, whatever the kill interrupted
     assert step in (4, 8)
     uckpt.verify(last)
-    resumed = _run(root, mode, "--resume", str(last))
+    resumed = _run(forks, root, mode, "--resume", str(last))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = _final(root)
     assert got.keys() == reference.keys()
@@ -69,19 +94,20 @@ def test_killed_trainer_resumes_bit_for_bit(tmp_path, reference, mode):
 
 
 @pytest.mark.slow
-def test_native_ckpt_converted_resumes_through_the_plugin(tmp_path, reference_run, reference):
+def test_native_ckpt_converted_resumes_through_the_plugin(tmp_path, forks, reference_run,
+                                                          reference):
     """Lightning's own .ckpt (a torch.save file, written without the plugin) after 2 of 4
     epochs, converted by `uckpt convert`, resumes through the plugin (its arrays given back
     as tensors: state_dict, optimizer state): the next losses and the final state are
     bitwise the uninterrupted run's."""
     from uckpt.conversion import convert
 
-    first = _run(tmp_path / "native", "native", "--epochs", "2")
+    first = _run(forks, tmp_path / "native", "native", "--epochs", "2")
     assert first.returncode == 0, first.stderr[-3000:]
     ckpt = tmp_path / "native" / "last.ckpt"
     assert ckpt.is_file()  # torch.save's file, not a uckpt checkpoint
     convert(ckpt, tmp_path / "converted")
-    resumed = _run(tmp_path / "resumed", "sync", "--resume", str(tmp_path / "converted"))
+    resumed = _run(forks, tmp_path / "resumed", "sync", "--resume", str(tmp_path / "converted"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     want, got = _losses(reference_run), _losses(tmp_path / "resumed")
     assert sorted(got, key=int) == [str(step) for step in range(8, 16)]
