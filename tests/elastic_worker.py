@@ -11,15 +11,24 @@ reductions), so any split of the rows gives the same bits as :func:`reference`.
 
 Tiers: ``shm://SHM_NAME-{node}`` (keep=1, ``redundancy="partner"``), then DURABLE.
 
-* First run (``TORCHELASTIC_RESTART_COUNT`` 0): restores nothing, trains and saves (async)
+* First run (no ``RUN_DIR/parked`` yet): restores nothing, trains and saves (async)
   steps 1..STEPS, waits for the last save and its copy, closes its manager, writes
   ``RUN_DIR/parked/<node>`` (``{"pid", "rank", "size"}``) and then runs gloo barriers until
   one fails: the test kills a node, and the survivors' barrier with the dead rank fails.
-* Restarted by its agent (count > 0): waits for ``RUN_DIR/go`` (the test has made the
-  durable tier unreachable and wiped the lost node's memory area), restores, trains and
-  saves MORE steps, and prints ``RESULT <json>``: the step restored, SHA-256 digests of its
-  rows and of the replicated arrays after the restore and at the end, whether DURABLE
-  existed after the restore, and the lines ``uckpt`` logged about the restore.
+* Restarted by its agent (``RUN_DIR/parked`` there): waits for ``RUN_DIR/go`` (the test
+  has made the durable tier unreachable and wiped the lost node's memory area), restores,
+  trains and saves MORE steps, and prints ``RESULT <json>``: the step restored, SHA-256
+  digests of its rows and of the replicated arrays after the restore and at the end,
+  whether DURABLE existed after the restore, and the lines ``uckpt`` logged about the
+  restore.
+
+Which run a worker is in is not ``TORCHELASTIC_RESTART_COUNT``: an agent whose own worker
+has not failed yet when it sees the survivors re-rendezvous restarts that worker as a
+membership change, without counting a restart (still 0), so the ranks of one restart
+could take different paths (one parked in a barrier while the others save: a collective
+timeout). ``RUN_DIR/parked`` is the same for every worker of a run: the first run's workers
+all start before any of them parks (parking follows collective saves), every restarted
+one after the test saw all of them parked.
 """
 import hashlib
 import json
@@ -79,7 +88,7 @@ def main():
 
     comm = get_communicator(None, timeout=60)
     rank, size = comm.rank, comm.size
-    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    restart = int((run / "parked").is_dir())  # (the module docstring says why)
     node = os.environ["UCKPT_NODE"]
     logs = []
     if restart:

@@ -8,8 +8,9 @@ worker (tests/elastic_worker.py) trains and saves every step to
 worker has saved its last step and waits in a gloo barrier, the test SIGKILLs the node of
 rank 1 (its agent and its worker), wipes its memory area and moves the durable tier out of
 reach. The survivors' barrier fails; their agents re-rendezvous as 3 nodes and restart
-their workers (``TORCHELASTIC_RESTART_COUNT`` 1), which restore from the memory level onto
-3 ranks, the lost node's share rebuilt from its partner copy, and train on.
+their workers (as a failure, or as a membership change where an agent sees the new round
+before its worker's barrier failed: ``TORCHELASTIC_RESTART_COUNT`` differs), which restore
+from the memory level onto 3 ranks, the lost node's share rebuilt from its partner copy, and train on.
 
 Checked: the restored rows and replicated arrays bit for bit against an uninterrupted run
 and against the consolidated durable copy (moved away), the restore logged from the memory
