@@ -9,6 +9,11 @@ import signal
 import sys
 import time
 
+#: seconds the ranks may start apart (a loaded machine imports torch slowly): the process
+#: group's own timeout, which bounds its rendezvous, and the first barrier's of the
+#: die/hang scenarios; what they test runs under the communicator's TIMEOUT
+STARTUP = 60
+
 
 def report(**kw):
     print("\nRESULT " + json.dumps(kw), flush=True)
@@ -16,13 +21,14 @@ def report(**kw):
 
 def main():
     backend, scenario, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    from uckpt.comm import CollectiveTimeoutError, DistributedError, get_communicator
+    from uckpt.comm import (CollectiveTimeoutError, DistributedError, get_communicator,
+                            make_communicator)
 
     if backend == "torch":
         from datetime import timedelta
 
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=timeout))
+        dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=STARTUP))
     else:
         from mpi4py import MPI  # noqa: F401  (detection: mpi4py imported -> MPI)
     c = get_communicator(None, timeout=timeout)  # detected
@@ -76,11 +82,35 @@ def main():
                              "cause": type(e.__cause__).__name__ if e.__cause__ else None}
         out["after"] = c.all_gather(rank)  # still usable after a reported failure
         report(rank=rank, **out)
+    elif scenario == "let_go":  # torch: after each call, gloo's threads hold none of its tensors
+        given = []  # every tensor handed to torch.distributed (a reference here adds no use)
+
+        def spy(fn):
+            def call(*args, **kw):
+                for x in [*args, *kw.values()]:
+                    given.extend(t for t in (x if isinstance(x, list) else [x])
+                                 if hasattr(t, "_use_count"))
+                return fn(*args, **kw)
+            return call
+        for name in ("all_gather", "gather", "broadcast", "all_reduce", "isend", "irecv"):
+            setattr(dist, name, spy(getattr(dist, name)))
+        held, calls = 0, 0
+        n, nxt, prev = c.size, (rank + 1) % c.size, (rank - 1) % c.size
+        for i in range(int(os.environ.get("ROUNDS", "100"))):
+            for call in (lambda: c.all_gather([rank, i]), lambda: c.broadcast(i, root=i % n),
+                         lambda: c.gather(rank, root=i % n),
+                         lambda: c.all_reduce_minmax([rank, i]),
+                         lambda: c.exchange({nxt: bytes(1 + i % 5)}, [prev])):
+                call()
+                calls += 1
+                held += sum(t._use_count() > 1 for t in given)  # still held by gloo
+                given.clear()
+        report(rank=rank, held=held, calls=calls)
     elif scenario.startswith(("die", "hang")):
         # die3 / die0: that rank SIGKILLs itself; hang3 / hang0: it is stuck (sleeps),
         # then exits. "_gather" suffix: survivors are in all_gather, "_reduce" in
         # all_reduce_minmax, else in barrier.
-        c.barrier()
+        make_communicator(None, timeout=STARTUP).barrier()
         victim = int(scenario.split("_")[0][-1])
         if rank == victim:
             if scenario.startswith("die"):

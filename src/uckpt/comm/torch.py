@@ -10,17 +10,26 @@ call). The NCCL path is untested here (no GPU).
 ``dist.gather``s the padded payloads to the root only; ``all_reduce_minmax`` is one
 ``all_reduce`` (``MIN``) of an int64 tensor of the values and their negations.
 
-Timeouts: :meth:`barrier` is gloo's ``monitored_barrier(wait_all_ranks=True)``
-with this communicator's ``timeout``, so its error names the ranks that did not
-arrive. ``all_gather`` and ``broadcast`` use the process group's own timeout
-(``init_process_group(timeout=...)``; 30 minutes by default for gloo): pass a
-shorter one there if a dead rank must be noticed sooner. A peer that died
-usually makes gloo fail at once ("connection closed"), raised as
-:class:`CommunicationError`.
+Timeouts: every call waits at most this communicator's ``timeout``, whatever the
+process group's own (``init_process_group(timeout=...)``, which also bounds the
+rendezvous at its start: a job on a loaded machine wants it long, a dead rank noticed
+soon wants this one short). :meth:`barrier` is gloo's
+``monitored_barrier(wait_all_ranks=True)``, so its error names the ranks that did not
+arrive; the other collectives run as ``async_op`` and their work is waited for with this
+timeout (:class:`CollectiveTimeoutError`, not naming the ranks: gloo does not say). A
+peer that died usually makes gloo fail at once ("connection closed"), raised as
+:class:`CommunicationError`. After a timeout, gloo's thread still waits in the
+collective (until the group's own timeout): the group is broken, as after any timeout.
+
+Shutdown: a call returns only once gloo's threads have let go of its tensors
+(:func:`_let_go`), so that a process may exit right after it, even without
+``destroy_process_group``.
 """
 from __future__ import annotations
 
+import logging
 import re
+import time
 from datetime import timedelta
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -29,6 +38,29 @@ from ..errors import CollectiveTimeoutError, CommunicationError
 
 
 _P2P_TAG = 7  # exchange(): one tag, ordered per pair of ranks
+_LET_GO_S = 5.0  # the longest a call waits for gloo's threads to let go of its tensors
+
+log = logging.getLogger("uckpt.comm.torch")
+
+
+def _let_go(tensors: Sequence[Any]) -> None:
+    """Return once nothing but this thread holds ``tensors`` (those of a finished call).
+
+    A finished work still holds its tensors for a moment on gloo's thread; where that
+    thread drops the last reference, it takes the GIL to free the tensor's Python object,
+    and if the interpreter is exiting by then, the process aborts ("terminate called
+    without an active exception"). Waiting here leaves the last reference to this thread.
+    """
+    if not tensors or not hasattr(tensors[0], "_use_count"):
+        return
+    deadline, pause = time.monotonic() + _LET_GO_S, 1e-5
+    while any(t._use_count() > 1 for t in tensors):
+        if time.monotonic() > deadline:
+            log.debug("gloo still holds %d tensor(s) of a finished call after %.0f s",
+                      sum(t._use_count() > 1 for t in tensors), _LET_GO_S)
+            return
+        time.sleep(pause)
+        pause = min(2 * pause, 1e-3)
 
 
 class TorchCommunicator(Communicator):
@@ -73,6 +105,15 @@ class TorchCommunicator(Communicator):
         return CommunicationError(f"torch.distributed failed in collective {op!r} on rank "
                                   f"{self._rank}: {text}")
 
+    def _wait(self, works: List[Any], *tensors: Any) -> None:
+        """Wait for each of ``works`` at most this communicator's timeout (a RuntimeError
+        saying "timed out" after it: see :meth:`_fail`), dropping it (a work holds its
+        tensors), then for gloo to let go of the ``tensors`` they were given
+        (:func:`_let_go`). ``works`` is emptied: pass the only references."""
+        while works:
+            works.pop(0).wait(timedelta(seconds=self.timeout))
+        _let_go(tensors)
+
     def barrier(self) -> None:
         if self._size == 1:
             return
@@ -90,12 +131,14 @@ class TorchCommunicator(Communicator):
         try:
             n = torch.tensor([len(payload)], dtype=torch.int64)
             sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self._size)]
-            dist.all_gather(sizes, n, group=self._group)
+            self._wait([dist.all_gather(sizes, n, group=self._group, async_op=True)],
+                       n, *sizes)
             lengths = [int(s.item()) for s in sizes]
             buf = torch.zeros(max(lengths), dtype=torch.uint8)
             buf[:len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             outs = [torch.empty(max(lengths), dtype=torch.uint8) for _ in range(self._size)]
-            dist.all_gather(outs, buf, group=self._group)
+            self._wait([dist.all_gather(outs, buf, group=self._group, async_op=True)],
+                       buf, *outs)
         except RuntimeError as e:
             raise self._fail("all_gather", e) from e
         return [decode(o[:k].numpy().tobytes()) for o, k in zip(outs, lengths)]
@@ -116,7 +159,8 @@ class TorchCommunicator(Communicator):
             mine[8:8 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
             outs = [torch.empty_like(mine) for _ in range(self._size)] \
                 if self._rank == root else None
-            dist.gather(mine, outs, dst=dst, group=self._group)
+            self._wait([dist.gather(mine, outs, dst=dst, group=self._group, async_op=True)],
+                       mine, *(outs or ()))
         except RuntimeError as e:
             raise self._fail("gather", e) from e
         if outs is None:
@@ -141,7 +185,9 @@ class TorchCommunicator(Communicator):
 
     def _min(self, t: Any) -> List[int]:
         """The elementwise minimum over the ranks of int64 tensor ``t``."""
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MIN, group=self._group)
+        dist = self._dist
+        self._wait([dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self._group, async_op=True)],
+                   t)
         return [int(v) for v in t.tolist()]
 
     def exchange(self, sends: Mapping[int, Buffer], sources: Iterable[int]) -> Dict[int, Buffer]:
@@ -157,16 +203,16 @@ class TorchCommunicator(Communicator):
         peer = (lambda r: r) if self._group is None else \
             (lambda r: dist.get_global_rank(self._group, r))
         try:
-            works = []
+            works, sent = [], []  # (the tensors sent: held here until gloo lets go)
             for dst, data in sends.items():
                 if dst == self._rank:
                     continue
                 buf = data if isinstance(data, bytearray) else bytearray(data)
-                works.append(dist.isend(torch.tensor([len(buf)], dtype=torch.int64),
-                                        peer(dst), group=self._group, tag=_P2P_TAG))
+                sent.append(torch.tensor([len(buf)], dtype=torch.int64))
                 if buf:
-                    works.append(dist.isend(torch.frombuffer(buf, dtype=torch.uint8),
-                                            peer(dst), group=self._group, tag=_P2P_TAG))
+                    sent.append(torch.frombuffer(buf, dtype=torch.uint8))
+                works += [dist.isend(t, peer(dst), group=self._group, tag=_P2P_TAG)
+                          for t in sent[-2 if buf else -1:]]
             for src in srcs:
                 if src == self._rank:
                     continue
@@ -176,8 +222,7 @@ class TorchCommunicator(Communicator):
                 if out:
                     self._recv(torch.frombuffer(out, dtype=torch.uint8), peer(src), src)
                 got[src] = out
-            for w in works:
-                w.wait()
+            self._wait(works, *sent)
         except CollectiveTimeoutError:
             raise
         except RuntimeError as e:
@@ -187,10 +232,10 @@ class TorchCommunicator(Communicator):
     def _recv(self, tensor: Any, peer: int, src: int) -> None:
         """Receive ``tensor`` from global rank ``peer`` (rank ``src`` of the group), waiting
         at most this communicator's timeout."""
-        work = self._dist.irecv(tensor, peer, group=self._group, tag=_P2P_TAG)
+        works = [self._dist.irecv(tensor, peer, group=self._group, tag=_P2P_TAG)]
         try:
-            if work is not None:  # (None: this rank is not in the group, never here)
-                work.wait(timedelta(seconds=self.timeout))
+            if works[0] is not None:  # (None: this rank is not in the group, never here)
+                self._wait(works, tensor)
         except RuntimeError as e:
             if "timed out" in str(e).lower() or "timeout" in str(e).lower():
                 raise CollectiveTimeoutError("exchange", self.timeout, missing=[src],
@@ -208,11 +253,11 @@ class TorchCommunicator(Communicator):
         try:
             payload = encode(obj) if self._rank == root else b""
             n = torch.tensor([len(payload)], dtype=torch.int64)
-            dist.broadcast(n, src=src, group=self._group)
+            self._wait([dist.broadcast(n, src=src, group=self._group, async_op=True)], n)
             buf = torch.empty(int(n.item()), dtype=torch.uint8)
             if self._rank == root:
                 buf[:] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-            dist.broadcast(buf, src=src, group=self._group)
+            self._wait([dist.broadcast(buf, src=src, group=self._group, async_op=True)], buf)
         except RuntimeError as e:
             raise self._fail("broadcast", e) from e
         return decode(buf.numpy().tobytes())
