@@ -13,6 +13,10 @@ format                    recognised by
                           1024, 2048, ... (after a user block)
 ``safetensors``           an 8-byte little-endian header length N <= size - 8, then ``{``
 ``keras``                 a zip archive with ``model.weights.h5`` (a ``.keras`` file)
+``deepspeed``             a DeepSpeed checkpoint directory: ``latest`` (a root) or
+                          ``mp_rank_00_model_states.pt`` or
+                          ``zero_pp_rank_0_mp_rank_00_model_states.pt`` (a ``global_stepN``
+                          directory), with ZeRO's ``*_optim_states.pt``
 ``hf``                    a Hugging Face directory (``save_pretrained``, Trainer
                           ``checkpoint-N``: ``*.index.json``, ``model.safetensors``,
                           ``pytorch_model.bin``; a PEFT adapter's
@@ -39,10 +43,12 @@ from .errors import UnknownFormatError
 from . import tf_prefix
 from .fileio import RandomAccessFile, ZipArchive, open_regular
 
-FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf", "tf")
-TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf", "tf")
+FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf", "tf",
+           "deepspeed")
+TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf", "tf", "deepspeed")
 ALIASES = {"torch": "pickle", "pt": "pickle", "pth": "pickle", "pkl": "pickle", "h5": "hdf5",
-           "st": "safetensors", "huggingface": "hf", "tensorflow": "tf"}
+           "st": "safetensors", "huggingface": "hf", "tensorflow": "tf", "zero": "deepspeed",
+           "ds": "deepspeed"}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
@@ -50,7 +56,8 @@ EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle"
               ".keras": "keras", ".index": "tf"}
 _HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
          "archives), hf (Hugging Face directories), tf (TensorFlow checkpoints: a prefix, its "
-         ".index, or a directory with a 'checkpoint' file); name one with --from / --to "
+         ".index, or a directory with a 'checkpoint' file), deepspeed (ZeRO checkpoints); "
+         "name one with --from / --to "
          "(src_format= / dst_format=)")
 
 
@@ -84,11 +91,15 @@ def detect(path) -> str:
 
         if is_hf_directory(p):
             return "hf"
+        from .deepspeed_zero import is_zero_directory
+
+        if is_zero_directory(p):
+            return "deepspeed"
         raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt), "
                                  ".metadata (PyTorch DCP), Hugging Face weights "
                                  "(model.safetensors, pytorch_model.bin, *.index.json, a PEFT "
-                                 "adapter_model.safetensors) or a TensorFlow 'checkpoint' "
-                                 "state file",
+                                 "adapter_model.safetensors), a TensorFlow 'checkpoint' "
+                                 "state file or DeepSpeed's latest / *_model_states.pt",
                                  path=str(p), hint=_HINT)
     fd = open_regular(p)  # no FIFO or device: reading one could block forever
     try:

@@ -213,8 +213,11 @@ def _storage_args(pid: Any, n: int, where_: str) -> tuple:
 
 # -- the zip format ------------------------------------------------------------------------------
 def load_archive(raf: RandomAccessFile, base: int = 0, length: Optional[int] = None,
-                 where_: Optional[str] = None) -> Tuple[Any, Optional[dict], ZipArchive]:
-    """(raw tree, structure record or None, archive) of a torch.save zip at ``base``."""
+                 where_: Optional[str] = None, extra: Optional[Dict[str, Any]] = None
+                 ) -> Tuple[Any, Optional[dict], ZipArchive]:
+    """(raw tree, structure record or None, archive) of a torch.save zip at ``base``;
+    ``extra`` adds a format's own stand-ins to the allowlist (DeepSpeed's, see
+    :mod:`.deepspeed_zero`)."""
     where_ = where_ or raf.path
     archive = ZipArchive(raf, base, length, where_)
     pkls = [n for n in archive.members if n == "data.pkl" or n.endswith("/data.pkl")]
@@ -239,8 +242,8 @@ def load_archive(raf: RandomAccessFile, base: int = 0, length: Optional[int] = N
                                      archive.read_into(info, off, arr)), stype.dtype)
         return storages[key][0], stype.dtype
 
-    root = restricted_load(archive.read(pkls[0], MAX_PICKLE_BYTES), tensors.allowed(),
-                           where_, persistent)
+    root = restricted_load(archive.read(pkls[0], MAX_PICKLE_BYTES),
+                           {**tensors.allowed(), **(extra or {})}, where_, persistent)
     record = None
     if prefix + SIDECAR in archive.members:
         record = skeleton.loads(archive.read(prefix + SIDECAR, MAX_PICKLE_BYTES), where_)
