@@ -22,15 +22,16 @@ from .progress import Progress
 #: format -> module reading it (``read(path) -> Tree``)
 READERS = {"npz": "npz", "pickle": "torch_pickle", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "dcp": "dcp",
-           "keras": "keras_archive", "hf": "hf", "tf": "tf_checkpoint"}
+           "keras": "keras_archive", "hf": "hf", "tf": "tf_checkpoint",
+           "deepspeed": "deepspeed_zero"}
 #: format -> module writing it (``plan(tree) -> Layout``, ``write(tree, layout, path, progress)``;
 #: a writer whose ``write`` takes ``options`` gets the :class:`~.options.WriteOptions`; one
 #: of several files has ``check_target(dst, force)`` and ``write_output(dst, force, write)``
 #: that put them in place)
 WRITERS = {"npz": "npz", "pickle": "torch_writer", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "keras": "keras_archive",
-           "hf": "hf", "tf": "tf_checkpoint"}
-DIRECTORY_TARGETS = ("uckpt", "hf")
+           "hf": "hf", "tf": "tf_checkpoint", "deepspeed": "deepspeed_writer"}
+DIRECTORY_TARGETS = ("uckpt", "hf", "deepspeed")
 #: sources whose arrays are read ahead on threads while the target is written (reading them
 #: costs CPU that releases the GIL: inflating deflated NPZ members)
 PREFETCHED = ("npz",)
@@ -88,7 +89,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             limits: Optional[Limits] = None, select: Union[str, Sequence[str], None] = None,
             strip_prefix: Optional[str] = None, add_prefix: Optional[str] = None,
             compress: Optional[str] = None, max_shard_size=None,
-            hf_weights: str = "safetensors",
+            hf_weights: str = "safetensors", ranks: Optional[int] = None,
             storage_options: Optional[Mapping[str, Any]] = None,
             save_options=None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
@@ -120,6 +121,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     writes a Hugging Face directory of shards and an index (with ``dst_format`` safetensors,
     the default, or pickle: ``pytorch_model-*.bin``). ``hf_weights`` (``safetensors`` or
     ``pickle``) is the kind of weight files a Hugging Face target (``dst_format="hf"``) gets.
+    ``ranks`` is the number of data-parallel ranks a DeepSpeed ZeRO target
+    (``dst_format="deepspeed"``) is partitioned for (default: the source's).
     ``save_options`` (a :class:`uckpt.SaveOptions`: chunk size, alignment, compression)
     lay out a uckpt target; ``compress`` and a compression in them are not given together.
 
@@ -139,7 +142,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     src_fmt = _detect.canonical(src_format) or _detect.detect(src)
     named = _detect.canonical(dst_format, target=True) or _detect.target_format(dst)
     options = WriteOptions(compress, None if max_shard_size is None
-                           else parse_size(max_shard_size), _detect.canonical(hf_weights))
+                           else parse_size(max_shard_size), _detect.canonical(hf_weights),
+                           ranks)
     dst_fmt = target_of(named, options)
     options = for_target(named, options)
     options.codec(dst_fmt)  # a codec the target cannot write fails before any work

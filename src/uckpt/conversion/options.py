@@ -47,11 +47,13 @@ def parse_size(text) -> int:
 @dataclass(frozen=True)
 class WriteOptions:
     """``compress``: a codec name (or ``"default"``); ``max_shard_size``: bytes per shard of
-    a Hugging Face layout; ``weights``: the file kind of its weights (safetensors, pickle)."""
+    a Hugging Face layout; ``weights``: the file kind of its weights (safetensors, pickle);
+    ``ranks``: the data-parallel ranks a DeepSpeed ZeRO target is partitioned for."""
 
     compress: Optional[str] = None
     max_shard_size: Optional[int] = None
     weights: str = "safetensors"
+    ranks: Optional[int] = None
 
     def codec(self, fmt: str) -> Optional[str]:
         """The codec to write ``fmt`` with (None: uncompressed); raises :class:`OptionError`
@@ -89,5 +91,10 @@ def for_target(fmt: str, options: WriteOptions) -> WriteOptions:
         raise OptionError(f"Hugging Face weights are safetensors or pickle, not "
                           f"{options.weights!r}")
     if fmt in WEIGHTS and options.max_shard_size is not None:
-        return WriteOptions(options.compress, options.max_shard_size, fmt)
+        return WriteOptions(options.compress, options.max_shard_size, fmt, options.ranks)
+    if options.ranks is not None and (fmt != "deepspeed" or type(options.ranks) is not int
+                                      or options.ranks < 1):
+        raise OptionError(f"ranks={options.ranks!r}: a number of ranks (1 or more) is given "
+                          f"for a DeepSpeed ZeRO target, not for {fmt}",
+                          hint="leave ranks out, or convert --to deepspeed")
     return options
