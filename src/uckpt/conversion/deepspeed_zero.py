@@ -251,6 +251,8 @@ def read(path, fmt: str = "deepspeed") -> Tree:
         stage = _need(optims[0], "zero_stage", first)
         world = _need(optims[0], "partition_count", first)
         world = max(world) if isinstance(world, list) and world else world
+        if type(world) is int and world > len(optims):
+            _optim_files(directory, world)  # names the missing ranks
         if type(stage) is not int or type(world) is not int or world != len(optims):
             raise CorruptCheckpointError(f"{first}: stage {stage!r} of {world!r} ranks, but "
                                          f"{len(optims)} optimizer files", path=first)
@@ -304,7 +306,9 @@ def read(path, fmt: str = "deepspeed") -> Tree:
     return tree
 
 
-def _optim_files(directory: Path) -> List[str]:
+def _optim_files(directory: Path, world: Optional[int] = None) -> List[str]:
+    """The ranks' optimizer files, in rank order; every rank below ``world`` (or below the
+    highest found) must have one."""
     found: Dict[int, str] = {}
     for entry in directory.iterdir():
         m = _OPTIM.match(entry.name)
@@ -315,7 +319,8 @@ def _optim_files(directory: Path) -> List[str]:
             f"{str(directory)!r} has no *zero_pp_rank_*_mp_rank_00_optim_states.pt files",
             path=str(directory), hint="copy the ranks' optimizer files next to the model "
                                       "states, or convert a checkpoint saved with ZeRO")
-    missing = [r for r in range(max(found) + 1) if r not in found]
+    count = max(world or 0, max(found) + 1)
+    missing = [r for r in range(count) if r not in found]
     if missing:
         prefix = found[max(found)].split("zero_pp")[0]
         raise CheckpointNotFoundError(
