@@ -114,6 +114,10 @@ run "$VENV/bin/python" -m pip install --quiet -c constraints.txt -e "$spec" \
 # dependency, which would install a second copy of TensorFlow beside tensorflow-cpu.
 run "$VENV/bin/python" -m pip install --quiet -c constraints.txt --no-deps tf_keras
 
+# DeepSpeed, for the tests of ZeRO checkpoint conversion (tests/test_convert_deepspeed.py),
+# without its compiled ops (it trains on CPU with DS_ACCELERATOR=cpu and gloo).
+DS_BUILD_OPS=0 run "$VENV/bin/python" -m pip install --quiet -c constraints.txt deepspeed
+
 # 3. Horovod: PyPI has only its sdist, built here against the venv's torch (the pinned
 # version in constraints.txt); the script returns at once when it is installed.
 if [[ "${UCKPT_NO_HOROVOD:-}" == 1 ]]; then
