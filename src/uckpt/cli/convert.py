@@ -96,6 +96,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--hf-weights", choices=("safetensors", "pickle"), default="safetensors",
                    help="weight files of a Hugging Face DST: model*.safetensors (default) or "
                         "pytorch_model*.bin (pickle)")
+    p.add_argument("--ranks", type=int, metavar="W",
+                   help="the data-parallel ranks a DeepSpeed ZeRO DST (--to deepspeed) is "
+                        "partitioned for (default: the source's)")
     p.add_argument("-f", "--force", action="store_true", help="replace DST if it exists")
     p.add_argument("-n", "--dry-run", action="store_true",
                    help="list what would be converted; write nothing")
@@ -158,6 +161,7 @@ def run(args) -> int:
                              select=args.select, strip_prefix=args.strip_prefix,
                              add_prefix=args.add_prefix, compress=_codec(args),
                              max_shard_size=args.max_shard_size, hf_weights=args.hf_weights,
+                             ranks=args.ranks,
                              storage_options=storage_options(args))
     finally:
         if bar:
