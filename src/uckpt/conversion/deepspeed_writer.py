@@ -23,7 +23,6 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from .. import dtypes
 from ..errors import UckptError
 from . import skeleton
 from .deepspeed_zero import LATEST, MODEL_FILE, OPTIM_FILE, STAGE3_MODEL
@@ -81,8 +80,7 @@ def _save(path: Path, root: Any, progress: Progress) -> None:
 
 
 def _array(arr: np.ndarray) -> Leaf:
-    arr = np.ascontiguousarray(arr)
-    return Leaf(dtypes.name_of(arr.dtype), tuple(arr.shape), lambda: arr)
+    return Leaf.of(arr)
 
 
 def _need(root: Any, *keys: str) -> Any:
@@ -184,8 +182,8 @@ def _stage12_optim(arrays, state, groups, names, world, rank, stage, common) -> 
         if step is not None:
             entry["step"] = step
         for key in ("exp_avg", "exp_avg_sq"):
-            values = [_state_of(state, n, key) for n in group]
-            if all(v is not None for v in values):
+            values = [v for n in group if (v := _state_of(state, n, key)) is not None]
+            if len(values) == len(group):
                 entry[key] = _array(_flat(values, padded)[lo:hi])
         base_state[g] = entry
         paddings.append(pad)
@@ -218,8 +216,8 @@ def _stage3_optim(arrays, state, groups, names, world, rank, common) -> Dict[str
         if step is not None:
             entry["step"] = step
         for key in ("exp_avg", "exp_avg_sq"):
-            values = [_state_of(state, n, key) for n in group]
-            if all(v is not None for v in values):
+            values = [v for n in group if (v := _state_of(state, n, key)) is not None]
+            if len(values) == len(group):
                 entry[key] = _array(_pieces(values, world, rank))
         inner[g] = entry
     return {"zero_stage": 3, **common, "partition_count": world,

@@ -55,6 +55,8 @@ _ADAM_KEYS = ("exp_avg", "exp_avg_sq")
 class DeepSpeedRecord(Record):
     """Stands in for a small DeepSpeed class a checkpoint pickles (its fields kept)."""
 
+    fields: Dict[str, Any]
+
 
 def _record(name: str) -> type:
     return type(name, (DeepSpeedRecord,), {"kind": name})
@@ -200,8 +202,9 @@ class Flat:
         for leaf in self.pieces[rank]:
             size = leaf.shape[0]
             lo, hi = max(start, base), min(start + n, base + size)
-            if lo < hi:
-                out[at:at + hi - lo] = leaf.read()[lo - base:hi - base]
+            if lo < hi:  # only the parameter's elements, where the file can (contiguous)
+                out[at:at + hi - lo] = leaf.span(lo - base, hi - lo) if leaf.span else \
+                    leaf.read()[lo - base:hi - base]
                 at += hi - lo
             base += size
         return at
@@ -268,7 +271,8 @@ def read(path, fmt: str = "deepspeed") -> Tree:
         shapes = [[_shape(s, where) for s in g.values()] for g in groups]
         if stage == 3:
             spans = _zero3_spans([n for g in numels for n in g], world)
-            flats = {"fp32": _stage3_flat(optims, "fp32_flat_groups", None, first)}
+            flats: Dict[str, Any] = {"fp32": _stage3_flat(optims, "fp32_flat_groups", None,
+                                                          first)}
             for key in _ADAM_KEYS:
                 flats[key] = _stage3_flat(optims, None, key, first)
             per_group = _split(spans, numels)
@@ -278,7 +282,7 @@ def read(path, fmt: str = "deepspeed") -> Tree:
                     for g in range(len(groups))]
             per_group = [_zero12_spans(fp32[g], numels[g], paddings[g])
                          for g in range(len(groups))]
-            flats = {"fp32": fp32}
+            flats = {"fp32": fp32}  # per group
             for key in _ADAM_KEYS:
                 flats[key] = _stage12_state(optims, key, len(groups), first)
         model: Dict[str, Any] = {}
@@ -378,10 +382,9 @@ def _stage12_state(optims: List[Any], key: str, groups: int, where: str) -> Opti
 
 def _steps(optims: List[Any], stage: int, groups: int, where: str) -> List[Any]:
     o = optims[0]
-    if stage == 3:
+    if stage == 3:  # one sub-group per group (see _stage3_flat)
         inner = _need(_need(o, "optimizer_state_dict", where), "state", where)
-        return [inner.get(k, {}).get("step") for k in sorted(inner)][:groups] + \
-            [None] * max(0, groups - len(inner))
+        return [(inner.get(g) or {}).get("step") for g in range(groups)]
     base = _need(o, "base_optimizer_state", where)
     if isinstance(base, dict):
         return [base["state"].get(g, {}).get("step") for g in range(groups)]
@@ -416,10 +419,6 @@ def _frozen(models: List[Any], stage: int, world: int, model: Dict[str, Any],
         model[name] = flat.leaf(spans, shape)
 
 
-def _plain(value: Any, key: str, tree: Tree) -> Any:
-    return normalize(value, [key], tree.extras)
-
-
 def _root(model_states: Dict[str, Any], optims: List[Any], stage: int, world: int,
           model: Dict[str, Any], state: Dict[str, Any], names: List[List[str]], where: str,
           tree: Tree) -> Dict[str, Any]:
@@ -439,9 +438,7 @@ def _root(model_states: Dict[str, Any], optims: List[Any], stage: int, world: in
         "bf16": any(n.startswith("bf16_") for n in _optim_files(Path(where).parent))}
     if isinstance(scaler, DeepSpeedRecord):
         meta["loss_scaler"] = {"class": scaler.kind, **scaler.fields}
-    root: Dict[str, Any] = {
-        "model": model,
-        "optimizer": {"state": state, "param_groups": param_groups},
+    plain = {
         "lr_scheduler": model_states.get("lr_scheduler"),
         "global_steps": model_states.get("global_steps"),
         "skipped_steps": model_states.get("skipped_steps"),
@@ -449,11 +446,6 @@ def _root(model_states: Dict[str, Any], optims: List[Any], stage: int, world: in
         "client_state": {k: v for k, v in model_states.items() if k not in ENGINE_KEYS},
         "deepspeed": meta,
     }
-    return {k: (v if k in ("model", "optimizer") else _plain(v, k, tree))
-            for k, v in root.items()} | {"optimizer": _plain_optimizer(root["optimizer"], tree)}
-
-
-def _plain_optimizer(opt: Dict[str, Any], tree: Tree) -> Dict[str, Any]:
-    return {"state": opt["state"],
-            "param_groups": normalize(opt["param_groups"], ["optimizer", "param_groups"],
-                                      tree.extras)}
+    groups_plain = normalize(param_groups, ["optimizer", "param_groups"], tree.extras)
+    return {"model": model, "optimizer": {"state": state, "param_groups": groups_plain},
+            **{k: normalize(v, [k], tree.extras) for k, v in plain.items()}}

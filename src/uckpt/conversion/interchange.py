@@ -60,7 +60,8 @@ class Leaf(Sealed):
 
     ``kind`` is ``"array"``, or ``"scalar"`` for a NumPy scalar (a 0-d array given
     back as ``np.float32(...)`` and so on). ``stream(nbytes)``, where the source has one,
-    gives the array's bytes as :meth:`blocks` does, in memory bounded by a constant.
+    gives the array's bytes as :meth:`blocks` does, in memory bounded by a constant;
+    ``span(start, count)`` a run of its flat elements.
     """
 
     dtype: str
@@ -68,6 +69,9 @@ class Leaf(Sealed):
     reader: Callable[[], np.ndarray] = field(repr=False)
     kind: str = "array"
     stream: Optional[Callable[[int], Iterator[np.ndarray]]] = field(default=None, repr=False)
+    #: ``span(start, count)``, where the source has one: elements ``[start, start + count)``
+    #: of the flat array, read alone (a slice of a partition without reading all of it)
+    span: Optional[Callable[[int, int], np.ndarray]] = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
