@@ -185,7 +185,7 @@ class Tensors:
                     flat, size, tuple(s * item for s in stride)).copy()
             return dtypes.as_little_endian(arr)
 
-        def span(start: int, n: int) -> np.ndarray:
+        def elements(start: int, n: int) -> np.ndarray:
             if not 0 <= start <= start + n <= count:
                 raise CorruptCheckpointError(f"{self.where}: elements [{start}, {start + n}) "
                                              f"lie outside a tensor of {count}", path=self.where)
@@ -194,7 +194,7 @@ class Tensors:
                 arr = store.read_into(arr, (offset + start) * item)
             return dtypes.as_little_endian(arr)
 
-        return Leaf(dtype, size, read, span=span if contiguous else None)
+        return Leaf(dtype, size, read, span=elements if contiguous else None)
 
 
 def _c_strides(size: tuple) -> List[int]:
