@@ -10,6 +10,8 @@ as the same state. The quick tests build ZeRO checkpoints with uckpt's writer al
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -136,6 +138,27 @@ def test_missing_latest_tag_and_rank_files_are_named(tmp_path):
     with pytest.raises(CheckpointNotFoundError, match=r"mp_rank_00_model_states\.pt' is "
                        r"missing from the DeepSpeed checkpoint"):
         api.open_checkpoint(zero)
+
+
+def test_cli_converts_zero_to_uckpt_and_back_for_other_ranks(tmp_path):
+    zero, tree = _synthetic(tmp_path, 3, 2)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.join(os.path.dirname(__file__), "..", "src"), os.environ.get("PYTHONPATH", "")])}
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "uckpt.cli.main", "convert", "-q",
+                               *map(str, args)], env=env, capture_output=True, text=True)
+
+    assert cli(zero, tmp_path / "u").returncode == 0
+    out = cli(tmp_path / "u", tmp_path / "back", "--to", "deepspeed", "--ranks", "3")
+    assert out.returncode == 0, out.stderr
+    assert sorted(p.name for p in (tmp_path / "back" / "global_step4").iterdir()) == [
+        f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in range(3)
+        for kind in ("model", "optim")]
+    back = _state(tmp_path / "back")
+    assert back["model/2.weight"].tobytes() == tree["model"]["2.weight"].tobytes()
+    bad = cli(tmp_path / "u", tmp_path / "x.npz", "--ranks", "3")
+    assert bad.returncode != 0 and "ranks=3" in bad.stderr and "--to deepspeed" in bad.stderr
 
 
 def test_ranks_is_refused_for_other_targets(tmp_path):
