@@ -62,6 +62,7 @@ SLOW_TESTS = (
     # each 20-100 s: DeepSpeed's import dominates)
     "tests/test_convert_deepspeed.py::test_zero_checkpoint_converts_to_what_zero_to_fp32_gives",
     "tests/test_convert_deepspeed.py::test_deepspeed_resumes_the_conversion_on_other_rank_counts",
+    "tests/test_convert_deepspeed.py::test_cli_converts_zero_to_uckpt_and_back_for_other_ranks",
     "tests/test_lazy_open.py::test_one_tensor_of_a_2gb_checkpoint_reads_its_chunks_and_the_manifest",
     "tests/test_select.py::test_keras_model_and_optimizer_restore_only_the_selected_leaves",
     "tests/test_select.py::test_convert_cli_select_is_repeatable",

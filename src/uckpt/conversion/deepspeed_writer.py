@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -28,8 +28,7 @@ from . import skeleton
 from .deepspeed_zero import LATEST, MODEL_FILE, OPTIM_FILE, STAGE3_MODEL
 from .interchange import Leaf, Tree
 from .progress import Progress
-from .torch_writer import PREFIX, Emitter, _global
-from .zipout import ZipOut
+from .torch_writer import Emitter, _global, write_archive
 
 _SCALERS = ("LossScaler", "DynamicLossScaler")
 
@@ -67,16 +66,7 @@ class _Emitter(Emitter):
 
 def _save(path: Path, root: Any, progress: Progress) -> None:
     emitter = _Emitter({})
-    data = emitter.dump(root)
-    out = ZipOut(path)
-    try:
-        out.add_bytes(PREFIX + "data.pkl", data)
-        out.add_bytes(PREFIX + "byteorder", b"little")
-        for key, leaf in enumerate(emitter.storages):
-            out.add_array(f"{PREFIX}data/{key}", leaf.read(), progress)
-        out.add_bytes(PREFIX + "version", b"3\n")
-    finally:
-        out.close()
+    write_archive(path, emitter.dump(root), emitter.storages, progress)
 
 
 def _array(arr: np.ndarray) -> Leaf:
@@ -168,6 +158,27 @@ def _step(state: Dict[str, Any], names: List[str]) -> Any:
     return _array(leaf.read()) if isinstance(leaf, Leaf) else leaf
 
 
+def _adam(state: Dict[str, Any], group: List[str],
+          cut: Callable[[List[np.ndarray]], np.ndarray]) -> Dict[str, Any]:
+    """The base optimizer's state of one flat group: the first parameter's ``step`` and,
+    where every parameter has them, ``exp_avg`` and ``exp_avg_sq`` as ``cut`` lays them
+    out for this rank."""
+    entry: Dict[str, Any] = {}
+    step = _step(state, group)
+    if step is not None:
+        entry["step"] = step
+    for key in ("exp_avg", "exp_avg_sq"):
+        values = [v for n in group if (v := _state_of(state, n, key)) is not None]
+        if len(values) == len(group):
+            entry[key] = _array(cut(values))
+    return entry
+
+
+def _window(padded: int, lo: int, hi: int) -> Callable[[List[np.ndarray]], np.ndarray]:
+    """Stages 1, 2: a rank's part ``[lo, hi)`` of the group's flat vector padded to ``padded``."""
+    return lambda values: _flat(values, padded)[lo:hi]
+
+
 def _stage12_optim(arrays, state, groups, names, world, rank, stage, common) -> Dict[str, Any]:
     fp32, base_state, paddings, counts = [], {}, [], []
     for g, group in enumerate(names):
@@ -177,15 +188,7 @@ def _stage12_optim(arrays, state, groups, names, world, rank, stage, common) -> 
         lo, hi = rank * part, (rank + 1) * part
         pad = max(0, hi - max(lo, numel)) if rank == world - 1 else 0
         fp32.append(_array(_flat([arrays[n] for n in group], padded)[lo:hi - pad]))
-        entry: Dict[str, Any] = {}
-        step = _step(state, group)
-        if step is not None:
-            entry["step"] = step
-        for key in ("exp_avg", "exp_avg_sq"):
-            values = [v for n in group if (v := _state_of(state, n, key)) is not None]
-            if len(values) == len(group):
-                entry[key] = _array(_flat(values, padded)[lo:hi])
-        base_state[g] = entry
+        base_state[g] = _adam(state, group, _window(padded, lo, hi))
         paddings.append(pad)
         counts.append(world)
     return {**common,
@@ -211,15 +214,7 @@ def _stage3_optim(arrays, state, groups, names, world, rank, common) -> Dict[str
     flats, inner = [], {}
     for g, group in enumerate(names):
         flats.append(_array(_pieces([arrays[n] for n in group], world, rank)))
-        entry: Dict[str, Any] = {}
-        step = _step(state, group)
-        if step is not None:
-            entry["step"] = step
-        for key in ("exp_avg", "exp_avg_sq"):
-            values = [v for n in group if (v := _state_of(state, n, key)) is not None]
-            if len(values) == len(group):
-                entry[key] = _array(_pieces(values, world, rank))
-        inner[g] = entry
+        inner[g] = _adam(state, group, lambda v: _pieces(v, world, rank))
     return {"zero_stage": 3, **common, "partition_count": world,
             "optimizer_state_dict": {"state": inner, "param_groups": [
                 _hyper(group, g) for g, group in enumerate(groups)]},

@@ -181,15 +181,23 @@ def plan(tree: Tree) -> skeleton.Layout:
 def write(tree: Tree, lay: skeleton.Layout, path, progress: Progress) -> None:
     emitter = Emitter(tree.extras)
     data = emitter.dump(tree.root)
+    write_archive(path, data, emitter.storages, progress, skeleton.dumps(
+        skeleton.record(lay, tree.extras)).encode("utf-8"))
+
+
+def write_archive(path, data: bytes, storages: List[Leaf], progress: Progress,
+                  sidecar: Optional[bytes] = None) -> None:
+    """A ``torch.save`` zip at ``path``: the pickle ``data``, one member per storage (in
+    the order the pickle numbered them), and the structure record ``sidecar`` if given."""
     out = ZipOut(path)
     try:
         out.add_bytes(PREFIX + "data.pkl", data)
         out.add_bytes(PREFIX + "byteorder", b"little")
-        for key, leaf in enumerate(emitter.storages):
+        for key, leaf in enumerate(storages):
             out.add_array(f"{PREFIX}data/{key}", leaf.read(), progress)
         out.add_bytes(PREFIX + "version", b"3\n")
-        out.add_bytes(PREFIX + SIDECAR, skeleton.dumps(
-            skeleton.record(lay, tree.extras)).encode("utf-8"))
+        if sidecar is not None:
+            out.add_bytes(PREFIX + SIDECAR, sidecar)
     finally:
         out.close()
 
