@@ -13,7 +13,7 @@ from .common import human_bytes, print_json, shape_str, table
 from .storage_args import add_storage_arguments, storage_options
 
 HELP = ("convert a checkpoint between NPZ, Pickle, HDF5, safetensors, .keras, Hugging Face, "
-        "TensorFlow checkpoints and uckpt")
+        "TensorFlow checkpoints, DeepSpeed ZeRO and uckpt")
 DESCRIPTION = """\
 Convert the checkpoint SRC to DST. Formats: npz (np.savez, Chainer save_npz and
 trainer snapshots), pickle (torch.save files), hdf5 (Keras .weights.h5 and
@@ -21,7 +21,9 @@ legacy .h5, any h5py tree), safetensors, keras (.keras archives), hf (Hugging
 Face save_pretrained and Trainer checkpoint-N directories, sharded weights and
 their *.index.json), tf (TensorFlow checkpoints: tf.train.Checkpoint,
 CheckpointManager, tf_keras save_weights; named by their prefix, their .index file,
-or a directory with a 'checkpoint' file for its latest; needs TensorFlow), uckpt
+or a directory with a 'checkpoint' file for its latest; needs TensorFlow), deepspeed
+(ZeRO checkpoints, stages 1-3: the root with latest or a global_stepN directory;
+--ranks W partitions DST for W ranks), uckpt
 (checkpoint directories) and, as a source only, dcp (PyTorch Distributed
 Checkpoint directories).
 

@@ -96,7 +96,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
     ``keras``, ``hf``, ``tf`` (TensorFlow checkpoints, read and written with TensorFlow),
-    and ``dcp`` (PyTorch Distributed Checkpoint, as a source only). The source format is
+    ``deepspeed`` (DeepSpeed ZeRO checkpoint directories) and ``dcp`` (PyTorch Distributed
+    Checkpoint, as a source only). The source format is
     detected from the content, the target's from its name (a ``.npz``, ``.pt``, ``.h5``,
     ``.safetensors`` file, else a uckpt directory); ``src_format`` and ``dst_format``
     override them.
