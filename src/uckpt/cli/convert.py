@@ -23,7 +23,9 @@ their *.index.json), tf (TensorFlow checkpoints: tf.train.Checkpoint,
 CheckpointManager, tf_keras save_weights; named by their prefix, their .index file,
 or a directory with a 'checkpoint' file for its latest; needs TensorFlow), deepspeed
 (ZeRO checkpoints, stages 1-3: the root with latest or a global_stepN directory;
---ranks W partitions DST for W ranks), uckpt
+--ranks W partitions DST for W ranks), orbax (Orbax checkpoints, OCDBT or not, and
+CheckpointManager directories: their latest step; needs orbax-checkpoint; written
+with --to orbax), uckpt
 (checkpoint directories) and, as a source only, dcp (PyTorch Distributed
 Checkpoint directories).
 
@@ -70,11 +72,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                               "uckpt one may be an s3://bucket/prefix URL)")
     p.add_argument("--from", dest="src_format", metavar="FORMAT",
                    choices=sorted(detect.FORMATS + tuple(detect.ALIASES)),
-                   help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, tf, uckpt, "
-                        "dcp (default: detected from its content)")
+                   help="format of SRC: npz, pickle, hdf5, safetensors, keras, hf, tf, orbax, "
+                        "uckpt, dcp (default: detected from its content)")
     p.add_argument("--to", dest="dst_format", metavar="FORMAT",
                    choices=sorted(detect.TARGETS + tuple(detect.ALIASES)),
-                   help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, tf, "
+                   help="format of DST: npz, pickle, hdf5, safetensors, keras, hf, tf, orbax, "
                         "uckpt (default: from its name)")
     p.add_argument("--select", metavar="PATTERN", action="append",
                    help="convert only the leaves whose paths match this glob (* matches "

@@ -1,5 +1,5 @@
 """``uckpt inspect`` and ``uckpt verify`` of a file or directory in another format (NPZ,
-torch.save, HDF5, safetensors, .keras, Hugging Face, DCP, TensorFlow checkpoints): read
+torch.save, HDF5, safetensors, .keras, Hugging Face, DCP, TensorFlow and Orbax checkpoints): read
 through the converter's readers, so the same safety checks and limits apply and nothing of
 the input is run."""
 from __future__ import annotations
@@ -23,6 +23,7 @@ CHECKS = {
     "hf": "the index against its shards, every shard as its format",
     "dcp": ".metadata through the restricted unpickler, every chunk inside its file",
     "tf": "the index and every data shard there, every tensor read by TensorFlow's reader",
+    "orbax": "_METADATA, every leaf's zarr metadata and chunks read by TensorStore",
 }
 
 
@@ -30,6 +31,7 @@ def is_foreign(path: str) -> bool:
     """A local file, or a directory of another format (DCP, Hugging Face, a TensorFlow
     checkpoint's directory), or a TensorFlow checkpoint's prefix; a directory that is
     none of these is left to uckpt's own reader (and its "no manifest.json" error)."""
+    from ..conversion.orbax_dir import is_source as is_orbax_checkpoint
     from ..conversion.tf_prefix import is_source as is_tf_checkpoint
 
     p = local_path(path)
@@ -39,7 +41,8 @@ def is_foreign(path: str) -> bool:
         from ..conversion.hf_names import is_hf_directory
 
         return not (p / MANIFEST_NAME).is_file() and \
-            ((p / ".metadata").is_file() or is_hf_directory(p) or is_tf_checkpoint(p))
+            ((p / ".metadata").is_file() or is_hf_directory(p) or is_tf_checkpoint(p) or
+             is_orbax_checkpoint(p))
     return p.is_file() or is_tf_checkpoint(p)
 
 

@@ -23,15 +23,16 @@ from .progress import Progress
 READERS = {"npz": "npz", "pickle": "torch_pickle", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "dcp": "dcp",
            "keras": "keras_archive", "hf": "hf", "tf": "tf_checkpoint",
-           "deepspeed": "deepspeed_zero"}
+           "deepspeed": "deepspeed_zero", "orbax": "orbax_fmt"}
 #: format -> module writing it (``plan(tree) -> Layout``, ``write(tree, layout, path, progress)``;
 #: a writer whose ``write`` takes ``options`` gets the :class:`~.options.WriteOptions`; one
 #: of several files has ``check_target(dst, force)`` and ``write_output(dst, force, write)``
 #: that put them in place)
 WRITERS = {"npz": "npz", "pickle": "torch_writer", "hdf5": "hdf5",
            "safetensors": "safetensors_fmt", "uckpt": "uckpt_fmt", "keras": "keras_archive",
-           "hf": "hf", "tf": "tf_checkpoint", "deepspeed": "deepspeed_writer"}
-DIRECTORY_TARGETS = ("uckpt", "hf", "deepspeed")
+           "hf": "hf", "tf": "tf_checkpoint", "deepspeed": "deepspeed_writer",
+           "orbax": "orbax_fmt"}
+DIRECTORY_TARGETS = ("uckpt", "hf", "deepspeed", "orbax")
 #: sources whose arrays are read ahead on threads while the target is written (reading them
 #: costs CPU that releases the GIL: inflating deflated NPZ members)
 PREFETCHED = ("npz",)
@@ -96,7 +97,8 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
     ``keras``, ``hf``, ``tf`` (TensorFlow checkpoints, read and written with TensorFlow),
-    ``deepspeed`` (DeepSpeed ZeRO checkpoint directories) and ``dcp`` (PyTorch Distributed
+    ``deepspeed`` (DeepSpeed ZeRO checkpoint directories), ``orbax`` (Orbax checkpoints
+    and CheckpointManager directories, with TensorStore) and ``dcp`` (PyTorch Distributed
     Checkpoint, as a source only). The source format is
     detected from the content, the target's from its name (a ``.npz``, ``.pt``, ``.h5``,
     ``.safetensors`` file, else a uckpt directory); ``src_format`` and ``dst_format``

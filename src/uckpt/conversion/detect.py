@@ -24,6 +24,8 @@ format                    recognised by
 ``tf``                    a TensorFlow checkpoint: a prefix with ``PREFIX.index`` (or data
                           shards) beside it, an ``.index`` file (its table magic), a data
                           shard with its index, a directory with a ``checkpoint`` state file
+``orbax``                 an Orbax checkpoint: a directory with ``_METADATA`` (or one item
+                          subdirectory with it), or a CheckpointManager's directory of steps
 ========================  ==========================================================
 
 A target is named by its extension (``.npz``, ``.pt``, ``.h5``, ``.safetensors``,
@@ -40,15 +42,16 @@ from typing import Optional
 
 from ..errors import CheckpointNotFoundError, CorruptCheckpointError
 from .errors import UnknownFormatError
-from . import tf_prefix
+from . import orbax_dir, tf_prefix
 from .fileio import RandomAccessFile, ZipArchive, open_regular
 
 FORMATS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "dcp", "keras", "hf", "tf",
-           "deepspeed")
-TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf", "tf", "deepspeed")
+           "deepspeed", "orbax")
+TARGETS = ("npz", "pickle", "hdf5", "safetensors", "uckpt", "keras", "hf", "tf", "deepspeed",
+           "orbax")
 ALIASES = {"torch": "pickle", "pt": "pickle", "pth": "pickle", "pkl": "pickle", "h5": "hdf5",
            "st": "safetensors", "huggingface": "hf", "tensorflow": "tf", "zero": "deepspeed",
-           "ds": "deepspeed"}
+           "ds": "deepspeed", "ocdbt": "orbax"}
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle",
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
@@ -56,8 +59,9 @@ EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle"
               ".keras": "keras", ".index": "tf"}
 _HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
          "archives), hf (Hugging Face directories), tf (TensorFlow checkpoints: a prefix, its "
-         ".index, or a directory with a 'checkpoint' file), deepspeed (ZeRO checkpoints); "
-         "name one with --from / --to "
+         ".index, or a directory with a 'checkpoint' file), deepspeed (ZeRO checkpoints), "
+         "orbax (a directory with _METADATA, or a CheckpointManager's); name one with "
+         "--from / --to "
          "(src_format= / dst_format=)")
 
 
@@ -95,11 +99,14 @@ def detect(path) -> str:
 
         if is_zero_directory(p):
             return "deepspeed"
+        if orbax_dir.is_source(p):
+            return "orbax"
         raise UnknownFormatError(f"{str(p)!r} is a directory without manifest.json (uckpt), "
                                  ".metadata (PyTorch DCP), Hugging Face weights "
                                  "(model.safetensors, pytorch_model.bin, *.index.json, a PEFT "
                                  "adapter_model.safetensors), a TensorFlow 'checkpoint' "
-                                 "state file or DeepSpeed's latest / *_model_states.pt",
+                                 "state file, DeepSpeed's latest / *_model_states.pt or an "
+                                 "Orbax _METADATA",
                                  path=str(p), hint=_HINT)
     fd = open_regular(p)  # no FIFO or device: reading one could block forever
     try:
@@ -169,4 +176,4 @@ def target_format(path) -> str:
         f"{text!r}: uckpt does not know the extension {suffix!r}, so it cannot tell which "
         "format to write", path=text,
         hint="name the format with --to (dst_format=): npz, pickle, hdf5, safetensors, keras, "
-             "hf, tf or uckpt; for a uckpt checkpoint directory also end the name with '/'")
+             "hf, tf, orbax or uckpt; for a uckpt checkpoint directory also end the name with '/'")
