@@ -55,6 +55,8 @@ SLOW_MODULES = {
     # issue 31: JAX and Flax imports and jit compiles take seconds; the resume test runs a
     # Flax training loop in 4 processes (one and 8 CPU devices, each killed once)
     "test_jax_adapter", "test_jax_resume",
+    # issue 31: Orbax checkpoints; JAX and Orbax imports, Orbax saves, CLI processes
+    "test_convert_orbax",
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
