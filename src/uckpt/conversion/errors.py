@@ -5,6 +5,9 @@ like every uckpt error.
 """
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from ..errors import NotACheckpointError, UckptError
 
 INSTALL_HINT = "pip install uckpt[convert]"
@@ -60,6 +63,16 @@ class MissingDependencyError(UckptError, ImportError):
 
 class ConvertWarning(UserWarning):
     """Something of the source that the target format cannot hold, or that was changed."""
+
+
+def importable(module: str, what: str, hint: str) -> Any:
+    """The module ``module``, or :class:`MissingDependencyError` saying that ``what`` needs
+    it (``what``: "reading ... needs TensorFlow") and how to install it (``hint``)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingDependencyError(f"{what}, which cannot be imported ({e})",
+                                     hint=hint) from None
 
 
 def missing(package: str, what: str) -> MissingDependencyError:

@@ -30,7 +30,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedObjectError
 from . import orbax_dir, skeleton
-from .errors import MissingDependencyError
+from .errors import importable
 from .interchange import Leaf, Obj, Tree, reading
 from .progress import Progress
 
@@ -43,13 +43,8 @@ _KEPT = ("use_ocdbt", "use_zarr3", "store_array_data_equal_to_fill_value", "cust
 
 def tensorstore() -> Any:
     """The ``tensorstore`` module, or :class:`MissingDependencyError` with an install hint."""
-    try:
-        import tensorstore as ts
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"reading or writing an Orbax checkpoint needs tensorstore (installed with "
-            f"orbax-checkpoint), which cannot be imported ({e})", hint=INSTALL_HINT) from None
-    return ts
+    return importable("tensorstore", "reading or writing an Orbax checkpoint needs "
+                      "tensorstore (installed with orbax-checkpoint)", INSTALL_HINT)
 
 
 def _spec(item: Path, name: str, ocdbt: bool, every_chunk: bool = False) -> Dict[str, Any]:

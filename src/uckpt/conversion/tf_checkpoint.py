@@ -32,7 +32,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError, UnsupportedObjectError
 from . import skeleton, tf_names, tf_prefix
-from .errors import MissingDependencyError
+from .errors import importable
 from .interchange import Leaf, Obj, Tree, check_shape, nest, reading
 from .progress import Progress
 
@@ -46,13 +46,8 @@ write_output = tf_prefix.write_atomically
 
 def tensorflow() -> Any:
     """The ``tensorflow`` module, or :class:`MissingDependencyError` with an install hint."""
-    try:
-        import tensorflow as tf
-    except ImportError as e:
-        raise MissingDependencyError(
-            f"reading or writing a TensorFlow checkpoint needs TensorFlow, which cannot be "
-            f"imported ({e})", hint=INSTALL_HINT) from None
-    return tf
+    return importable("tensorflow", "reading or writing a TensorFlow checkpoint needs "
+                      "TensorFlow", INSTALL_HINT)
 
 
 # -- reading -----------------------------------------------------------------------------------
