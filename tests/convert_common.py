@@ -22,6 +22,17 @@ def cli(*args, env=None, timeout=180, **kw) -> subprocess.CompletedProcess:
                           env=dict(os.environ, PYTHONWARNINGS="ignore", **(env or {})), **kw)
 
 
+def cli_without(modules: Sequence[str], *args, timeout=120) -> subprocess.CompletedProcess:
+    """``uckpt ARGS`` in a process where ``modules`` cannot be imported (``sys.modules[m] =
+    None``: a real ImportError at their import)."""
+    code = ("import runpy, sys; sys.modules.update(dict.fromkeys(sys.argv[1].split(','))); "
+            "sys.argv = ['uckpt'] + sys.argv[2:]; "
+            "runpy.run_module('uckpt.cli.main', run_name='__main__')")
+    return subprocess.run([sys.executable, "-c", code, ",".join(modules), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+
 def cli_many(commands: Sequence[Sequence]) -> List[subprocess.CompletedProcess]:
     """Run several ``uckpt`` commands at once (they are independent); results in order."""
     with ThreadPoolExecutor(max_workers=4) as pool:

@@ -5,13 +5,11 @@ bit, as NumPy and as `jax.Array`."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from convert_common import assert_error, assert_ok, cli
+from convert_common import assert_error, assert_ok, cli, cli_without
 
 ocp = pytest.importorskip("orbax.checkpoint")
 jax = pytest.importorskip("jax")
@@ -144,13 +142,8 @@ def test_inspect_verify_diff_accept_orbax(saved, tmp_path, capsys):
 def test_refused_without_orbax(saved, tmp_path):
     """orbax and tensorstore that cannot be imported (a real ImportError): a uckpt error
     with the install hint, exit status 1, nothing written."""
-    code = ("import runpy, sys; sys.modules['orbax'] = None; "
-            "sys.modules['orbax.checkpoint'] = None; sys.modules['tensorstore'] = None; "
-            "sys.argv = ['uckpt', 'convert', sys.argv[1], sys.argv[2]]; "
-            "runpy.run_module('uckpt.cli.main', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code, str(saved["ocdbt"]), str(tmp_path / "u")],
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = cli_without(["orbax", "orbax.checkpoint", "tensorstore"], "convert",
+                       saved["ocdbt"], tmp_path / "u")
     assert_error(proc, "needs tensorstore", "pip install orbax-checkpoint")
     assert os.listdir(tmp_path) == []
 

@@ -3,13 +3,11 @@
 TensorFlow's reader, written back with its writer; TF -> uckpt -> TF bit for bit, and
 `restore()` of the result resumes training with the same next loss, bit for bit."""
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from convert_common import assert_error, assert_ok, cli
+from convert_common import assert_error, assert_ok, cli, cli_without
 
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
@@ -214,12 +212,7 @@ def test_inspect_verify_diff_accept_a_prefix(run, tmp_path, capsys):
 def test_refused_without_tensorflow(run, tmp_path):
     """TensorFlow that cannot be imported (a real ImportError): a uckpt error with the
     install hint, exit status 1, nothing written."""
-    code = ("import runpy, sys; sys.modules['tensorflow'] = None; "
-            "sys.argv = ['uckpt', 'convert', sys.argv[1], sys.argv[2]]; "
-            "runpy.run_module('uckpt.cli.main', run_name='__main__')")
-    proc = subprocess.run([sys.executable, "-c", code, str(run["latest"]), str(tmp_path / "u")],
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = cli_without(["tensorflow"], "convert", run["latest"], tmp_path / "u")
     assert_error(proc, "needs TensorFlow", "pip install tensorflow-cpu")
     assert os.listdir(tmp_path) == []
 
