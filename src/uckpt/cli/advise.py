@@ -32,7 +32,7 @@ def _duration(text: str) -> float:
     try:
         return parse_duration(text)
     except DurationError as e:
-        raise argparse.ArgumentTypeError(str(e).replace("\n ", "")) from None
+        raise argparse.ArgumentTypeError(str(e)) from None  # the hint on a line of its own
 
 
 def add_parser(sub) -> argparse.ArgumentParser:

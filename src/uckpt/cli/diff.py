@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from ..conversion import detect
 from ..errors import UckptError
@@ -9,16 +10,15 @@ from .common import print_error, print_json
 from .convert import add_limit_options, limits_of
 
 HELP = "compare two checkpoints (any supported formats) leaf by leaf"
-DESCRIPTION = """\
-Compare the checkpoints A and B, which may be of different formats (npz,
-pickle, hdf5, safetensors, uckpt, dcp; detected from their content, or named
-with --format-a / --format-b). Lists the entries only in A or only in B, the
-arrays whose dtype or shape differ, the arrays whose values differ (with the
-largest absolute difference and how many elements differ) and the plain values
-that differ. Arrays equal bit for bit are not listed. Arrays are compared one
-pair at a time, block by block: arrays of uckpt checkpoints stream (memory
-bounded by a constant, whatever sizes their manifests declare), others are read
-whole.
+DESCRIPTION = textwrap.fill(
+    "Compare the checkpoints A and B, which may be of different formats "
+    f"({', '.join(detect.FORMATS)}; detected from their content, or named with --format-a "
+    "/ --format-b). Lists the entries only in A or only in B, the arrays whose dtype or "
+    "shape differ, the arrays whose values differ (with the largest absolute difference "
+    "and how many elements differ) and the plain values that differ. Arrays equal bit for "
+    "bit are not listed. Arrays are compared one pair at a time, block by block: arrays of "
+    "uckpt checkpoints stream (memory bounded by a constant, whatever sizes their "
+    "manifests declare), others are read whole.", 79) + """
 
 Exit status (as diff(1)): 0 identical, 1 different, 2 trouble (an unreadable
 checkpoint, a usage error)."""

@@ -57,12 +57,12 @@ EXTENSIONS = {".npz": "npz", ".pt": "pickle", ".pth": "pickle", ".pkl": "pickle"
               ".pickle": "pickle", ".bin": "pickle", ".ckpt": "pickle", ".h5": "hdf5",
               ".hdf5": "hdf5", ".hdf": "hdf5", ".safetensors": "safetensors",
               ".keras": "keras", ".index": "tf"}
+#: the hint of a source whose format is not detected (sources only: a target's is --to)
 _HINT = ("formats: npz, pickle (torch.save), hdf5, safetensors, uckpt, dcp, keras (.keras "
          "archives), hf (Hugging Face directories), tf (TensorFlow checkpoints: a prefix, its "
          ".index, or a directory with a 'checkpoint' file), deepspeed (ZeRO checkpoints), "
-         "orbax (a directory with _METADATA, or a CheckpointManager's); name one with "
-         "--from / --to "
-         "(src_format= / dst_format=)")
+         "orbax (a directory with _METADATA, or a CheckpointManager's); name one with --from "
+         "(uckpt diff: --format-a / --format-b; in Python: src_format=)")
 
 
 def canonical(name: Optional[str], *, target: bool = False) -> Optional[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import NotACheckpointError, UckptError
 
-INSTALL_HINT = "pip install uckpt[convert]"
+INSTALL_HINT = "pip install 'uckpt[convert]'"  # quoted: zsh expands [...] unquoted
 
 
 class UnsafeInputError(UckptError, ValueError):

@@ -36,6 +36,11 @@ def require_fits(declared: int, available: int, what: str, path: str) -> None:
             hint="the file is truncated or was crafted; nothing was allocated")
 
 
+#: what to do with a directory named where a file's format was asked for
+DIRECTORY_HINT = ("the directory formats are uckpt, dcp and hf: leave out --from "
+                  "(src_format=) to detect which, or name one of them")
+
+
 def open_regular(path, where: Optional[str] = None, follow: bool = True) -> int:
     """A read-only descriptor of the regular file ``path``: never blocks on a FIFO or a
     device, refuses anything that is not a regular file, and with ``follow=False`` a
@@ -49,7 +54,8 @@ def open_regular(path, where: Optional[str] = None, follow: bool = True) -> int:
     except FileNotFoundError:
         raise CheckpointNotFoundError(f"{where} does not exist", path=where) from None
     except IsADirectoryError:
-        raise UnsafeInputError(f"{where} is a directory, not a file", path=where) from None
+        raise UnsafeInputError(f"{where} is a directory, not a file", path=where,
+                               hint=DIRECTORY_HINT) from None
     except OSError as e:
         if e.errno == errno.ELOOP and not follow:
             raise UnsafeInputError(f"{where} is a symbolic link; files inside a checkpoint "
@@ -57,10 +63,13 @@ def open_regular(path, where: Optional[str] = None, follow: bool = True) -> int:
                                    path=where) from None
         raise
     mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        os.close(fd)
+        raise UnsafeInputError(f"{where} is a directory, not a file", path=where,
+                               hint=DIRECTORY_HINT)
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else \
-            "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
         raise UnsafeInputError(f"{where} is {kind}, not a regular file; refused (reading it "
                                "could block or never end)", path=where)
     return fd

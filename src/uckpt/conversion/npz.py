@@ -25,7 +25,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import CorruptCheckpointError, UnsupportedDtypeError
 from . import rawbits, skeleton
-from .errors import UnsafeInputError
+from .errors import UnknownFormatError, UnsafeInputError
 from . import names
 from .fileio import RandomAccessFile, ZipArchive
 from .interchange import Leaf, Tree, check_shape, reading
@@ -127,8 +127,20 @@ def read(path, fmt: str = "npz") -> Tree:
                 record = skeleton.loads(_record_bytes(archive, info), raf.path)
                 continue
             items.append((key, _entry(archive, info, key)))
+        if archive.members and record is None and not items:
+            raise _not_npz(raf.path, list(archive.members))
         skeleton.settle(tree, record, items, raf.path)
     return tree
+
+
+def _not_npz(where: str, members: List[str]) -> UnknownFormatError:
+    """The error for a zip archive none of whose members is an array (``--from npz`` on a
+    ``torch.save`` file or a ``.keras`` archive): read as NPZ it would hold nothing."""
+    return UnknownFormatError(
+        f"{where} is a zip archive but not an NPZ: none of its {len(members)} members is a "
+        f".npy array (the first is {members[0]!r})", path=where,
+        hint="leave out --from (src_format=) to detect its format; a torch.save file is "
+             "read with --from pickle, a .keras archive with --from keras")
 
 
 def _record_bytes(archive: ZipArchive, info: zipfile.ZipInfo) -> bytes:

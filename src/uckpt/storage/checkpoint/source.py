@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Union
 
 from ... import knobs
 from ...errors import (CheckpointNotFoundError, CorruptCheckpointError, ManifestError,
-                       NotACheckpointError, NotRegularFileError, StoreNotFoundError)
+                       NotACheckpointError, NotRegularFileError, StoreNotFoundError,
+                       UckptError)
 from .. import base, fsutil
+from ..base import step_of
 from .listing import is_prefix
 from .names import MANIFEST_NAME
 
@@ -37,11 +39,31 @@ class BlobSource(base.CheckpointSource):
         return Path(self.where) if self.blob.local_files else self.where
 
     def _missing(self) -> NotACheckpointError:
+        steps = self._steps_below()
+        if steps:
+            where = self.where.rstrip("/")
+            return NotACheckpointError(
+                f"{self.where!r} is a root of checkpoints ({len(steps)} committed: "
+                f"{', '.join(dict.fromkeys((steps[0], steps[-1])))}), not one checkpoint",
+                path=self.where,
+                hint=f"name one of them ({where}/{steps[-1]}); list them with `uckpt ls "
+                     f"{where}`, check them all with `uckpt verify --all {where}`; in Python, "
+                     "CheckpointManager(root).restore() restores the newest")
         return NotACheckpointError(
             f"{self.where!r} is not a committed uckpt checkpoint: it has no {MANIFEST_NAME}",
             path=self.where,
             hint="a save that was interrupted leaves no manifest; use an earlier checkpoint "
                  "(CheckpointManager.restore() picks the newest committed one)")
+
+    def _steps_below(self) -> List[str]:
+        """The names of the committed ``step_N`` checkpoints directly below this prefix,
+        oldest first (a manager's root named as a checkpoint); none when it cannot tell."""
+        try:
+            held = self.blob.list_level(self.prefix, holding=MANIFEST_NAME).holding
+        except (OSError, UckptError):
+            return []
+        names = [p[len(self.prefix):].rstrip("/") for p in held]
+        return sorted((n for n in names if step_of(n) is not None), key=lambda n: step_of(n) or 0)
 
     def manifest_bytes(self) -> bytes:
         key, cap = self.prefix + MANIFEST_NAME, base.MAX_MANIFEST_BYTES
