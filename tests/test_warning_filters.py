@@ -12,13 +12,13 @@ FILTERS = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]
     "ini_options"].get("filterwarnings", [])
 
 
-def shown(category, module):
+def shown(category, module, message="a warning"):
     """Whether a warning of ``category`` issued in ``module`` passes the configured filters."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for spec in FILTERS:
             warnings.filterwarnings(*parse_warning_filter(spec, escape=False))
-        warnings.warn_explicit("a warning", category, f"{module.replace('.', '/')}.py", 1,
+        warnings.warn_explicit(message, category, f"{module.replace('.', '/')}.py", 1,
                                module=module, registry={})
     return len(caught) == 1
 
@@ -46,3 +46,10 @@ def test_third_party_user_warnings_stay_visible():
     """Only deprecations are filtered: a framework's other warnings may matter to a user."""
     assert shown(UserWarning, "torch.serialization")
     assert shown(RuntimeWarning, "tensorflow.python.framework")
+
+
+def test_chainers_pkg_resources_notice_is_filtered_by_its_message():
+    notice = "pkg_resources is deprecated as an API. See https://setuptools.pypa.io/"
+    assert not shown(UserWarning, "chainer._environment_check", notice)
+    assert shown(UserWarning, "uckpt_chainer.compat", notice)
+    assert shown(UserWarning, "chainer._environment_check")
