@@ -40,7 +40,8 @@ def test_directory_where_a_file_format_is_named(tmp_path):
     (tmp_path / "d").mkdir()
     proc = run_cli("convert", tmp_path / "d", tmp_path / "out.npz", "--from", "npz")
     assert_error(proc, "d is a directory, not a file",
-                 "hint: the directory formats are uckpt, dcp, hf, tf and deepspeed: leave out")
+                 "hint: the directory formats are uckpt, dcp, hf, tf, deepspeed and orbax: "
+                 "leave out")
     assert "block" not in proc.stderr
 
 

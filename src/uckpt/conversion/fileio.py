@@ -37,8 +37,8 @@ def require_fits(declared: int, available: int, what: str, path: str) -> None:
 
 
 #: what to do with a directory named where a file's format was asked for
-DIRECTORY_HINT = ("the directory formats are uckpt, dcp, hf, tf and deepspeed: leave out --from "
-                  "(src_format=) to detect which, or name one of them")
+DIRECTORY_HINT = ("the directory formats are uckpt, dcp, hf, tf, deepspeed and orbax: leave out "
+                  "--from (src_format=) to detect which, or name one of them")
 
 
 def open_regular(path, where: Optional[str] = None, follow: bool = True) -> int:
