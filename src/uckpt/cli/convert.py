@@ -36,7 +36,8 @@ extension, an existing directory or a name ending in / is a uckpt directory;
 any other extension is an error); --from and --to override them.
 --max-shard-size writes a Hugging Face directory of shards and an index.
 --select (glob patterns of leaf paths, or one node path), --strip-prefix and
---add-prefix convert a part of SRC under new names.
+--add-prefix convert a part of SRC under new names; --cast PATTERN=DTYPE
+converts the leaves it matches to DTYPE (as uckpt.load's cast=).
 
 Arrays are copied bit for bit with
 their dtypes (bfloat16 and float8 where the target has none: stored as raw bits
@@ -82,6 +83,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="convert only the leaves whose paths match this glob (* matches "
                         "across /; repeat for more); one PATH without wildcards converts "
                         "the node there as the root (e.g. model; see `uckpt inspect`)")
+    p.add_argument("--cast", metavar="PATTERN=DTYPE", action="append",
+                   help="convert the leaves whose paths match the glob PATTERN to DTYPE "
+                        "(e.g. 'model/*=bfloat16'; the first match decides; repeat for "
+                        "more), as uckpt.load's cast=; a rule (safe, same_kind) alone "
+                        "keeps every dtype: nothing is narrowed unless its dtype is named")
     p.add_argument("--strip-prefix", metavar="P",
                    help="remove P from the keys of the (selected) root that start with it")
     p.add_argument("--add-prefix", metavar="P",
@@ -151,6 +157,23 @@ def _codec(args):
     return (args.codec or "default") if args.compress else None
 
 
+def cast_of(items):
+    """``--cast`` values as ``cast=`` takes them: ``PATTERN=DTYPE`` entries in order (a
+    bare rule, ``same_kind``, is the pattern ``*``); one bare rule alone is that rule."""
+    if not items:
+        return None
+    if len(items) == 1 and "=" not in items[0]:
+        return items[0]
+    out = {}
+    for item in items:
+        pattern, _, value = item.rpartition("=") if "=" in item else ("*", "", item)
+        if not pattern or not value:
+            raise OptionError(f"--cast {item!r} is not PATTERN=DTYPE",
+                              hint="write e.g. --cast 'model/*=bfloat16' or --cast safe")
+        out.setdefault(pattern, value)
+    return out
+
+
 def run(args) -> int:
     from ..conversion.api import convert
     from ..conversion.progress import Bar, wanted
@@ -162,7 +185,8 @@ def run(args) -> int:
             report = convert(args.src, args.dst, src_format=args.src_format,
                              dst_format=args.dst_format, force=args.force,
                              dry_run=args.dry_run, progress=bar, limits=limits_of(args),
-                             select=args.select, strip_prefix=args.strip_prefix,
+                             select=args.select, cast=cast_of(args.cast),
+                             strip_prefix=args.strip_prefix,
                              add_prefix=args.add_prefix, compress=_codec(args),
                              max_shard_size=args.max_shard_size, hf_weights=args.hf_weights,
                              ranks=args.ranks,

@@ -92,7 +92,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
             compress: Optional[str] = None, max_shard_size=None,
             hf_weights: str = "safetensors", ranks: Optional[int] = None,
             storage_options: Optional[Mapping[str, Any]] = None,
-            save_options=None) -> Report:
+            save_options=None, cast=None) -> Report:
     """Convert the checkpoint ``src`` to ``dst``.
 
     Formats: ``npz``, ``pickle`` (``torch.save``), ``hdf5``, ``safetensors``, ``uckpt``,
@@ -132,6 +132,12 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     A uckpt target may be an ``s3://bucket/prefix/name`` URL (``storage_options`` as for
     :func:`uckpt.save`): it is written through its store as a save writes, the manifest
     committed last; the other formats are written to local files.
+
+    ``cast`` (as :func:`uckpt.load`'s ``cast=`` without ``state``: a mapping of glob
+    patterns, matched against the (selected) leaf paths, to dtypes or rules; see
+    :mod:`uckpt.conversion.cast`) converts the leaves whose pattern names a dtype to it, a
+    block at a time; nothing is narrowed unless its dtype is named, and a cast that
+    changes the kind of number is a :class:`~uckpt.errors.DtypeMismatchError`.
     """
     from ..storage import local_path, storage_options_for
     from .output import check_checkpoint, check_output, write_atomically, write_checkpoint
@@ -140,6 +146,10 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
     from .prefetch import prefetch
     from .subtree import is_node_path, keep, rename_keys, select as select_node
     from ..loading.selection import patterns_of
+    from ..loading.cast import CastPolicy
+    from .cast import cast_tree
+
+    CastPolicy(cast)  # a malformed cast= fails before any work
 
     start = time.monotonic()
     src_fmt = _detect.canonical(src_format) or _detect.detect(src)
@@ -179,6 +189,7 @@ def convert(src, dst, *, src_format: Optional[str] = None, dst_format: Optional[
                 select_node(tree, patterns[0])
             else:
                 keep(tree, patterns)
+        tree.root = cast_tree(tree.root, cast)
         rename_keys(tree, strip_prefix, add_prefix)
         # the frameworks' own file layouts, after the user's selection
         layouts.adapt(tree, dst_fmt, dst)
