@@ -161,3 +161,36 @@ def test_a_wiped_node_falls_back_to_the_durable_tier_saying_why(tmp_path, caplog
     assert any("tier 'run': node(s) node0 hold none of its checkpoints while the other nodes "
                "hold steps up to 3" in m for m in lines), lines
     assert any(m.startswith("restored step 3 from tier 'durable'") for m in lines)
+
+
+def test_a_selective_restore_fetches_only_the_selected_arrays_chunks(tmp_path, caplog):
+    """restore(select=...) from node-local copies: what a rank fetches from the other
+    node is the chunks of the selected array (``bias``) its node lacks, not those of the
+    replicated ``emb`` it does not load (fails before: every array's chunks were fetched)."""
+    import re
+
+    from uckpt.loading.reader import CheckpointReader
+
+    save_steps(tmp_path, [3])
+    with CheckpointReader(tmp_path / "node0/run/step_00000003") as reader:
+        m = reader.manifest
+        chunks = reader.chunks_for({"bias": None})
+        lacking = [sum(c.length for c in chunks if m.files[c.file].rank // 2 != rank // 2)
+                   for rank in range(4)]
+    assert any(lacking) and max(lacking) <= 3000 * 4  # bias alone (emb: 160,000 bytes)
+
+    def restore(c):
+        got = state(0, c.rank, zero=True)
+        with uckpt.CheckpointManager(tiers=tiers(tmp_path), comm=c, node=node_of(c.rank)) as m:
+            return m.restore(got, select="bias"), got
+
+    with caplog.at_level("INFO", logger="uckpt.loading.peer_chunks"):
+        outcomes = run_ranks(4, restore)
+    for rank, (step, got) in enumerate(outcomes):
+        assert step == 3
+        np.testing.assert_array_equal(got["bias"], state(3, rank)["bias"])
+        assert not got["emb"].any()  # not selected: left as it was
+    fetched = {int(r): int(n) for r, n in (
+        re.match(r"rank (\d+) read \d+ chunk\(s\), (\d+) bytes", rec.getMessage()).groups()
+        for rec in caplog.records if "its node's copy lacks" in rec.getMessage())}
+    assert fetched == {rank: n for rank, n in enumerate(lacking) if n}

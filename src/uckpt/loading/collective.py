@@ -40,7 +40,7 @@ def load_from(open_, state, strict: bool, comm, what: str,
     if c.size == 1:
         return _load_local(open_, state, load, (0, 1), max_bytes)
     if peers:
-        open_ = with_peer_chunks(open_, state, strict, c, what, cast)
+        open_ = with_peer_chunks(open_, state, strict, c, what, cast, select)
     coop = None if mode is None else Cooperation(c, mode, node_name(node), what)
     out: Dict[str, Any] = {}
 

@@ -29,6 +29,7 @@ from ..storage.readback import SourceReader
 from .reader import CheckpointReader
 from .cast import Cast, CastPolicy
 from .restore import matched
+from .selection import Patterns, selection_of
 
 log = logging.getLogger("uckpt.loading.peer_chunks")
 
@@ -38,15 +39,16 @@ Ask = Tuple[str, int, int, int, int]
 
 
 def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
-                     strict: bool, comm: Communicator, what: str, cast: Cast = None
-                     ) -> Callable[[], CheckpointSource]:
+                     strict: bool, comm: Communicator, what: str, cast: Cast = None,
+                     select: Optional[Patterns] = None) -> Callable[[], CheckpointSource]:
     """Collective: fetch the chunks each rank's load of ``state`` (None: everything)
-    reads from data files its copy (``open_()``) lacks; returns the opener of its copy
-    with them (``open_`` itself where this rank lacks nothing)."""
+    reads from data files its copy (``open_()``) lacks, of the leaves ``select`` picks
+    (None: all); returns the opener of its copy with them (``open_`` itself where this
+    rank lacks nothing)."""
     start = time.perf_counter()
     asks: List[List[Ask]] = [[tuple(a) for a in rank_asks] for rank_asks in  # type: ignore[misc]
                              comm.gather_outcomes(lambda: _lacking(open_, state, strict, comm,
-                                                                   cast),
+                                                                   cast, select),
                                                   f"{what} (listing chunks its node lacks)")]
     if not any(asks):
         return open_
@@ -79,12 +81,16 @@ def with_peer_chunks(open_: Callable[[], CheckpointSource], state: Optional[Mapp
 
 
 def _lacking(open_: Callable[[], CheckpointSource], state: Optional[Mapping[str, Any]],
-             strict: bool, comm: Communicator, cast: Cast = None) -> List[Ask]:
-    """The chunks this rank's load reads from data files its copy lacks."""
+             strict: bool, comm: Communicator, cast: Cast = None,
+             select: Optional[Patterns] = None) -> List[Ask]:
+    """The chunks this rank's load (of the leaves ``select`` picks) reads from data
+    files its copy lacks."""
     with CheckpointReader(open_(), rank=(comm.rank, comm.size)) as reader:
         m = reader.manifest
-        wanted = {p: None for p in m.arrays} if state is None else \
-            matched(m, state, strict, comm.rank, CastPolicy(cast))[1]
+        sel = selection_of(m.tree, select, str(reader.directory))
+        wanted = {p: None for p in m.arrays if sel is None or p in sel.arrays} \
+            if state is None else matched(m, state, strict, comm.rank, CastPolicy(cast),
+                                          sel=sel)[1]
         chunks = [c for c in reader.chunks_for(wanted) if c.base is None]
         missing = {n for n in {c.file for c in chunks} if not _present(reader.source, n)}
         return sorted({(c.file, c.offset, c.length, m.files[c.file].rank,
