@@ -98,6 +98,9 @@ def test_parts_are_counted_one_at_a_time_and_none_is_kept(ckpt):
     ("bias", 0, ["bias"]),  # replicated: its rows are in the root
     ("model", WORLD, ["model/w", "model/v"]),
     ("step", 0, []),
+    ("own/*/w", WORLD, [f"own/{r}/w" for r in range(WORLD)]),  # globs, as load's select=
+    ("*/w", WORLD, ["model/w"] + [f"own/{r}/w" for r in range(WORLD)]),
+    ("b?as", 0, ["bias"]),
 ])
 def test_select_reads_only_the_parts_that_hold_its_arrays(ckpt, capsys, caplog, select,
                                                           parts, leaves):
@@ -112,6 +115,19 @@ def test_select_reads_only_the_parts_that_hold_its_arrays(ckpt, capsys, caplog, 
     assert doc["stored"] == sum(a["stored"] for a in want.values())
     assert doc["select"] == select
     assert [v["path"] for v in doc["values"]] == (["step"] if select == "step" else [])
+
+
+def test_several_select_patterns_show_what_any_picks(ckpt, capsys, caplog):
+    rc, out, _, read = inspect_in_process(capsys, caplog, "--json", "--select", "model/v",
+                                          "--select", "own/[13]/*", "--select", "st*", ckpt)
+    doc = json.loads(out)
+    assert rc == 0 and read == WORLD  # model/v has rows in every part
+    assert [a["path"] for a in doc["leaves"]] == ["model/v", "own/1/w", "own/3/w"]
+    assert doc["select"] == ["model/v", "own/[13]/*", "st*"]
+    assert [v["path"] for v in doc["values"]] == ["step"]
+    assert main(["inspect", "--select", "model/*", "--select", "mdl/*", str(ckpt)]) == 1
+    assert "--select 'mdl/*': the checkpoint's state tree has no node there" in \
+        capsys.readouterr().err
 
 
 def test_select_of_no_node_is_refused(ckpt, capsys):

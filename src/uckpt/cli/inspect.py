@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from ..conversion.subtree import SelectError
 from ..format import FORMAT_NAME, Manifest
 from ..loading import manifest_io
+from ..loading.selection import matches, patterns_of
 from ..loading.stored_sizes import Stored, of_entry, stored_sizes
 from ..tree.flatten import escape
 from ..storage import canonical, open_source
@@ -36,10 +37,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("checkpoint", metavar="CKPT",
                    help="a checkpoint directory, or an s3://bucket/prefix URL")
     p.add_argument("--json", action="store_true", help="print a JSON document instead of text")
-    p.add_argument("--select", metavar="PATH",
-                   help="show only the node at PATH of the state tree (e.g. model or "
-                        "model/fc.weight): its objects, values and leaves, with totals over "
-                        "those leaves; only the manifest parts holding its arrays are read")
+    p.add_argument("--select", metavar="PATTERN", action="append",
+                   help="show only the leaves whose paths match this glob, as uckpt.load's "
+                        "select= (* matches across /; a node's path, e.g. model, picks "
+                        "everything below it; repeat for more): their objects, values and "
+                        "leaves, with totals over those leaves; only the manifest parts "
+                        "holding their arrays are read")
     add_from_argument(p)
     add_storage_arguments(p)
     p.set_defaults(run=run)
@@ -74,16 +77,19 @@ def walk(node: Dict[str, Any], parts: List[str], out: Dict[str, list]) -> None:
 
 def describe(directory, manifest: Manifest,
              stored: Optional[Mapping[str, Optional[Stored]]] = None,
-             select: Optional[str] = None) -> Dict[str, Any]:
+             select: Union[str, Sequence[str], None] = None) -> Dict[str, Any]:
     """The JSON document of ``uckpt inspect --json``: ``stored`` gives each array's chunks
     as stored (None: an array of a manifest part that could not be read; the mapping
-    None: counted from ``manifest``'s chunks); ``select``: only the node at that path."""
+    None: counted from ``manifest``'s chunks); ``select``: only the leaves these glob
+    patterns pick (as ``uckpt.load``'s ``select=``), and the objects holding them."""
     found: Dict[str, list] = {"objects": [], "values": [], "refs": []}
     walk(manifest.tree, [], found)
-    if select is not None:
-        found = {k: [v for v in found[k] if _under(v["path"], select)] for k in found}
+    patterns = None if select is None else patterns_of(select, "--select")
+    if patterns is not None:
+        found = _picked(found, patterns)
     kinds = {r["array"]: r["type"] for r in found["refs"] if r["path"] == r["array"]}
-    entries = [a for a in manifest.arrays.values() if select is None or _under(a.path, select)]
+    entries = [a for a in manifest.arrays.values()
+               if patterns is None or _matched(a.path, patterns)]
     if stored is None:
         stored = {a.path: of_entry(a) for a in entries}
     sizes = [stored[a.path] for a in entries]
@@ -115,7 +121,7 @@ def describe(directory, manifest: Manifest,
                    for r in found["refs"] if r["path"] != r["array"]],
     }
     if select is not None:
-        doc["select"] = select
+        doc["select"] = patterns[0] if len(patterns) == 1 else list(patterns)
     return doc
 
 
@@ -125,21 +131,34 @@ def _leaf(a, kind: str, s: Optional[Stored]) -> Dict[str, Any]:
             "stored": s and s.stored, "ratio": s and _ratio(s.stored, a.nbytes)}
 
 
-def _under(path: str, select: str) -> bool:
-    """Is ``path`` the node at ``select`` or below it?"""
-    return not select or path == select or path.startswith(select + "/")
+def _matched(path: str, patterns: Sequence[str]) -> bool:
+    return any(matches(path, p) for p in patterns)
 
 
-def selected_arrays(manifest: Manifest, select: str) -> List[str]:
-    """The arrays at or under ``select``; raises SelectError if no node of the state tree
-    is there."""
+def _picked(found: Dict[str, list], patterns: Sequence[str]) -> Dict[str, list]:
+    """The values and array references ``patterns`` pick, and the objects at or above
+    them (or picked themselves)."""
+    out = {k: [v for v in found[k] if _matched(v["path"], patterns)]
+           for k in ("values", "refs")}
+    held = [v["path"] for k in out for v in out[k]]
+    out["objects"] = [o for o in found["objects"] if _matched(o["path"], patterns) or any(
+        not o["path"] or p == o["path"] or p.startswith(o["path"] + "/") for p in held)]
+    return out
+
+
+def selected_arrays(manifest: Manifest, select: Union[str, Sequence[str]]) -> List[str]:
+    """The arrays the glob patterns ``select`` pick; raises SelectError naming a
+    pattern that picks no node of the state tree."""
     found: Dict[str, list] = {"objects": [], "values": [], "refs": []}
     walk(manifest.tree, [], found)
-    if not any(_under(v["path"], select) for k in found for v in found[k]):
-        raise SelectError(f"--select {select!r}: the checkpoint's state tree has no node "
-                          "there", hint="run `uckpt inspect CKPT` (without --select) for "
-                                        "its paths")
-    return [p for p in manifest.arrays if _under(p, select)]
+    patterns = patterns_of(select, "--select")
+    for pattern in patterns:
+        if not any(matches(v["path"], pattern) for k in found for v in found[k]):
+            raise SelectError(f"--select {pattern!r}: the checkpoint's state tree has no "
+                              "node there", leaf=pattern,
+                              hint="run `uckpt inspect CKPT` (without --select) for its "
+                                   "paths; a pattern is a glob (* matches across /)")
+    return [p for p in manifest.arrays if _matched(p, patterns)]
 
 
 def _ratio(stored: int, nbytes: int) -> float:
@@ -217,7 +236,7 @@ def add_from_argument(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if foreign.is_foreign(args.checkpoint):
         if args.select is not None:
-            raise SelectError(f"--select {args.select!r}: only a uckpt checkpoint's "
+            raise SelectError(f"--select {' '.join(args.select)!r}: only a uckpt checkpoint's "
                               f"inspection takes --select, and {args.checkpoint!r} is not one",
                               hint="inspect it without --select, or convert it with "
                                    "`uckpt convert --select PATH`")
@@ -229,7 +248,7 @@ def run(args) -> int:
         return 0
     with open_source(args.checkpoint, options_for(args.checkpoint, args)) as source:
         manifest = manifest_io.read_root(source)  # (parts: read one at a time, if needed)
-        select = None if args.select is None else args.select.strip("/")
+        select = None if args.select is None else patterns_of(args.select, "--select")
         paths = None if select is None else selected_arrays(manifest, select)
         sizes = stored_sizes(source, manifest, paths)
     doc = describe(args.checkpoint, manifest, sizes.by_path, select)
