@@ -45,6 +45,7 @@ SLOW_MODULES = {
     "test_horovod_elastic",  # issue 28: horovodrun elastic (gloo), 4 workers, one SIGKILLed
     # issue 29: reads shared across ranks, mpiexec -n 4 (40 MB; the 400 MB acceptance case)
     "test_cooperative_mpi",
+    "test_cast_distributed",  # issue 29: cast= on mpiexec -n 2 (4 s)
     "test_torchrun_elastic",  # issue 28: 4 torchrun agents, one killed, elastic restart as 3
     # issue 29: each test measures a fresh process handling 192 MiB (2-7 s); one converts
     # and consolidates a 6 GiB state under a 2 GiB address-space limit
@@ -107,7 +108,8 @@ MULTIPROC_MODULES = {"test_comm", "test_distributed", "test_horovod_comm", "test
                      "test_compress_distributed", "test_horovod_tf", "test_incremental_dist",
                      "test_shm_restart", "test_exchange_multiproc", "test_node_kills",
                      "test_redundant_restart", "test_bench_levels", "test_mpich_segments",
-                     "test_horovod_elastic", "test_cooperative_mpi", "test_torchrun_elastic"}
+                     "test_horovod_elastic", "test_cooperative_mpi", "test_torchrun_elastic",
+                     "test_cast_distributed"}
 S3_FIXTURES = {"s3_server", "s3_bucket", "s3_options", "own_s3_server", "fault_proxy"}
 MARKERS = {
     "slow": "seconds or more per test: processes, servers, fuzzing, training runs "
