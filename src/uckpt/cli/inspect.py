@@ -120,7 +120,7 @@ def describe(directory, manifest: Manifest,
         "shared": [{"path": r["path"], "array": r["array"]}
                    for r in found["refs"] if r["path"] != r["array"]],
     }
-    if select is not None:
+    if patterns is not None:
         doc["select"] = patterns[0] if len(patterns) == 1 else list(patterns)
     return doc
 
