@@ -58,6 +58,7 @@ SLOW_MODULES = {
     "test_jax_adapter", "test_jax_resume",
     # issue 31: Orbax checkpoints; JAX and Orbax imports, Orbax saves, CLI processes
     "test_convert_orbax",
+    "test_bench_jax",  # issue 31: benchmarks/bench_jax.py, JAX + Orbax imports, tiny state
 }
 #: tests (node ids, or a prefix of them: a class) that take seconds in a quicker module
 SLOW_TESTS = (
