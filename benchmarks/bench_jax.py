@@ -161,7 +161,13 @@ class Method:
 
 
 def _uckpt():
-    import uckpt
+    """uckpt as installed, else this checkout's ``src/`` and ``adapters/``."""
+    try:
+        import uckpt
+    except ImportError:
+        repo = Path(__file__).resolve().parent.parent
+        sys.path[:0] = [str(repo / "src"), str(repo / "adapters")]
+        import uckpt
     return uckpt
 
 
@@ -497,6 +503,8 @@ def main(argv=None) -> int:
     import jax
     env = C.environment()
     env["jax"] = jax.__version__
+    uckpt = _uckpt()
+    env["uckpt"] = f"{getattr(uckpt, '__version__', '?')} from {Path(uckpt.__file__).parent}"
     try:
         import orbax.checkpoint as ocp
         env["orbax"] = getattr(ocp, "__version__", "?")
