@@ -171,6 +171,13 @@ def _uckpt():
     return uckpt
 
 
+def _close_all(managers: Dict[Path, object]) -> None:
+    """Close every manager of a method (one per root) and forget them."""
+    for m in managers.values():
+        m.close()  # type: ignore[attr-defined]
+    managers.clear()
+
+
 def uckpt_method() -> Method:
     def sync_save(root, s, ctx):
         _uckpt().save(root / f"step-{s}", ctx.state)
@@ -211,14 +218,9 @@ def uckpt_mgr_method() -> Method:
         from uckpt.storage.base import step_dir_name
         return root / step_dir_name(s)
 
-    def close():
-        for m in mgrs.values():
-            m.close()
-        mgrs.clear()
-
     return Method("uckpt_mgr", "uckpt.CheckpointManager(async_save=True): save(step) returns "
                   "after the snapshot, wait(); restore(target, step)", sync_save, load,
-                  async_save, path, close)
+                  async_save, path, lambda: _close_all(mgrs))
 
 
 def orbax_std_method() -> Method:
@@ -274,14 +276,10 @@ def orbax_mgr_method() -> Method:
         mgr(root).save(s, args=ocp.args.StandardSave(ctx.state))
         return mgr(root).wait_until_finished
 
-    def close():
-        for m in mgrs.values():
-            m.close()
-        mgrs.clear()
-
     return Method("orbax_mgr", "orbax CheckpointManager(enable_async_checkpointing=True): "
                   "save(step, StandardSave), wait_until_finished / restore(step, StandardRestore)",
-                  sync_save, load, async_save, lambda root, s: root / str(s), close)
+                  sync_save, load, async_save, lambda root, s: root / str(s),
+                  lambda: _close_all(mgrs))
 
 
 METHODS: Dict[str, Callable[[], Method]] = {
