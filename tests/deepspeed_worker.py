@@ -14,6 +14,13 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 import deepspeed  # noqa: E402
 import torch  # noqa: E402
 
+# DeepSpeed's CPU accelerator compiles its shared-memory allreduce op (deepspeed_shm_comm) at
+# the first init_distributed: minutes of C++ on a fresh machine, and a build killed midway
+# leaves a lock in ~/.cache/torch_extensions that makes every later run wait forever (what
+# timed out in a full run). These runs use gloo's allreduce instead: the op only speeds up
+# the collectives, never what is saved.
+deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
 BATCH = 6
 
 

@@ -56,7 +56,9 @@ def test_every_source_to_every_target_and_back(tmp_path, source):
     src, check = SOURCES[source](tmp_path)
     back_fmt = "pickle" if source == "dcp" else source
     back_suffix = ".pt" if source == "dcp" else "".join(src.suffixes)  # .weights.h5 stays
-    mids = {fmt: target(tmp_path, f"mid_{fmt}", fmt) for fmt in TARGETS}
+    # (Keras weights go to HDF5 only under a *.weights.h5 name, the one Keras' load_weights reads)
+    mids = {fmt: target(tmp_path, f"mid_{fmt}" + (".weights" if fmt == "hdf5" else ""), fmt)
+            for fmt in TARGETS}
     backs = {fmt: tmp_path / f"back_{fmt}{back_suffix}" for fmt in TARGETS}
     for proc in cli_many([("convert", src, mids[fmt]) for fmt in TARGETS]):
         assert_ok(proc)

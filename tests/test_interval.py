@@ -221,3 +221,15 @@ def test_damaged_costs_file(tmp_path):
     with uckpt.CheckpointManager(tmp_path) as m:
         m.save(1, _state())
     assert [r["step"] for r in read_costs(tmp_path)] == [1]
+
+
+def test_a_writer_removes_a_dead_replacement_of_the_costs_file(tmp_path):
+    """A writer SIGKILLed while replacing the costs file leaves its temporary file (unlocked
+    once the writer is dead); the next writer removes it when it takes the root, even if it
+    never saves (test_crash's random kills found one left behind)."""
+    uckpt.CheckpointManager(tmp_path, role="writer").close()
+    dead = tmp_path / f"{COSTS_NAME}.uckpt-tmp-0123abcd"
+    dead.write_text("{")
+    with uckpt.CheckpointManager(tmp_path, role="writer"):
+        pass
+    assert not dead.exists()

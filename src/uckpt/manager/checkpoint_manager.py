@@ -316,6 +316,7 @@ class CheckpointManager:
         for tier in self.tiers:
             if tier.store.acts_here(self.comm.rank):
                 tier.store.remove_debris()
+        self._costs.remove_debris()
         if self.comm.size > 1:  # no rank may start a save while another still removes debris
             self.comm.barrier()
         node_copies.drop_partial(self)  # steps committed on some nodes' copies only

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional
 
 from ..errors import CheckpointNotFoundError, ManifestError, UckptError
 from ..storage import fsutil
-from .costs_file import replace_file
+from .costs_file import remove_dead, replace_file
 
 log = logging.getLogger("uckpt.manager.costs")
 
@@ -148,6 +148,14 @@ class CostRecorder:
             self.records = (self.records + [done])[-KEEP:]
         if self.root is not None:
             self._write()
+
+    def remove_debris(self) -> None:
+        """Remove what a writer killed while replacing the costs file left beside it."""
+        if self.root is not None:
+            try:
+                remove_dead(self.root, COSTS_NAME)
+            except OSError as e:  # measurements only: never fail for them
+                log.warning("uckpt: could not clean up the save costs in %s: %s", self.root, e)
 
     def stalled(self, step: int) -> None:
         self._note(step, "stall_s")

@@ -30,8 +30,7 @@ _OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def replace_file(root: Path, name: str, data: bytes) -> None:
     """Replace ``root/name`` by ``data`` atomically (not fsynced: losing it loses only
     measurements), removing the temporary files of dead replacements first."""
-    with _root_lock(root, fcntl.LOCK_EX):
-        _remove_dead(root, name)
+    remove_dead(root, name)
     tmp = root / f"{name}{TMP_MARK}{os.urandom(4).hex()}"
     with _root_lock(root, fcntl.LOCK_SH):
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -53,9 +52,14 @@ def replace_file(root: Path, name: str, data: bytes) -> None:
         os.close(fd)
 
 
+def remove_dead(root: Path, name: str) -> None:
+    """Unlink ``name``'s temporary files in ``root`` whose lock is free (their writer died);
+    never follows a symlink, never blocks on a temporary file."""
+    with _root_lock(root, fcntl.LOCK_EX):
+        _remove_dead(root, name)
+
+
 def _remove_dead(root: Path, name: str) -> None:
-    """Unlink ``name``'s temporary files in ``root`` whose lock is free; never follows a
-    symlink, never blocks."""
     with os.scandir(root) as it:
         found = [e.name for e in it if e.name.startswith(name + TMP_MARK)]
     for tmp in found:
