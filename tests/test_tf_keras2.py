@@ -6,6 +6,8 @@ Keras 3 through ``tf.keras``), except where the callback's choice of class is te
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +128,24 @@ def test_checkpoint_is_a_tf_keras_callback_under_legacy_keras(monkeypatch, tmp_p
         cb2 = uckpt.keras.Checkpoint(manager, every_n_steps=2)
         assert isinstance(cb2, tf_keras.callbacks.Callback) and cb2.every_n_steps == 2
         assert type(cb2) is uckpt.keras.Keras2Checkpoint
+
+
+def test_tf_keras_process_does_not_import_keras_3_for_the_callback(tmp_path):
+    """Under ``TF_USE_LEGACY_KERAS=1`` ``uckpt.keras.Checkpoint`` is the tf_keras callback
+    without Keras 3 being imported (seconds of every Horovod rank's start); a fresh
+    interpreter, as this process has imported Keras 3 already."""
+    code = f"""
+import os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tf_keras, uckpt, uckpt.keras
+with uckpt.CheckpointManager({str(tmp_path / 'a')!r}) as manager:
+    cb = uckpt.keras.Checkpoint(manager)
+print(type(cb).__module__, isinstance(cb, tf_keras.callbacks.Callback), "keras" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["uckpt_tf.callback_keras2", "True", "False"]
 
 
 def test_callback_resumes_tf_keras_fit_bitwise(tmp_path):
