@@ -155,10 +155,12 @@ def main() -> None:
 
 class Forked:
     """A child of the fork server, as much of ``subprocess.Popen`` as the crash tests use
-    (``pid``, ``stdout``, ``returncode``, ``send_signal``, ``wait``, ``communicate``)."""
+    (``pid``, ``stdin``, ``stdout``, ``returncode``, ``send_signal``, ``wait``,
+    ``communicate``)."""
 
     def __init__(self, server: "ForkServer", pid: int, stdout):
         self.server, self.pid, self.stdout, self.returncode = server, pid, stdout, None
+        self.stdin = None
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None:  # not reaped: the pid is still this child's
@@ -217,35 +219,41 @@ class ForkServer:
             raise
         return server
 
-    def popen(self, argv, stdout=None, stderr=None):
+    def popen(self, argv, stdout=None, stderr=None, stdin=None):
         """Run ``python argv...`` in a child forked from the server (``stdout``: None, the
         caller's, ``subprocess.PIPE`` (text) or an open file; ``stderr``: None, the
-        caller's, or an open file). Falls back to a fresh interpreter (``subprocess.Popen``)
+        caller's, ``subprocess.STDOUT`` or an open file; ``stdin``: None, the caller's, or
+        ``subprocess.PIPE``, text, as ``.stdin``). Falls back to a fresh interpreter (``subprocess.Popen``)
         where a ``UCKPT_*`` variable, which uckpt may read when imported, is not what it
         was when the server started."""
         argv = [str(a) for a in argv]
         knobs = {k: v for k, v in os.environ.items() if k.startswith("UCKPT_")}
         if knobs != {k: v for k, v in self.env.items() if k.startswith("UCKPT_")}:
-            return subprocess.Popen([sys.executable, *argv], stdout=stdout, stderr=stderr,
-                                    text=True)
-        r = w = None
+            return subprocess.Popen([sys.executable, *argv], stdin=stdin, stdout=stdout,
+                                    stderr=stderr, text=True)
+        r = w = ir = iw = None
         if stdout == subprocess.PIPE:
             r, w = os.pipe()
+        if stdin == subprocess.PIPE:
+            ir, iw = os.pipe()
         out = w if w is not None else 1 if stdout is None else stdout.fileno()
-        err = 2 if stderr is None else stderr.fileno()
+        err = 2 if stderr is None else out if stderr == subprocess.STDOUT else stderr.fileno()
         try:
             _send(self.sock, {"op": "run", "argv": argv, "cwd": os.getcwd(),
-                              "env": dict(os.environ)}, [0, out, err])
-            if w is not None:
-                os.close(w)
-                w = None
+                              "env": dict(os.environ)}, [0 if ir is None else ir, out, err])
+            for fd in (w, ir):
+                if fd is not None:
+                    os.close(fd)
+            w = ir = None
             pid = self._answer()["pid"]
         except BaseException:
-            for fd in (r, w):
+            for fd in (r, w, ir, iw):
                 if fd is not None:
                     os.close(fd)
             raise
-        return Forked(self, pid, None if r is None else open(r, encoding="utf-8"))
+        forked = Forked(self, pid, None if r is None else open(r, encoding="utf-8"))
+        forked.stdin = None if iw is None else open(iw, "w", encoding="utf-8")
+        return forked
 
     def wait(self, pid: int, timeout=None):
         _send(self.sock, {"op": "wait", "pid": pid, "timeout": timeout})

@@ -1,5 +1,9 @@
 """Acceptance: a TensorFlow/Keras run killed with SIGKILL and resumed in a new process
-matches an uninterrupted run bit for bit; a Keras checkpoint loads without TensorFlow."""
+matches an uninterrupted run bit for bit; a Keras checkpoint loads without TensorFlow.
+
+The ``model.fit`` runs are children forked from a fork server (tests/fork_server.py) that
+has imported TensorFlow, Keras and uckpt.keras, not fresh interpreters (the imports were
+most of a run's CPU time); the custom loop's runs stay fresh interpreters."""
 from __future__ import annotations
 
 import json
@@ -16,6 +20,17 @@ import uckpt  # noqa: E402
 import uckpt_tf  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def forks():
+    """A fork server that has imported what tests/tf_resume.py's training runs import."""
+    from fork_server import ForkServer
+
+    server = ForkServer.start(preload=("numpy", "tensorflow", "keras", "uckpt", "uckpt_tf",
+                                       "uckpt.keras", "uckpt_tf.callback", "runpy"))
+    yield server
+    server.stop()
+
+
 @pytest.mark.timeout(240)
 def test_custom_loop_resumes_bitwise_after_sigkill(tmp_path):
     # 12 batches per epoch; checkpoints every 10 steps; killed after step 27, in epoch 3,
@@ -29,10 +44,10 @@ def test_custom_loop_resumes_bitwise_after_sigkill(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_fit_with_callback_resumes_bitwise_after_sigkill(tmp_path):
+def test_fit_with_callback_resumes_bitwise_after_sigkill(tmp_path, forks):
     # 3 epochs of 12 batches, a checkpoint at the end of each; killed after step 19 (batch 7 of
     # epoch 2); the new process restores checkpoint 12 and fits with initial_epoch=1.
-    r = tf_resume.demo("fit", tmp_path, total=3, kill_at=19, verbose=False)
+    r = tf_resume.demo("fit", tmp_path, total=3, kill_at=19, verbose=False, forks=forks)
     assert r["restart"] == 12
     assert r["before_kill_same"]
     assert r["resumed_steps"] == list(range(13, 37))
@@ -42,14 +57,16 @@ def test_fit_with_callback_resumes_bitwise_after_sigkill(tmp_path):
 
 @pytest.mark.timeout(360)
 @pytest.mark.parametrize("mode, kill_at", [("fit-steps-end", 19), ("fit-steps", 14)])
-def test_fit_with_step_checkpoints_resumes_bitwise_after_sigkill(tmp_path, mode, kill_at):
+def test_fit_with_step_checkpoints_resumes_bitwise_after_sigkill(tmp_path, forks, mode,
+                                                                 kill_at):
     # every_n_steps=4 only, 12 batches per epoch: step 12 is saved after epoch 1's last batch,
     # and is that epoch's end. fit-steps-end: killed after step 19 (checkpoint 16 mid-epoch
     # 2), restore(at_epoch_end=True) takes 12; step 16 stays as it was, not saved again.
     # fit-steps: killed after step 14, the newest, 12, resumes at epoch 2. (Issue 30 §2:
     # step 12 was taken as mid-epoch; at_epoch_end started from scratch, and fit died with
     # CheckpointExistsError on step 12.)
-    r = tf_resume.demo(mode, tmp_path, total=3, every=4, kill_at=kill_at, verbose=False)
+    r = tf_resume.demo(mode, tmp_path, total=3, every=4, kill_at=kill_at, verbose=False,
+                       forks=forks)
     assert r["restart"] == 12
     assert r["before_kill_same"]
     assert r["resumed_steps"] == list(range(13, 37))

@@ -228,19 +228,33 @@ def child_command(mode, root, log, total, every, lockstep=False):
     return cmd + (["--lockstep"] if lockstep else [])
 
 
-def run_to_end(cmd, timeout=300):
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+def _popen(cmd, forks=None, stdin=None):
+    """``cmd`` started with its stdout and stderr together in a pipe: a fresh interpreter,
+    or (``forks``, a tests/fork_server.py server) a child forked from one."""
+    if forks is not None:
+        return forks.popen(cmd[1:], stdin=stdin, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
+    return subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def run_to_end(cmd, timeout=300, forks=None):
+    proc = _popen(cmd, forks)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"training process failed ({proc.returncode}): {' '.join(cmd)}\n"
-                           + proc.stdout[-4000:])
-    return proc.stdout.splitlines()
+                           + out[-4000:])
+    return out.splitlines()
 
 
-def start_and_kill(cmd, kill_at):
+def start_and_kill(cmd, kill_at, forks=None):
     """Start a lockstep run; return a function that answers it step by step and kills it."""
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = _popen(cmd, forks, stdin=subprocess.PIPE)
 
     def finish(timeout=300):
         lines = []
@@ -259,9 +273,11 @@ def start_and_kill(cmd, kill_at):
                     break
             proc.wait(timeout=30)
         finally:
-            if proc.poll() is None:
+            if proc.returncode is None:
                 proc.kill()
                 proc.wait()
+            proc.stdin.close()
+            proc.stdout.close()
         if proc.returncode != -signal.SIGKILL:
             raise RuntimeError(f"the run to be killed ended by itself ({proc.returncode}) "
                                f"before step {kill_at}:\n" + "".join(lines)[-4000:])
@@ -297,10 +313,11 @@ def _restart(lines):
     raise RuntimeError("the resumed process did not say where it started")
 
 
-def demo(mode, workdir, *, total=None, every=10, kill_at=None, verbose=True):
+def demo(mode, workdir, *, total=None, every=10, kill_at=None, verbose=True, forks=None):
     """Run A, B (killed) and C; return {"restart", "compared", "same", "digests_equal", ...}.
 
-    ``total`` is steps (loop) or epochs (fit); ``kill_at`` a step.
+    ``total`` is steps (loop) or epochs (fit); ``kill_at`` a step; ``forks``: a
+    tests/fork_server.py server to fork the three runs from (fresh interpreters: None).
     """
     per_epoch = NUM_IMAGES // BATCH
     if mode == "loop":
@@ -319,11 +336,13 @@ def demo(mode, workdir, *, total=None, every=10, kill_at=None, verbose=True):
     t0 = time.perf_counter()
     # A and B run side by side (each uses one thread)
     finish_b = start_and_kill(child_command(mode, bc / "ckpt", bc / "before.log", total, every,
-                                            lockstep=True), kill_at)
-    out_a = run_to_end(child_command(mode, a / "ckpt", a / "loss.log", total, every))
+                                            lockstep=True), kill_at, forks)
+    out_a = run_to_end(child_command(mode, a / "ckpt", a / "loss.log", total, every),
+                       forks=forks)
     finish_b()
     t1 = time.perf_counter()
-    out_c = run_to_end(child_command(mode, bc / "ckpt", bc / "after.log", total, every))
+    out_c = run_to_end(child_command(mode, bc / "ckpt", bc / "after.log", total, every),
+                       forks=forks)
     t2 = time.perf_counter()
     restart = _restart(out_c)
     la, lb, lc = read_log(a / "loss.log"), read_log(bc / "before.log"), read_log(bc / "after.log")
