@@ -191,6 +191,14 @@ class Forked:
         return out[0], None
 
 
+def reap(proc) -> None:
+    """SIGKILL and reap ``proc`` (a :class:`Forked` or a ``subprocess.Popen``) unless it
+    has been reaped already: a test's ``finally`` after a failure or a timeout."""
+    if proc.returncode is None:
+        proc.kill()
+        proc.wait()
+
+
 class ForkServer:
     """The test's handle on a running fork server (see the module's docstring)."""
 
@@ -223,9 +231,9 @@ class ForkServer:
         """Run ``python argv...`` in a child forked from the server (``stdout``: None, the
         caller's, ``subprocess.PIPE`` (text) or an open file; ``stderr``: None, the
         caller's, ``subprocess.STDOUT`` or an open file; ``stdin``: None, the caller's, or
-        ``subprocess.PIPE``, text, as ``.stdin``). Falls back to a fresh interpreter (``subprocess.Popen``)
-        where a ``UCKPT_*`` variable, which uckpt may read when imported, is not what it
-        was when the server started."""
+        ``subprocess.PIPE``, text, as ``.stdin``). Falls back to a fresh interpreter
+        (``subprocess.Popen``) where a ``UCKPT_*`` variable, which uckpt may read when
+        imported, is not what it was when the server started."""
         argv = [str(a) for a in argv]
         knobs = {k: v for k, v in os.environ.items() if k.startswith("UCKPT_")}
         if knobs != {k: v for k, v in self.env.items() if k.startswith("UCKPT_")}:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from fork_server import reap
+
 TRAIN = Path(__file__).resolve().parent / "torch_restart_train.py"
 STEPS, EVERY, KILL_AFTER = 26, 5, 17     # 10 batches an epoch: restored at 15, mid-epoch 1,
 #                                          the resumed steps 16-26 cross into epoch 2
@@ -44,9 +46,7 @@ def train(forks, root, log, *extra, timeout=60):
         try:
             out, _ = proc.communicate(timeout=timeout)
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
+            reap(proc)
         err.seek(0)
         assert proc.returncode == 0, out + err.read()
     return out
@@ -63,9 +63,7 @@ def train_and_kill(forks, root, log):
                     break
             proc.wait(timeout=60)
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
+            reap(proc)
             proc.stdout.close()
         err.seek(0)
         assert proc.returncode == -signal.SIGKILL, err.read()

@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fork_server import reap
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 NUM_IMAGES, IMAGE_SIZE, NUM_CLASSES, BATCH = 384, 12, 6, 32  # 12 batches per epoch
@@ -243,9 +245,7 @@ def run_to_end(cmd, timeout=300, forks=None):
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
     if proc.returncode != 0:
         raise RuntimeError(f"training process failed ({proc.returncode}): {' '.join(cmd)}\n"
                            + out[-4000:])
@@ -273,9 +273,7 @@ def start_and_kill(cmd, kill_at, forks=None):
                     break
             proc.wait(timeout=30)
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                proc.wait()
+            reap(proc)
             proc.stdin.close()
             proc.stdout.close()
         if proc.returncode != -signal.SIGKILL:
