@@ -227,3 +227,40 @@ def test_posix_listing_skips_a_file_removed_while_it_walks(posix):
         if f"d/{name}" != first:
             posix.delete(f"d/{name}")
     assert list(listing) == []
+
+
+def test_fsspec_memory_reads_on_two_threads_do_not_move_each_other():
+    """fsspec's memory file system gives every opener the same file object: reads by
+    open + seek + read on two threads read at each other's offsets (a load on two read
+    threads found a base's data file 'ending' early). Range reads are independent."""
+    import sys
+    import threading
+
+    from uckpt.storage.blob.fsspec_store import FsspecStore
+
+    fsspec = pytest.importorskip("fsspec")
+    root = f"race-{os.getpid()}-{threading.get_ident()}"
+    store = FsspecStore(fsspec.filesystem("memory"), root)
+    data = bytes(range(256)) * 64
+    store.write("blob", data)
+    bad = []
+
+    def reader(first):
+        buf = bytearray(256)
+        for i in range(20000):
+            at = ((first + i) % 64) * 256
+            if store.read_into("blob", at, buf) != 256 or bytes(buf) != data[at:at + 256]:
+                bad.append(at)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=reader, args=(k * 32,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+        fsspec.filesystem("memory").rm(root, recursive=True)
+    assert not bad, bad[:5]

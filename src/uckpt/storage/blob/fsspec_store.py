@@ -76,13 +76,13 @@ class FsspecStore(BlobStore):
         try:
             if self.fs.info(path)["type"] != "file":
                 raise FileNotFoundError(path)
-            with self.fs.open(path, "rb") as f:
-                f.seek(check_offset(key, offset))
-                while done < len(view):
-                    n = f.readinto(view[done:])
-                    if not n:
-                        break
-                    done += n
+            # a range read, not open + seek + read: some file systems hand every opener
+            # the same file object (fsspec's memory one does), so reads on two threads
+            # would move each other's position
+            start = check_offset(key, offset)
+            data = self.fs.cat_file(path, start=start, end=start + len(view))
+            done = len(data)
+            view[:done] = data
         except OSError as e:
             self._error(e, key, "reading")
         return done
