@@ -56,6 +56,7 @@ SLOW_MODULES = {
     # issue 31: JAX and Flax imports and jit compiles take seconds; the resume test runs a
     # Flax training loop in 4 processes (one and 8 CPU devices, each killed once)
     "test_jax_adapter", "test_jax_resume",
+    "test_s3_server_cli",  # issue 30: the by-hand S3 endpoint started twice (SeaweedFS)
     # issue 31: Orbax checkpoints; JAX and Orbax imports, Orbax saves, CLI processes
     "test_convert_orbax",
     "test_bench_jax",  # issue 31: benchmarks/bench_jax.py, JAX + Orbax imports, tiny state

